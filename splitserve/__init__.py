@@ -1,0 +1,3 @@
+"""splitserve: disaggregated prefill/decode LLM serving on NVIDIA Dynamo's runtime."""
+
+__version__ = "0.1.0"

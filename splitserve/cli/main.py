@@ -1,0 +1,29 @@
+"""The `dynamo` command: serve graphs and administer them."""
+
+from __future__ import annotations
+
+import typer
+
+from splitserve import __version__
+from splitserve.cli import infra_cmd, serve_cmd, status_cmd
+
+app = typer.Typer(
+    name="dynamo",
+    help="Disaggregated LLM serving on NVIDIA Dynamo's runtime (splitserve).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command(context_settings=serve_cmd.EXTRA)(serve_cmd.serve)
+app.command()(status_cmd.status)
+app.add_typer(infra_cmd.app, name="infra")
+
+
+@app.command()
+def version() -> None:
+    """Print the splitserve version."""
+    typer.echo(__version__)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,93 @@
+"""`dynamo serve GRAPH -f CONFIG [--Component.field=value ...]`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from splitserve.cli.paths import new_run_dir, registry_dir, state_root
+from splitserve.infra.embedded import resolve_endpoints
+from splitserve.serve.config import ConfigError
+from splitserve.serve.graph import GraphError, load_graph
+from splitserve.serve.plan import ServePlan, load_plan
+
+EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def print_plan(plan: ServePlan, console: Console) -> None:
+    """Human-readable process plan for --dry-run."""
+    console.print(f"[bold]graph[/] {plan.graph_ref}   [bold]config[/] {plan.source}")
+    c = plan.common
+    console.print(f"[bold]common[/] namespace={c.namespace} model={c.model} "
+                  f"request_plane={c.request_plane} shutdown_timeout={c.shutdown_timeout_s}s")
+    for comp in plan.components:
+        links = ", ".join(comp.links) or "-"
+        pruned = f"  (pruned: {', '.join(comp.pruned)})" if comp.pruned else ""
+        console.print(f"  [bold cyan]{comp.name}[/] x{comp.replicas}  python -m {comp.entrypoint}"
+                      f"  links: {links}{pruned}  shutdown rank {comp.shutdown_rank}")
+        cfg = comp.config.model_dump(mode="json", exclude={"replicas"})
+        console.print(f"      {json.dumps(cfg, sort_keys=True)}", highlight=False)
+    for name in plan.ignored_sections:
+        console.print(f"  [dim]{name}: section present but not in this graph; not started[/]")
+
+
+def serve(
+    ctx: typer.Context,
+    graph: str = typer.Argument(..., help="Graph to serve as module:Component, e.g. "
+                                "graphs.agg:Frontend; only components reachable from "
+                                "Component are started."),
+    config: Path | None = typer.Option(None, "-f", "--config", help="YAML config: a Common "
+                                       "section and one section per component."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved "
+                                 "process plan and exit without starting anything."),
+    json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
+    etcd: str | None = typer.Option(None, "--etcd", envvar="ETCD_ENDPOINTS",
+                                    help="External etcd endpoints; with --nats, nothing is "
+                                    "started. Neither set: embedded etcd and NATS."),
+    nats: str | None = typer.Option(None, "--nats", envvar="NATS_SERVER",
+                                    help="External NATS server URL (JetStream enabled)."),
+    control_port: int = typer.Option(0, "--control-port", help="Port of the supervisor's "
+                                     "control endpoint on 127.0.0.1 (0 = a free port)."),
+    status: bool | None = typer.Option(None, "--status/--no-status", help="Live status "
+                                       "table (default: on when stdout is a terminal)."),
+    state_dir: str | None = typer.Option(None, "--state-dir", envvar="SPLITSERVE_HOME",
+                                         help="Root for run directories and the registry."),
+    ready_file: Path | None = typer.Option(None, "--ready-file", help="Write this file once "
+                                           "every replica reports ready (for scripts)."),
+) -> None:
+    """Bring a graph up: validate the config, start infrastructure and every component.
+
+    Extra arguments of the form --Component.field=value override the config file, e.g.
+    --Worker.replicas=2 or --Common.namespace=test. Stop with Ctrl-C or SIGTERM: the
+    frontend stops first, infrastructure last.
+    """
+    console = Console(soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        g = load_graph(graph)
+        plan = load_plan(g, graph, config, ctx.args, g.defined)
+        external = resolve_endpoints(etcd, nats)
+    except (GraphError, ConfigError, ValueError) as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    if dry_run:
+        if json_out:
+            typer.echo(json.dumps(plan.to_dict(), indent=2))
+        else:
+            print_plan(plan, console)
+            infra = (f"external etcd {external.etcd}, NATS {external.nats}" if external
+                     else "embedded etcd + NATS on 127.0.0.1, free ports")
+            console.print(f"[bold]infrastructure[/] {infra}")
+        raise typer.Exit(0)
+    from splitserve.serve.runner import serve as run_serve
+
+    root = state_root(state_dir)
+    run_dir = new_run_dir(root)
+    code = asyncio.run(run_serve(plan, run_dir, external, control_port=control_port,
+                                 live_status=status, registry_dir=registry_dir(root),
+                                 console=console, ready_file=ready_file))
+    raise typer.Exit(code)

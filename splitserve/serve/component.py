@@ -1,0 +1,150 @@
+"""The process side of a component: config, runtime, readiness and graceful shutdown.
+
+Every component entrypoint is ``python -m <module> --config FILE`` and calls ``run(main)``.
+``run`` builds Dynamo's DistributedRuntime (etcd discovery, TCP or NATS request plane,
+NATS event plane) from the endpoints the supervisor put in the environment, turns
+SIGTERM/SIGINT into ``ctx.stopping``, and shuts the runtime down after ``main`` returns,
+which revokes this process's etcd lease so its registrations disappear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from splitserve.serve.plan import ComponentRunConfig
+
+log = logging.getLogger("splitserve.component")
+
+C = TypeVar("C", bound=BaseModel)
+
+
+def endpoint_path(namespace: str, component: str, endpoint: str) -> str:
+    """Dynamo endpoint path of a component's endpoint, e.g. ``dynamo.worker.generate``."""
+    return f"{namespace}.{component.lower()}.{endpoint}"
+
+
+@dataclass
+class ComponentContext:
+    """What a component's ``main`` gets: its config, the runtime and lifecycle hooks."""
+
+    run: ComponentRunConfig
+    runtime: Any
+    stopping: asyncio.Event
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def namespace(self) -> str:
+        return self.run.common.namespace
+
+    def config(self, model: type[C]) -> C:
+        """This component's own section, validated into its config model."""
+        return model.model_validate(self.run.config)
+
+    def endpoint(self, component: str, name: str):
+        """A Dynamo endpoint in this graph's namespace."""
+        return self.runtime.endpoint(endpoint_path(self.namespace, component, name))
+
+    def report(self, state: str, **extra: Any) -> None:
+        """Publish this replica's state to the supervisor (atomic file replace).
+
+        Called with "starting", "loading" (with progress), "ready" (with the endpoint it
+        serves) and "stopping"; the supervisor's status table and readiness read it.
+        """
+        path = Path(self.run.status_file)
+        payload = {"state": state, "pid": os.getpid(), "time": time.time(), **extra}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload))
+        tmp.replace(path)
+
+
+def configure_logging(component: str, replica: int, level: str) -> None:
+    """Plain one-line logs; the supervisor prefixes each line with the replica name."""
+    logging.basicConfig(level=level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S", force=True)
+
+
+def load_run_config(argv: list[str] | None = None) -> ComponentRunConfig:
+    """Parse ``--config FILE`` and validate it; exits with a message on a bad file."""
+    parser = argparse.ArgumentParser(description="splitserve component process")
+    parser.add_argument("--config", required=True, help="resolved component config (JSON)")
+    args = parser.parse_args(argv)
+    text = Path(args.config).read_text()
+    return ComponentRunConfig.model_validate_json(text)
+
+
+def make_runtime(loop: asyncio.AbstractEventLoop, request_plane: str):
+    """Create Dynamo's DistributedRuntime from ETCD_ENDPOINTS / NATS_SERVER in the env."""
+    from dynamo.runtime import DistributedRuntime
+
+    os.environ.setdefault("DYN_TCP_RPC_HOST", "127.0.0.1")
+    return DistributedRuntime(loop, "etcd", request_plane, event_plane="nats")
+
+
+async def _amain(main: Callable[[ComponentContext], Awaitable[None]],
+                 run_cfg: ComponentRunConfig) -> None:
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    runtime = make_runtime(loop, run_cfg.common.request_plane)
+    ctx = ComponentContext(run=run_cfg, runtime=runtime, stopping=stopping)
+    ctx.report("starting")
+    try:
+        await main(ctx)
+    finally:
+        ctx.report("stopped")
+        runtime.shutdown()
+        # Give the runtime a moment to revoke its lease (deregistration) before exit.
+        await asyncio.sleep(0.1)
+
+
+def run(main: Callable[[ComponentContext], Awaitable[None]], argv: list[str] | None = None) -> None:
+    """Entry point of a component process; returns when the component has stopped."""
+    run_cfg = load_run_config(argv)
+    configure_logging(run_cfg.component, run_cfg.replica, run_cfg.common.log_level)
+    try:
+        import uvloop
+
+        uvloop.run(_amain(main, run_cfg))
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        asyncio.run(_amain(main, run_cfg))
+
+
+async def serve_until_stopped(ctx: ComponentContext, endpoint, handler,
+                              drain_timeout_s: float = 10.0, inflight: Callable[[], int] = lambda: 0
+                              ) -> None:
+    """Serve ``handler`` on ``endpoint`` until SIGTERM, then drain.
+
+    On stop: deregister the instance first (routers stop sending new work), wait until
+    ``inflight()`` reaches zero or ``drain_timeout_s`` passes, then return so ``run``
+    shuts the runtime down.
+    """
+    task = asyncio.ensure_future(endpoint.serve_endpoint(handler, graceful_shutdown=True))
+    stop_wait = asyncio.create_task(ctx.stopping.wait())
+    done, _ = await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        stop_wait.cancel()
+        task.result()  # serving ended on its own: surface the error
+        return
+    ctx.report("stopping")
+    try:
+        await endpoint.unregister_endpoint_instance()
+    except Exception as exc:  # noqa: BLE001 - deregistration is best effort at shutdown
+        log.warning("deregistration failed: %s", exc)
+    deadline = time.monotonic() + drain_timeout_s
+    while inflight() > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    task.cancel()

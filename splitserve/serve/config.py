@@ -1,0 +1,126 @@
+"""The `dynamo serve` config file: a `Common` section plus one section per component.
+
+Loading is one explicit step: parse YAML, apply command-line overrides, validate every
+section against its component's pydantic model, and report every error with the file,
+the component and the field path.  Nothing is started before this succeeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+
+from splitserve.common.models import StrictModel
+
+NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
+
+
+class RestartPolicy(StrictModel):
+    """How the supervisor restarts a component replica that exits on its own."""
+
+    max_restarts: int = Field(5, ge=0, description="Restarts allowed within `window_s` before "
+                              "the replica is marked failed and the graph shuts down.")
+    window_s: float = Field(60.0, gt=0, description="Sliding window for counting restarts.")
+    backoff_initial_s: float = Field(0.5, ge=0, description="Delay before the first restart.")
+    backoff_max_s: float = Field(10.0, gt=0, description="Upper bound of the doubling delay.")
+
+
+class CommonConfig(StrictModel):
+    """Settings every component of the graph shares."""
+
+    namespace: str = Field("dynamo", pattern=NAME_PATTERN,
+                           description="Dynamo namespace: prefixes etcd keys, endpoints, "
+                                       "NATS subjects and the prefill queue's stream.")
+    model: str = Field("SmolLM2-135M-Instruct", min_length=1,
+                       description="Model name clients put in the OpenAI `model` field.")
+    request_plane: Literal["tcp", "nats"] = Field(
+        "tcp", description="Transport of Dynamo's request plane between components.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of every component process.")
+    ready_timeout_s: float = Field(600.0, gt=0, description="How long a replica may take to "
+                                   "report ready before it counts as failed (model loading).")
+    shutdown_timeout_s: float = Field(20.0, gt=0, description="Deadline for the ordered "
+                                      "shutdown; replicas still alive then are killed.")
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+
+
+class ComponentConfig(StrictModel):
+    """Fields every component section accepts; components subclass it with their own."""
+
+    replicas: int = Field(1, ge=0, le=64, description="Number of OS processes to run.")
+    env: dict[str, str] = Field(default_factory=dict,
+                                description="Extra environment variables for each replica.")
+
+
+class ConfigError(ValueError):
+    """A config file is invalid; ``errors`` holds one line per problem."""
+
+    def __init__(self, source: str, errors: list[str]) -> None:
+        self.source = source
+        self.errors = errors
+        super().__init__(f"{source}: invalid config\n" + "\n".join(f"  {e}" for e in errors))
+
+
+def format_validation_error(prefix: str, exc: ValidationError) -> list[str]:
+    """Turn a pydantic error into lines of ``Section.field.path: message``."""
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+        lines.append(f"{path}: {err['msg']}")
+    return lines
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping; raise ConfigError naming the file on a parse error."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(path), ["file not found"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), ["top level must be a mapping of sections"])
+    return data
+
+
+def parse_override(arg: str) -> tuple[list[str], Any]:
+    """Parse ``--Worker.replicas=2`` into (['Worker', 'replicas'], 2).
+
+    The value is read as a YAML scalar so numbers, booleans and lists keep their types.
+    """
+    if not arg.startswith("--") or "=" not in arg:
+        raise ValueError(f"override '{arg}' must look like --Component.field=value")
+    key, _, raw = arg[2:].partition("=")
+    parts = key.split(".")
+    if len(parts) < 2 or not all(parts):
+        raise ValueError(f"override '{arg}' must name a section and a field, "
+                         "e.g. --Worker.replicas=2")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of the raw config with command-line overrides applied."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for arg in overrides:
+        parts, value = parse_override(arg)
+        node = out
+        for p in parts[:-1]:
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            if not isinstance(child, dict):
+                raise ValueError(f"override '{arg}': '{p}' is not a section")
+            node = child
+        node[parts[-1]] = value
+    return out

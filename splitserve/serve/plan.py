@@ -1,0 +1,153 @@
+"""Resolve a graph and a config into the list of processes `dynamo serve` will start.
+
+``build_plan`` is pure: it validates every section and returns a ``ServePlan``; the
+supervisor only executes it, and ``dynamo serve --dry-run`` only prints it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from splitserve.common.models import StrictModel
+from splitserve.serve.config import (
+    CommonConfig,
+    ComponentConfig,
+    ConfigError,
+    apply_overrides,
+    format_validation_error,
+    read_yaml,
+)
+from splitserve.serve.graph import Graph
+
+
+class ComponentRunConfig(StrictModel):
+    """What one component process receives in its ``--config`` file."""
+
+    version: int = 1
+    component: str
+    replica: int
+    common: CommonConfig
+    config: dict[str, Any]
+    links: list[str]
+    status_file: str
+
+
+@dataclass
+class ComponentPlan:
+    """A component of the plan: its validated config and its linked dependencies."""
+
+    name: str
+    entrypoint: str
+    config: ComponentConfig
+    links: list[str]
+    pruned: list[str]
+    shutdown_rank: int
+
+    @property
+    def replicas(self) -> int:
+        return self.config.replicas
+
+
+@dataclass
+class ServePlan:
+    """Everything needed to start a graph; printed by ``--dry-run``."""
+
+    graph_ref: str
+    source: str
+    common: CommonConfig
+    components: list[ComponentPlan]
+    ignored_sections: list[str] = field(default_factory=list)
+
+    def component(self, name: str) -> ComponentPlan:
+        return next(c for c in self.components if c.name == name)
+
+    def argv(self, comp: ComponentPlan, config_file: Path) -> list[str]:
+        """Command line of one replica."""
+        return [sys.executable, "-m", comp.entrypoint, "--config", str(config_file)]
+
+    def run_config(self, comp: ComponentPlan, replica: int, status_file: Path) -> ComponentRunConfig:
+        """The config file content for one replica of ``comp``."""
+        return ComponentRunConfig(
+            component=comp.name, replica=replica, common=self.common,
+            config=comp.config.model_dump(mode="json"), links=comp.links,
+            status_file=str(status_file))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able description (dry-run output and the control endpoint)."""
+        return {
+            "graph": self.graph_ref,
+            "config": self.source,
+            "common": self.common.model_dump(mode="json"),
+            "components": [
+                {"name": c.name, "entrypoint": c.entrypoint, "replicas": c.replicas,
+                 "links": c.links, "pruned": c.pruned, "shutdown_rank": c.shutdown_rank,
+                 "config": c.config.model_dump(mode="json")}
+                for c in self.components
+            ],
+            "ignored_sections": self.ignored_sections,
+        }
+
+
+def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
+               overrides: list[str] | None = None, known_sections: set[str] | None = None
+               ) -> ServePlan:
+    """Validate ``raw`` (parsed YAML) against the graph's components.
+
+    ``known_sections`` are component names defined anywhere in the graph module (pruned
+    ones included): their sections are accepted but ignored.  Any other section is an
+    error, so a misspelt component name cannot silently fall back to defaults.  All
+    problems are collected and raised together as one ConfigError.
+    """
+    try:
+        data = apply_overrides(raw, overrides or [])
+    except ValueError as exc:
+        raise ConfigError(source, [str(exc)]) from None
+    errors: list[str] = []
+    try:
+        common = CommonConfig.model_validate(data.get("Common") or {})
+    except ValidationError as exc:
+        errors += format_validation_error("Common", exc)
+        common = CommonConfig()
+    comps: list[ComponentPlan] = []
+    for name in graph.order():
+        spec = graph.components[name]
+        section = data.get(name)
+        if section is None:
+            section = {}
+        if not isinstance(section, dict):
+            errors.append(f"{name}: must be a mapping of fields")
+            continue
+        try:
+            cfg = spec.config_model.model_validate(section)
+        except ValidationError as exc:
+            errors += format_validation_error(name, exc)
+            continue
+        comps.append(ComponentPlan(name=name, entrypoint=spec.entrypoint, config=cfg,
+                                   links=graph.links_of(name), pruned=graph.pruned_of(name),
+                                   shutdown_rank=spec.shutdown_rank))
+    allowed = set(graph.components) | graph.defined | (known_sections or set()) | {"Common"}
+    ignored = []
+    for key in data:
+        if key not in allowed:
+            known = ", ".join(sorted(allowed))
+            errors.append(f"{key}: unknown section (sections here: {known})")
+        elif key not in graph.components and key != "Common":
+            ignored.append(key)
+    if errors:
+        raise ConfigError(source, errors)
+    return ServePlan(graph_ref=graph_ref, source=source, common=common, components=comps,
+                     ignored_sections=ignored)
+
+
+def load_plan(graph: Graph, graph_ref: str, config_path: Path | None,
+              overrides: list[str] | None = None, known_sections: set[str] | None = None
+              ) -> ServePlan:
+    """Read the YAML file (if any) and build the plan."""
+    raw = read_yaml(config_path) if config_path else {}
+    source = str(config_path) if config_path else "<no config file>"
+    return build_plan(graph, graph_ref, raw, source, overrides, known_sections)

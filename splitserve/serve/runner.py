@@ -1,0 +1,132 @@
+"""`dynamo serve`: infrastructure, supervisor, control endpoint and status display."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from splitserve.infra.embedded import EmbeddedInfra, InfraEndpoints
+from splitserve.serve.control import ControlServer, supervisor_handler
+from splitserve.serve.plan import ServePlan
+from splitserve.serve.supervisor import Supervisor
+
+STATE_STYLE = {"ready": "green", "starting": "yellow", "loading": "yellow",
+               "restarting": "magenta", "failed": "red", "exited": "red", "stopping": "cyan"}
+
+
+def status_table(rows: list[dict], title: str) -> Table:
+    """Rich table of replicas: component, replica, pid, state, endpoint."""
+    t = Table(title=title, expand=False)
+    for col in ("component", "replica", "pid", "state", "endpoint", "restarts"):
+        t.add_column(col)
+    for r in rows:
+        state = r["state"] + (f" ({r['detail']})" if r.get("detail") else "")
+        t.add_row(r["component"], str(r["replica"]), str(r["pid"] or "-"),
+                  f"[{STATE_STYLE.get(r['state'], 'white')}]{state}[/]", r["endpoint"] or "-",
+                  str(r["restarts"]))
+    return t
+
+
+async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
+                control_port: int = 0, live_status: bool | None = None,
+                registry_dir: Path | None = None, console: Console | None = None,
+                ready_file: Path | None = None) -> int:
+    """Run the plan until SIGINT/SIGTERM or a permanent failure; return the exit code."""
+    console = console or Console()
+    live_status = console.is_terminal if live_status is None else live_status
+    started = time.monotonic()
+    infra = None
+    if external is None:
+        infra = EmbeddedInfra(run_dir / "infra")
+        endpoints = await asyncio.to_thread(infra.start)
+        console.print(f"[bold]infra[/] embedded etcd {endpoints.etcd}, NATS {endpoints.nats} "
+                      f"(pids {infra.pids()})")
+    else:
+        endpoints = external
+        console.print(f"[bold]infra[/] external etcd {endpoints.etcd}, NATS {endpoints.nats}")
+    env = {**endpoints.env(), "DYN_TCP_RPC_HOST": "127.0.0.1",
+           "DYN_LOG": os.environ.get("DYN_LOG", "warn")}
+
+    def printer(prefix: str, line: str) -> None:
+        console.out(f"{prefix:>14} | {line}", highlight=False)
+
+    sup = Supervisor(plan, run_dir, env, printer=printer)
+    control = ControlServer(supervisor_handler(sup, plan.to_dict()), port=control_port)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, sup.stop_requested.set)
+    reg_file = None
+    try:
+        await control.start()
+        info = {"pid": os.getpid(), "control": control.url, "graph": plan.graph_ref,
+                "config": plan.source, "namespace": plan.common.namespace,
+                "etcd": endpoints.etcd, "nats": endpoints.nats, "run_dir": str(run_dir)}
+        (run_dir / "control.json").write_text(json.dumps(info, indent=2))
+        if registry_dir:
+            registry_dir.mkdir(parents=True, exist_ok=True)
+            reg_file = registry_dir / f"{os.getpid()}.json"
+            reg_file.write_text(json.dumps(info, indent=2))
+        console.print(f"[bold]control[/] {control.url}  (run dir {run_dir})")
+        await sup.start()
+        await _watch_until_stop(sup, console, live_status, started, plan, ready_file)
+    finally:
+        console.print("[bold]shutting down[/] (frontend first, infrastructure last)")
+        await sup.shutdown()
+        await control.stop()
+        if infra is not None:
+            await asyncio.to_thread(infra.stop)
+        if reg_file:
+            reg_file.unlink(missing_ok=True)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    code = sup.exit_code()
+    console.print(f"[bold]stopped[/] exit code {code}")
+    if code == 0:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return code
+
+
+async def _watch_until_stop(sup: Supervisor, console: Console, live_status: bool,
+                            started: float, plan: ServePlan, ready_file: Path | None) -> None:
+    announced = False
+    last: dict[str, str] = {}
+    title = f"{plan.graph_ref} ({plan.source})"
+    live = Live(status_table(sup.snapshot(), title), console=console, refresh_per_second=2,
+                transient=False) if live_status else None
+    if live:
+        live.start()
+    try:
+        while not sup.stop_requested.is_set():
+            rows = sup.snapshot()
+            if live:
+                live.update(status_table(rows, title))
+            else:
+                for r in rows:
+                    key = f"{r['component']}-{r['replica']}"
+                    if last.get(key) != r["state"]:
+                        last[key] = r["state"]
+                        ep = f" endpoint {r['endpoint']}" if r["endpoint"] else ""
+                        console.out(f"{'supervisor':>14} | {key} {r['state']} "
+                                    f"(pid {r['pid']}){ep}", highlight=False)
+            if not announced and sup.all_ready():
+                announced = True
+                console.out(f"{'supervisor':>14} | graph ready in "
+                            f"{time.monotonic() - started:.1f}s", highlight=False)
+                if ready_file:
+                    ready_file.write_text(json.dumps({"ready": True, "rows": rows}))
+            try:
+                await asyncio.wait_for(sup.stop_requested.wait(), 0.25)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        if live:
+            live.stop()

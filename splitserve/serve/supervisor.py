@@ -1,0 +1,243 @@
+"""The `dynamo serve` supervisor: runs a ServePlan as OS processes.
+
+It starts each replica as its own process, streams its output with a prefix, tracks the
+state each replica reports, restarts a replica that dies with a bounded, doubling
+backoff, scales components on request (the control endpoint), and shuts down in order
+(lowest ``shutdown_rank`` first: frontend, router, workers) with one deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from splitserve.infra.procs import _die_with_parent
+from splitserve.serve.plan import ComponentPlan, ServePlan
+
+log = logging.getLogger("splitserve.supervisor")
+
+CLEAN_EXIT = {0, -signal.SIGTERM, -signal.SIGINT}
+
+
+@dataclass
+class Replica:
+    """One running (or restarting) process of a component."""
+
+    component: str
+    index: int
+    status_file: Path
+    config_file: Path
+    proc: asyncio.subprocess.Process | None = None
+    state: str = "pending"
+    endpoint: str = ""
+    detail: str = ""
+    restarts: deque = field(default_factory=deque)
+    retiring: bool = False
+    killed: bool = False
+    exit_code: int | None = None
+    log_task: asyncio.Task | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.component}-{self.index}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def as_dict(self) -> dict:
+        return {"component": self.component, "replica": self.index, "pid": self.pid,
+                "state": self.state, "endpoint": self.endpoint, "detail": self.detail,
+                "restarts": len(self.restarts), "exit_code": self.exit_code}
+
+
+class Supervisor:
+    """Executes a plan.  ``run()`` returns the process exit code for `dynamo serve`."""
+
+    def __init__(self, plan: ServePlan, run_dir: Path, env: dict[str, str],
+                 printer: Callable[[str, str], None] | None = None) -> None:
+        self.plan = plan
+        self.run_dir = Path(run_dir)
+        self.env = env
+        self.printer = printer or (lambda prefix, line: print(f"{prefix} | {line}", flush=True))
+        self.replicas: dict[str, list[Replica]] = {c.name: [] for c in plan.components}
+        self.stop_requested = asyncio.Event()
+        self.failed: list[str] = []
+        self.shutting_down = False
+        self._watchers: set[asyncio.Task] = set()
+        self._next_index: dict[str, int] = {c.name: 0 for c in plan.components}
+        (self.run_dir / "status").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "configs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    # ---- starting and watching replicas -------------------------------------------------
+    def _new_replica(self, comp: ComponentPlan) -> Replica:
+        idx = self._next_index[comp.name]
+        self._next_index[comp.name] += 1
+        status = self.run_dir / "status" / f"{comp.name}-{idx}.json"
+        cfg_file = self.run_dir / "configs" / f"{comp.name}-{idx}.json"
+        cfg = self.plan.run_config(comp, idx, status)
+        cfg_file.write_text(cfg.model_dump_json(indent=2))
+        rep = Replica(component=comp.name, index=idx, status_file=status, config_file=cfg_file)
+        self.replicas[comp.name].append(rep)
+        return rep
+
+    async def _spawn(self, rep: Replica) -> None:
+        comp = self.plan.component(rep.component)
+        env = {**os.environ, **self.env, **comp.config.env,
+               "PYTHONUNBUFFERED": "1", "SPLITSERVE_REPLICA": rep.name}
+        rep.status_file.unlink(missing_ok=True)
+        rep.proc = await asyncio.create_subprocess_exec(
+            *self.plan.argv(comp, rep.config_file), env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        rep.state, rep.exit_code, rep.killed = "starting", None, False
+        rep.log_task = asyncio.create_task(self._pump_logs(rep))
+        self._track(asyncio.create_task(self._watch(rep, rep.proc)))
+
+    def _track(self, task: asyncio.Task) -> None:
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    async def _pump_logs(self, rep: Replica) -> None:
+        assert rep.proc and rep.proc.stdout
+        with open(self.run_dir / "logs" / f"{rep.name}.log", "ab") as f:
+            async for raw in rep.proc.stdout:
+                f.write(raw)
+                self.printer(rep.name, raw.decode(errors="replace").rstrip())
+
+    async def _watch(self, rep: Replica, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if rep.log_task:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(rep.log_task, 2)
+        rep.exit_code = code
+        if self.shutting_down or rep.retiring:
+            rep.state = "stopped" if code in CLEAN_EXIT and not rep.killed else "killed"
+            return
+        rep.state = "exited"
+        self.printer("supervisor", f"{rep.name} (pid {proc.pid}) exited with code {code}")
+        policy = self.plan.common.restart
+        now = time.monotonic()
+        while rep.restarts and now - rep.restarts[0] > policy.window_s:
+            rep.restarts.popleft()
+        if len(rep.restarts) >= policy.max_restarts:
+            rep.state = "failed"
+            self.failed.append(rep.name)
+            self.printer("supervisor", f"{rep.name} failed {len(rep.restarts) + 1} times within "
+                         f"{policy.window_s:.0f}s; shutting the graph down")
+            self.stop_requested.set()
+            return
+        delay = min(policy.backoff_initial_s * (2 ** len(rep.restarts)), policy.backoff_max_s)
+        rep.restarts.append(now)
+        rep.state = "restarting"
+        rep.detail = f"in {delay:.1f}s"
+        self.printer("supervisor", f"restarting {rep.name} in {delay:.1f}s "
+                     f"(restart {len(rep.restarts)}/{policy.max_restarts})")
+        await asyncio.sleep(delay)
+        if not (self.shutting_down or rep.retiring):
+            await self._spawn(rep)
+
+    def refresh_states(self) -> None:
+        """Read the state files the replicas write (cheap: a few small files)."""
+        for reps in self.replicas.values():
+            for rep in reps:
+                if rep.state not in ("starting", "loading", "ready", "stopping") or not rep.proc:
+                    continue
+                try:
+                    data = json.loads(rep.status_file.read_text())
+                except (OSError, ValueError):
+                    continue
+                if data.get("pid") != rep.pid:
+                    continue
+                rep.state = data.get("state", rep.state)
+                rep.endpoint = data.get("endpoint", rep.endpoint)
+                rep.detail = data.get("detail", "")
+
+    def all_ready(self) -> bool:
+        return all(r.state == "ready" for reps in self.replicas.values() for r in reps
+                   if not r.retiring)
+
+    def snapshot(self) -> list[dict]:
+        """Rows of the status table (also served by the control endpoint)."""
+        self.refresh_states()
+        return [r.as_dict() for reps in self.replicas.values() for r in reps
+                if not (r.retiring and r.state in ("stopped", "killed"))]
+
+    # ---- scaling (control endpoint) -----------------------------------------------------
+    async def scale(self, component: str, replicas: int) -> dict:
+        """Add or remove replicas of ``component``; removal drains the newest first."""
+        if component not in self.replicas:
+            raise KeyError(component)
+        if self.shutting_down:
+            raise RuntimeError("graph is shutting down")
+        live = [r for r in self.replicas[component] if not r.retiring]
+        comp = self.plan.component(component)
+        for _ in range(replicas - len(live)):
+            await self._spawn(self._new_replica(comp))
+        for rep in sorted(live, key=lambda r: r.index, reverse=True)[:max(0, len(live) - replicas)]:
+            rep.retiring = True
+            self._track(asyncio.create_task(
+                self._stop_replicas([rep], self.plan.common.shutdown_timeout_s)))
+        comp.config.replicas = replicas
+        return {"component": component, "replicas": replicas}
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start every replica, dependencies first."""
+        for comp in self.plan.components:
+            for _ in range(comp.replicas):
+                await self._spawn(self._new_replica(comp))
+
+    async def _stop_replicas(self, reps: list[Replica], grace_s: float) -> None:
+        live = [r for r in reps if r.proc and r.proc.returncode is None]
+        for r in live:
+            r.state = "stopping"
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.send_signal(signal.SIGTERM)
+        if not live:
+            return
+        waits = [asyncio.create_task(r.proc.wait()) for r in live]
+        _, pending = await asyncio.wait(waits, timeout=max(grace_s, 0.1))
+        for r in live:
+            if r.proc.returncode is None:
+                r.killed = True
+                self.printer("supervisor", f"{r.name} did not stop in {grace_s:.1f}s; killing")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(r.proc.pid, signal.SIGKILL)
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+
+    async def shutdown(self) -> None:
+        """Stop everything in shutdown_rank order within one overall deadline."""
+        self.shutting_down = True
+        deadline = time.monotonic() + self.plan.common.shutdown_timeout_s
+        ranks = sorted({c.shutdown_rank for c in self.plan.components})
+        for rank in ranks:
+            reps = [r for c in self.plan.components if c.shutdown_rank == rank
+                    for r in self.replicas[c.name]]
+            await self._stop_replicas(reps, deadline - time.monotonic())
+        for t in list(self._watchers):
+            t.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    def exit_code(self) -> int:
+        """0 when every replica stopped cleanly and none failed, else 1."""
+        if self.failed:
+            return 1
+        bad = [r.name for reps in self.replicas.values() for r in reps
+               if r.killed or (r.exit_code is not None and r.exit_code not in CLEAN_EXIT)]
+        if bad:
+            self.printer("supervisor", "unclean exit: " + ", ".join(bad))
+            return 1
+        return 0

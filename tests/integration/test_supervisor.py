@@ -1,0 +1,153 @@
+"""`dynamo serve` of a two-component test graph with real etcd, NATS and processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from splitserve.common.etcd import get_prefix
+from splitserve.infra.embedded import EmbeddedInfra
+from splitserve.infra.procs import pid_alive
+from tests.integration.serve_helpers import (
+    REPO,
+    ServeRun,
+    dynamo_cmd,
+    http_get_json,
+    http_post_json,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+GRAPH = "tests.fixtures.echo_graph:EchoFront"
+
+
+def front_url(run: ServeRun) -> str:
+    return next(r["endpoint"] for r in run.replicas("EchoFront") if r["state"] == "ready")
+
+
+def echo(run: ServeRun, text: str) -> tuple[int, dict]:
+    return http_get_json(f"{front_url(run)}/echo/{text}")
+
+
+def test_comes_up_answers_restarts_and_shuts_down_clean(tmp_path):
+    t0 = time.monotonic()
+    run = ServeRun(tmp_path, GRAPH, "--EchoWorker.replicas=2")
+    try:
+        run.wait_ready(30)
+        up_s = time.monotonic() - t0
+        assert up_s < 10, f"graph took {up_s:.1f}s to come up"
+        infra = run.infra_pids()
+        run.seen_pids |= set(infra)
+        code, body = echo(run, "hello")
+        assert code == 200 and body["text"] == "hello"
+        # round-robin reaches both workers
+        pids = {echo(run, f"x{i}")[1]["pid"] for i in range(6)}
+        assert len(pids) == 2
+
+        victim = run.replicas("EchoWorker")[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_until(lambda: any(r["pid"] != victim["pid"] and r["state"] == "ready"
+                               and r["restarts"] == 1 for r in run.replicas("EchoWorker")),
+                   20, what="killed worker restarted")
+        run.status()
+        # requests keep succeeding once the replacement registered
+        wait_until(lambda: all(echo(run, f"after{i}")[0] == 200 for i in range(4)), 15,
+                   what="requests succeed after restart")
+        code = run.stop(signal.SIGTERM)
+        assert code == 0, run.output()
+    finally:
+        run.kill_all()
+    leftovers = [p for p in run.seen_pids if pid_alive(p)]
+    assert leftovers == [], f"orphans: {leftovers}"
+    assert "graph ready" in run.output()
+
+
+def test_sigterm_leaves_no_etcd_registrations_with_external_infra(tmp_path):
+    with EmbeddedInfra(tmp_path / "ext") as ep:
+        env = {**os.environ, **ep.env()}
+        run = ServeRun(tmp_path, GRAPH, "--EchoWorker.replicas=2", env=env)
+        try:
+            run.wait_ready(30)
+            keys = asyncio.run(get_prefix(ep.etcd, "v1/instances/dynamo/"))
+            assert len(keys) == 2, keys
+            assert "external etcd" in run.output()
+            assert not (run.tmp / "state" / "runs").exists() or not any(
+                (p / "infra").exists() for p in (run.tmp / "state" / "runs").iterdir())
+            assert run.stop(signal.SIGINT) == 0, run.output()
+        finally:
+            run.kill_all()
+        assert asyncio.run(get_prefix(ep.etcd, "v1/instances/")) == []
+        assert [p for p in run.seen_pids if pid_alive(p)] == []
+
+
+def test_two_runs_do_not_collide_and_scale_via_control(tmp_path):
+    a = ServeRun(tmp_path / "a", GRAPH)
+    b = ServeRun(tmp_path / "b", GRAPH)
+    try:
+        a.wait_ready(30)
+        b.wait_ready(30)
+        assert a.info()["etcd"] != b.info()["etcd"]
+        assert echo(a, "one")[1]["text"] == "one" and echo(b, "two")[1]["text"] == "two"
+
+        code, body = http_post_json(a.control() + "/v1/components/EchoWorker/replicas",
+                                    {"replicas": 2})
+        assert code == 200, body
+        wait_until(lambda: sum(r["state"] == "ready" for r in a.replicas("EchoWorker")) == 2,
+                   20, what="scale up to 2")
+        a.status()
+        code, body = http_post_json(a.control() + "/v1/components/EchoWorker/replicas",
+                                    {"replicas": 1})
+        assert code == 200
+        wait_until(lambda: len(a.replicas("EchoWorker")) == 1, 20, what="scale down to 1")
+        assert echo(a, "still")[1]["text"] == "still"
+        assert http_post_json(a.control() + "/v1/components/Nope/replicas",
+                              {"replicas": 1})[0] == 404
+        assert http_post_json(a.control() + "/v1/components/EchoWorker/replicas",
+                              {"replicas": "two"})[0] == 400
+        assert a.stop() == 0 and b.stop() == 0
+    finally:
+        a.kill_all()
+        b.kill_all()
+    assert [p for p in a.seen_pids | b.seen_pids if pid_alive(p)] == []
+
+
+def test_crash_loop_gives_up_and_exits_non_zero(tmp_path):
+    run = ServeRun(tmp_path, GRAPH, "--EchoWorker.crash_after=1",
+                   "--Common.restart.max_restarts=1", "--Common.restart.backoff_initial_s=0.1")
+    try:
+        run.wait_ready(30)
+        for _ in range(2):
+            wait_until(lambda: any(r["state"] == "ready" for r in run.replicas("EchoWorker")),
+                       20, what="worker ready")
+            echo(run, "boom")
+        assert run.proc.wait(timeout=30) == 1
+        assert "failed 2 times" in run.output()
+    finally:
+        run.kill_all()
+    assert [p for p in run.seen_pids if pid_alive(p)] == []
+
+
+def test_bad_config_starts_nothing(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("EchoWorker:\n  replicas: two\n")
+    res = subprocess.run([*dynamo_cmd(), "serve", GRAPH, "-f", str(cfg), "--state-dir",
+                          str(tmp_path / "state")], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2
+    assert f"{cfg}: invalid config" in res.stderr
+    assert "EchoWorker.replicas" in res.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_dry_run_prints_plan(tmp_path):
+    res = subprocess.run([*dynamo_cmd(), "serve", GRAPH, "--dry-run", "--EchoWorker.replicas=3"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "EchoWorker x3" in res.stdout and "links: EchoWorker" in res.stdout
+    assert "embedded etcd + NATS" in res.stdout
