@@ -1,0 +1,1 @@
+"""Unit tests of the disaggregated router (remote or local prefill)."""
