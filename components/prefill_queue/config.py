@@ -1,0 +1,77 @@
+"""``PrefillQueueConfig``: limits and timings of the prefill work queue.
+
+Every limit here is enforced by the NATS server (stream and consumer settings), except
+``depth_refresh_s``, ``idle_recheck_s`` and ``request_timeout_s``, which shape the
+client.  Validators only check; they never change values.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PrefillQueueConfig(BaseModel):
+    """One queue per (namespace, model); every decode and prefill worker of it uses this."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_msgs: int = Field(
+        default=1000, ge=1,
+        description="Most prefill requests the queue holds (all levels together, queued "
+        "or being worked on). A publish beyond it is rejected with QueueFull.")
+    max_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=1024,
+        description="Most bytes the queue holds; a publish beyond it is rejected with "
+        "QueueFull.")
+    max_age_s: float = Field(
+        default=120.0, gt=0,
+        description="A request older than this is deleted by the server, acked or not. "
+        "Keep it above the decode workers' remote-prefill timeout.")
+    ack_wait_s: float = Field(
+        default=30.0, gt=0,
+        description="How long a pulled request may go without ack or in_progress before "
+        "the server redelivers it to another prefill worker (the dead-worker timeout).")
+    max_deliver: int = Field(
+        default=3, ge=1,
+        description="Deliveries of one request before the server stops redelivering it.")
+    priorities: tuple[str, ...] = Field(
+        default=("high", "default", "low"), min_length=1, max_length=8,
+        description="Priority class names, highest first; one subject and one consumer "
+        "each. An integer priority is an index into this list (0 = highest).")
+    default_priority: str = Field(
+        default="default",
+        description="Level for requests whose priority class is not in `priorities`.")
+    depth_refresh_s: float = Field(
+        default=0.2, ge=0.01, le=10.0,
+        description="How often QueueDepthMonitor re-reads the depth from the server.")
+    idle_recheck_s: float = Field(
+        default=0.25, gt=0, le=10.0,
+        description="An idle prefill worker rescans the levels at least this often even "
+        "without an enqueue notification (redeliveries send none).")
+    request_timeout_s: float = Field(
+        default=1.0, gt=0, le=30.0,
+        description="Longest wait for the server's answer to a publish, pull or ack.")
+    duplicate_window_s: float = Field(
+        default=60.0, ge=0,
+        description="A request id published twice within this window is stored once "
+        "(safe enqueue retries); 0 turns deduplication off.")
+    storage: Literal["file", "memory"] = Field(
+        default="file", description="JetStream storage: file survives a server restart.")
+    replicas: int = Field(default=1, ge=1, le=5,
+                          description="Stream replicas in a clustered NATS deployment.")
+
+    @model_validator(mode="after")
+    def _check_priorities(self) -> PrefillQueueConfig:
+        if any(not p for p in self.priorities):
+            raise ValueError("priority class names must be non-empty")
+        if len(set(self.priorities)) != len(self.priorities):
+            raise ValueError(f"priority class names must be unique, got {list(self.priorities)}")
+        if self.default_priority not in self.priorities:
+            raise ValueError(f"default_priority {self.default_priority!r} is not one of "
+                             f"priorities {list(self.priorities)}")
+        if self.duplicate_window_s > self.max_age_s:
+            raise ValueError(f"duplicate_window_s ({self.duplicate_window_s}) must not "
+                             f"exceed max_age_s ({self.max_age_s})")
+        return self

@@ -1,0 +1,133 @@
+"""The prefill request on the wire, and the pure decisions about one received message.
+
+A ``PrefillRequest`` crosses processes (decode worker -> queue -> prefill worker), so it is
+versioned: a prefill worker that receives a version it does not know terminates the
+message instead of guessing.  JSON keeps messages readable with the ``nats`` CLI; a
+prompt of 100k tokens is about 600 kB, under NATS's default 1 MB payload limit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from .config import PrefillQueueConfig
+
+WIRE_VERSION = 1
+
+
+class PrefillRequest(BaseModel):
+    """What a decode worker asks the prefill pool to do for one prompt."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Literal[1] = Field(default=1, description="Wire format version.")
+    request_id: str = Field(min_length=1, description="Request id; also the dedup key.")
+    priority: StrictInt | StrictStr = Field(
+        default="default", description="Priority class name, or a level index "
+        "(0 = highest) into the queue's `priorities`.")
+    token_ids: list[int] = Field(min_length=1, description="The full prompt's token ids.")
+    num_cached_tokens: int = Field(
+        default=0, ge=0, description="Leading prompt tokens whose KV the decode worker "
+        "already holds; the prefill worker writes KV only for the rest.")
+    decode_worker_id: str = Field(min_length=1, description="Decode worker to notify.")
+    nixl_agent: str = Field(min_length=1,
+                            description="NIXL agent name of the decode worker's KV memory.")
+    block_ids: list[int] = Field(
+        min_length=1, description="Destination KV block ids on the decode worker, in "
+        "order, for the tokens after `num_cached_tokens`.")
+    block_size: int = Field(ge=1, description="Tokens per KV block on the decode worker.")
+    enqueued_at: float = Field(ge=0, description="Wall-clock time of enqueue (Unix s).")
+    max_wait_s: float | None = Field(
+        default=None, gt=0, description="The decode worker falls back to local prefill "
+        "after this long; a prefill worker that pulls it later drops it.")
+    trace_id: str | None = Field(default=None, description="Distributed trace id.")
+    parent_span_id: str | None = Field(default=None, description="Enqueuing span's id.")
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> PrefillRequest:
+        # Cross-field checks, after field validation: raise, never adjust.
+        if isinstance(self.priority, int) and self.priority < 0:
+            raise ValueError(f"an integer priority is a level index >= 0, got {self.priority}")
+        if self.num_cached_tokens >= len(self.token_ids):
+            raise ValueError(f"num_cached_tokens ({self.num_cached_tokens}) leaves nothing "
+                             f"to prefill in {len(self.token_ids)} prompt tokens")
+        needed = len(self.token_ids) - self.num_cached_tokens
+        if len(self.block_ids) * self.block_size < needed:
+            raise ValueError(f"{len(self.block_ids)} blocks of {self.block_size} tokens "
+                             f"cannot hold the {needed} tokens to prefill")
+        if any(b < 0 for b in self.block_ids) or any(t < 0 for t in self.token_ids):
+            raise ValueError("token and block ids must be >= 0")
+        return self
+
+    @property
+    def deadline(self) -> float | None:
+        """Wall-clock time after which the decode worker no longer waits, or None."""
+        return None if self.max_wait_s is None else self.enqueued_at + self.max_wait_s
+
+    def encode(self) -> bytes:
+        """Serialise for publishing; called by the adapter on enqueue."""
+        return self.model_dump_json().encode("utf-8")
+
+
+def priority_level(priority: int | str, config: PrefillQueueConfig) -> int:
+    """Return the level (0 = highest) a request is queued at; called on enqueue.
+
+    An integer past the last level goes to the last level; an unknown class name goes to
+    ``default_priority`` (QoS classes are defined elsewhere and may be newer than this
+    queue's configuration, so a typo should not drop work).
+    """
+    levels = config.priorities
+    if isinstance(priority, int):
+        return min(max(priority, 0), len(levels) - 1)
+    if priority in levels:
+        return levels.index(priority)
+    return levels.index(config.default_priority)
+
+
+Verdict = Literal["ok", "expired", "unknown-version", "bad-shape"]
+
+
+@dataclass(frozen=True)
+class Triage:
+    """What to do with one received message: work on it (``ok``) or drop it (others)."""
+
+    verdict: Verdict
+    request: PrefillRequest | None = None
+    detail: str = ""
+
+
+def triage(data: bytes, now: float) -> Triage:
+    """Decide what a prefill worker does with a received payload; called per delivery.
+
+    Returns ``ok`` with the request, ``expired`` (the decode worker has stopped waiting:
+    ack and drop), or ``unknown-version`` / ``bad-shape`` (terminate: redelivering a
+    message that cannot be read would fail the same way on every worker).
+    """
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return Triage("bad-shape", detail=f"not JSON: {exc}")
+    if not isinstance(raw, dict):
+        return Triage("bad-shape", detail=f"expected an object, got {type(raw).__name__}")
+    if raw.get("version") != WIRE_VERSION:
+        return Triage("unknown-version", detail=f"version {raw.get('version')!r}")
+    try:
+        request = PrefillRequest.model_validate(raw)
+    except ValidationError as exc:
+        return Triage("bad-shape", detail=str(exc).splitlines()[0])
+    deadline = request.deadline
+    if deadline is not None and now > deadline:
+        return Triage("expired", request, f"{now - deadline:.3f}s past its deadline")
+    return Triage("ok", request)

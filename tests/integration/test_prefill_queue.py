@@ -1,0 +1,289 @@
+"""The prefill queue against a real nats-server with JetStream (embedded, loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+
+import nats
+import pytest
+
+from splitserve.components.prefill_queue import (
+    PrefillQueue,
+    PrefillQueueConfig,
+    PrefillRequest,
+    QueueFull,
+    QueueUnavailable,
+)
+from splitserve.infra.embedded import EmbeddedInfra
+
+pytestmark = pytest.mark.integration
+
+MODEL = "org/Model-1.5B.Instruct"  # needs sanitising: '/' and '.'
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with EmbeddedInfra(tmp_path_factory.mktemp("infra")) as ep:
+        yield ep.nats
+
+
+def fast_config(**over: object) -> PrefillQueueConfig:
+    """Short timings so redelivery and expiry happen within a test's time budget."""
+    base: dict[str, object] = {
+        "ack_wait_s": 1.0, "max_deliver": 5, "idle_recheck_s": 0.1, "depth_refresh_s": 0.1,
+        "request_timeout_s": 1.0, "max_age_s": 30.0, "duplicate_window_s": 5.0,
+        "storage": "memory"}
+    base.update(over)
+    return PrefillQueueConfig.model_validate(base)
+
+
+def make_request(request_id: str | None = None, **over: object) -> PrefillRequest:
+    fields: dict[str, object] = {
+        "request_id": request_id or uuid.uuid4().hex, "token_ids": list(range(1, 40)),
+        "decode_worker_id": "decode-0", "nixl_agent": "decode-0-agent",
+        "block_ids": [3, 7, 9], "block_size": 16, "enqueued_at": time.time(),
+        "max_wait_s": 30.0}
+    fields.update(over)
+    return PrefillRequest.model_validate(fields)
+
+
+def namespace() -> str:
+    """A fresh namespace per test, so every test has its own stream."""
+    return f"test ns/{uuid.uuid4().hex[:8]}"
+
+
+async def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float:
+    """Poll an async predicate until true; returns seconds waited, fails after timeout_s."""
+    start = time.monotonic()
+    while not await predicate():
+        if time.monotonic() - start > timeout_s:
+            pytest.fail(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(step_s)
+    return time.monotonic() - start
+
+
+@pytest.mark.asyncio
+async def test_enqueue_pull_ack(nats_url: str) -> None:
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL, fast_config()) as q:
+        sent = make_request("r1")
+        result = await q.enqueue(sent)
+        assert result.level == 1 and not result.duplicate
+        assert (await q.depth()).waiting == (0, 1, 0)
+        [job] = await q.pull(timeout=2.0)
+        assert job.request == sent and job.delivery_count == 1 and job.level == 1
+        assert (await q.depth()).in_flight == (0, 1, 0)
+        await job.ack()
+        assert (await q.depth()).total == 0
+        assert await q.pull(timeout=0.2) == []
+        assert (q.stats.enqueued, q.stats.delivered, q.stats.acked) == (1, 1, 1)
+
+
+@pytest.mark.asyncio
+async def test_duplicate_request_id_is_stored_once(nats_url: str) -> None:
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL, fast_config()) as q:
+        first = await q.enqueue(make_request("same"))
+        again = await q.enqueue(make_request("same"))
+        assert again.duplicate and again.stream_seq == first.stream_seq
+        assert (await q.depth()).total == 1
+
+
+@pytest.mark.asyncio
+async def test_two_workers_share_work_each_message_once(nats_url: str) -> None:
+    ns, cfg = namespace(), fast_config()
+    async with (await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as producer,
+                await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as w1,
+                await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as w2):
+        ids = [f"r{i}" for i in range(20)]
+        for rid in ids:
+            await producer.enqueue(make_request(rid))
+        done: dict[str, list[str]] = {"w1": [], "w2": []}
+
+        async def work(name: str, q: PrefillQueue) -> None:
+            while jobs := await q.pull(timeout=0.3):
+                for job in jobs:
+                    await asyncio.sleep(0.01)  # "prefill"
+                    await job.ack()
+                    done[name].append(job.request.request_id)
+
+        await asyncio.wait_for(asyncio.gather(work("w1", w1), work("w2", w2)), 10)
+        processed = done["w1"] + done["w2"]
+        assert sorted(processed) == sorted(ids)  # each exactly once
+        assert done["w1"] and done["w2"]
+        assert (await producer.depth()).total == 0
+
+
+@pytest.mark.asyncio
+async def test_dead_worker_job_is_redelivered_after_ack_wait(nats_url: str) -> None:
+    ns, cfg = namespace(), fast_config(ack_wait_s=1.0)
+    async with (await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as producer,
+                await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as survivor):
+        dying = await PrefillQueue.connect(nats_url, ns, MODEL, cfg)
+        await producer.enqueue(make_request("r-dead"))
+        assert len(await dying.pull(timeout=2.0)) == 1
+        await dying.close()  # the worker dies holding the job: no ack, no nak
+        start = time.monotonic()
+        [job] = await survivor.pull(timeout=5.0)
+        waited = time.monotonic() - start
+        assert job.request.request_id == "r-dead" and job.delivery_count == 2
+        assert 0.5 <= waited <= 3.0
+        assert survivor.stats.redelivered == 1
+        await job.ack()
+        assert (await producer.depth()).total == 0
+
+
+@pytest.mark.asyncio
+async def test_in_progress_keeps_a_long_job_from_redelivery(nats_url: str) -> None:
+    ns, cfg = namespace(), fast_config(ack_wait_s=1.0)
+    async with (await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as busy,
+                await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as other):
+        await busy.enqueue(make_request("long"))
+        [job] = await busy.pull(timeout=2.0)
+        for _ in range(4):  # 1.6 s of "prefill", longer than ack_wait
+            await asyncio.sleep(0.4)
+            await job.in_progress()
+        assert await other.pull(timeout=0.2) == []
+        await job.ack()
+        assert other.stats.delivered == 0
+
+
+@pytest.mark.asyncio
+async def test_full_queue_rejects_quickly(nats_url: str) -> None:
+    cfg = fast_config(max_msgs=2)
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL, cfg) as q:
+        await q.enqueue(make_request())
+        await q.enqueue(make_request(priority="low"))
+        start = time.monotonic()
+        with pytest.raises(QueueFull):
+            await q.enqueue(make_request(priority="high"))
+        assert time.monotonic() - start < 0.5
+        assert (q.stats.enqueued, q.stats.rejected_full) == (2, 1)
+        [job] = await q.pull(timeout=1.0)
+        await job.ack()
+        await q.enqueue(make_request())  # room again after an ack
+
+
+@pytest.mark.asyncio
+async def test_full_by_bytes_rejects_quickly(nats_url: str) -> None:
+    cfg = fast_config(max_bytes=4096)
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL, cfg) as q:
+        big = {"token_ids": list(range(500)), "block_ids": list(range(40))}
+        await q.enqueue(make_request(**big))
+        with pytest.raises(QueueFull):
+            await q.enqueue(make_request(**big))
+
+
+@pytest.mark.asyncio
+async def test_max_age_deletes_old_requests(nats_url: str) -> None:
+    cfg = fast_config(max_age_s=1.0, duplicate_window_s=0.5)
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL, cfg) as q:
+        await q.enqueue(make_request())
+
+        async def empty() -> bool:
+            return (await q.depth()).total == 0
+
+        waited = await wait_until(empty, timeout_s=5.0)
+        assert waited >= 0.5
+        assert await q.pull(timeout=0.2) == []
+
+
+@pytest.mark.asyncio
+async def test_high_priority_is_pulled_first(nats_url: str) -> None:
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL, fast_config()) as q:
+        for rid, prio in [("low-1", "low"), ("def-1", "default"), ("low-2", 2),
+                          ("high-1", "high"), ("def-2", "batch"), ("high-2", 0)]:
+            await q.enqueue(make_request(rid, priority=prio))
+        order = []
+        while jobs := await q.pull(timeout=0.3):
+            for job in jobs:
+                order.append(job.request.request_id)
+                await job.ack()
+        assert order == ["high-1", "high-2", "def-1", "def-2", "low-1", "low-2"]
+        # A batch fills from the top level down.
+        for rid, prio in [("l", "low"), ("d", "default"), ("h", "high")]:
+            await q.enqueue(make_request(rid, priority=prio))
+        batch = await q.pull(batch=2, timeout=1.0)
+        assert [j.request.request_id for j in batch] == ["h", "d"]
+
+
+@pytest.mark.asyncio
+async def test_depth_monitor_tracks_depth_within_refresh(nats_url: str) -> None:
+    cfg = fast_config(depth_refresh_s=0.1)
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL, cfg) as q:
+        monitor = q.depth_monitor()
+        await monitor.start()
+        try:
+            assert monitor.depth == 0
+            for _ in range(3):
+                await q.enqueue(make_request())
+
+            async def seen(n: int) -> bool:
+                return monitor.depth == n
+
+            assert await wait_until(lambda: seen(3), timeout_s=1.0, step_s=0.02) <= 0.5
+            assert monitor.age_s is not None and monitor.age_s < 0.3
+            for job in await q.pull(batch=3, timeout=1.0):
+                await job.ack()
+            assert await wait_until(lambda: seen(0), timeout_s=1.0, step_s=0.02) <= 0.5
+        finally:
+            await monitor.stop()
+
+
+@pytest.mark.asyncio
+async def test_malformed_and_expired_are_dropped_and_counted(nats_url: str) -> None:
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL, fast_config()) as q:
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            subject = q.names.subjects[0]
+            await js.publish(subject, b"not json")
+            await js.publish(subject, b'{"version": 2, "request_id": "future"}')
+            await js.publish(subject, b'{"version": 1, "request_id": "no-tokens"}')
+        finally:
+            await nc.close()
+        await q.enqueue(make_request("stale", enqueued_at=time.time() - 60, max_wait_s=5.0))
+        await q.enqueue(make_request("good"))
+        [job] = await q.pull(timeout=2.0)
+        assert job.request.request_id == "good"
+        await job.ack()
+        s = q.stats
+        assert (s.malformed, s.terminated, s.expired, s.delivered) == (3, 3, 1, 5)
+        assert s.as_dict()["dropped_bad_shape"] == 2
+        assert s.as_dict()["dropped_unknown_version"] == 1
+        assert s.as_dict()["dropped_expired"] == 1
+        assert (await q.depth()).total == 0  # terminated and expired are gone for good
+
+
+@pytest.mark.asyncio
+async def test_missing_stream_rejects_quickly_as_unavailable(nats_url: str) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        q = PrefillQueue(nc, namespace(), MODEL, fast_config())  # ensure() never called
+        start = time.monotonic()
+        with pytest.raises(QueueUnavailable):
+            await q.enqueue(make_request())
+        assert time.monotonic() - start < 1.5
+        assert q.stats.rejected_unavailable == 1
+        await q.close()
+    finally:
+        await nc.close()
+
+
+@pytest.mark.asyncio
+async def test_jobs_iterator_serves_a_worker_loop(nats_url: str) -> None:
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL, fast_config()) as q:
+        for rid in ("a", "b", "c"):
+            await q.enqueue(make_request(rid))
+        seen = []
+
+        async def loop() -> None:
+            async for job in q.jobs(poll_s=0.2):
+                seen.append(job.request.request_id)
+                await job.ack()
+                if len(seen) == 3:
+                    return
+
+        await asyncio.wait_for(loop(), 5)
+        assert seen == ["a", "b", "c"]

@@ -1,0 +1,1 @@
+"""Unit tests of the prefill queue's pure parts."""

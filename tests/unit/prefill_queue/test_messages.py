@@ -1,0 +1,82 @@
+"""The wire model, its versioning, triage of received payloads and priority levels."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from splitserve.components.prefill_queue import (
+    PrefillQueueConfig,
+    PrefillRequest,
+    priority_level,
+    triage,
+)
+
+from .factories import make_request, request_fields
+
+pytestmark = pytest.mark.unit
+
+
+def test_round_trip_through_json() -> None:
+    req = make_request(priority="high", trace_id="t1", num_cached_tokens=16,
+                       block_ids=[5, 6])
+    verdict = triage(req.encode(), now=1000.5)
+    assert verdict.verdict == "ok" and verdict.request == req
+
+
+def test_deadline_comes_from_max_wait() -> None:
+    assert make_request(enqueued_at=10.0, max_wait_s=2.5).deadline == 12.5
+    assert make_request(max_wait_s=None).deadline is None
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"block_ids": [1]}, "cannot hold"),  # 40 tokens, one 16-token block
+    ({"num_cached_tokens": 40}, "nothing to prefill"),
+    ({"priority": -1}, "level index"),
+    ({"priority": 1.5}, "priority"),
+    ({"token_ids": []}, "token_ids"),
+    ({"block_ids": [-1, 2, 3]}, ">= 0"),
+    ({"block_size": 0}, "block_size"),
+    ({"version": 2}, "version"),
+    ({"surprise": True}, "surprise"),
+    ({"max_wait_s": 0}, "max_wait_s"),
+])
+def test_invalid_requests_are_rejected(over: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        PrefillRequest.model_validate(request_fields(**over))
+
+
+@pytest.mark.parametrize("payload, now, verdict", [
+    (None, 1001.0, "ok"),                       # 1 s into a 2 s wait
+    (None, 1002.5, "expired"),
+    (b"\xff\xfe", 0.0, "bad-shape"),
+    (b"[1, 2]", 0.0, "bad-shape"),
+    (b'{"request_id": "x"}', 0.0, "unknown-version"),
+    (json.dumps({**request_fields(), "version": 2}).encode(), 0.0, "unknown-version"),
+    (json.dumps({**request_fields(version=1), "block_size": "big"}).encode(), 0.0, "bad-shape"),
+    (json.dumps({**request_fields(version=1), "extra": 1}).encode(), 0.0, "bad-shape"),
+])
+def test_triage(payload: bytes | None, now: float, verdict: str) -> None:
+    data = make_request().encode() if payload is None else payload
+    result = triage(data, now)
+    assert result.verdict == verdict
+    assert (result.request is not None) == (verdict in ("ok", "expired"))
+
+
+def test_no_deadline_never_expires() -> None:
+    assert triage(make_request(max_wait_s=None).encode(), now=1e12).verdict == "ok"
+
+
+@pytest.mark.parametrize("priority, level", [
+    ("high", 0), ("default", 1), ("low", 2), (0, 0), (1, 1), (2, 2), (9, 2),
+    ("unknown-class", 1),
+])
+def test_priority_level(priority: int | str, level: int) -> None:
+    assert priority_level(priority, PrefillQueueConfig()) == level
+
+
+def test_priority_level_follows_configured_classes() -> None:
+    cfg = PrefillQueueConfig(priorities=("interactive", "batch"), default_priority="batch")
+    assert [priority_level(p, cfg) for p in ("interactive", "batch", "x", 5)] == [0, 1, 1, 1]
