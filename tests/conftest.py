@@ -33,3 +33,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The exported, weight-less SmolLM2 directory (tokenizer + config), cached per user."""
+    from splitserve.common.cache import model_cache_dir
+    from splitserve.components.engines.model_dir import export_model_dir, served_model_name
+
+    return export_model_dir(model_cache_dir(served_model_name()))

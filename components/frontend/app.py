@@ -1,0 +1,337 @@
+"""The OpenAI-compatible HTTP app (Starlette).
+
+``build_app(state)`` is pure wiring: the same app runs in the frontend process and in
+unit tests with a fake backend.  Request handling: parse and validate the body, render
+and tokenise, check the context window, admit (early 503 when saturated), then stream
+the worker's tokens through the detokenizer as SSE or collect them into one answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from splitserve.components.protocol import worker_request
+
+from .backend import Backend, StreamMeta
+from .errors import APIError, bad_request, overloaded, upstream_error
+from .metrics import FrontendMetrics
+from .openai_types import ChatCompletionRequest, CompletionRequest, parse_json, validate
+from .textcodec import TextCodec
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+@dataclass
+class FrontendState:
+    """Everything a request handler needs; built once per process."""
+
+    model_name: str
+    codec: TextCodec | None
+    backend: Backend
+    metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
+    max_inflight: int = 256
+    default_max_tokens: int = 512
+    first_token_timeout_s: float = 120.0
+    inter_token_timeout_s: float = 30.0
+    priority_header: str = "x-priority"
+    context_factory: Any = None
+    inflight: int = 0
+    loading_detail: str = "loading tokenizer"
+
+    def is_ready(self) -> bool:
+        return self.codec is not None and self.backend.ready()
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+
+
+@dataclass
+class Prepared:
+    """A validated request, tokenised and ready to send."""
+
+    kind: str  # "chat" or "completion"
+    req: Any
+    token_ids: list[int]
+    max_tokens: int
+    request_id: str
+    priority: str
+
+
+def prepare(state: FrontendState, kind: str, data: dict[str, Any], priority: str) -> Prepared:
+    """Validate and tokenise; raises APIError(400) on anything a client got wrong."""
+    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    req = validate(model, data)
+    if req.model != state.model_name:
+        raise APIError(400, f"model '{req.model}' is not served here; available: "
+                       f"{state.model_name}", param="model", code="model_not_found")
+    codec = state.codec
+    if codec is None:
+        raise overloaded("the model is still loading", retry_after_s=5, code="not_ready")
+    if kind == "chat":
+        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                for m in req.messages]
+        ids = codec.chat_ids(msgs)
+    elif isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
+        ids = list(req.prompt)
+    else:
+        ids = codec.prompt_ids(req.prompt if isinstance(req.prompt, str) else req.prompt[0])
+    if not ids:
+        raise bad_request("prompt is empty after tokenisation", "prompt", "empty_prompt")
+    room = codec.context_length - len(ids)
+    asked = req.requested_max_tokens()
+    if room <= 0 or (asked is not None and asked > room):
+        need = len(ids) + (asked or 1)
+        raise bad_request(f"this model's maximum context length is {codec.context_length} "
+                          f"tokens; the request needs {need} ({len(ids)} in the prompt)",
+                          "messages" if kind == "chat" else "prompt",
+                          "context_length_exceeded")
+    max_tokens = asked if asked is not None else min(state.default_max_tokens, room)
+    return Prepared(kind, req, ids, max_tokens, f"{kind}-{uuid.uuid4().hex}", priority)
+
+
+async def token_events(state: FrontendState, p: Prepared, meta: StreamMeta, started: float
+                       ) -> AsyncIterator[tuple[str, str | None, dict | None]]:
+    """Yield (text delta, finish reason or None, usage or None) until the request ends.
+
+    Enforces the first-token and inter-token deadlines so a stalled or dead worker
+    becomes an error within a bounded time, and stops the worker early when a stop
+    string matched.
+    """
+    codec = state.codec
+    detok = codec.detokenizer(p.req.stop_list())
+    s = p.req
+    wreq = worker_request(model=state.model_name, token_ids=p.token_ids, max_tokens=p.max_tokens,
+                          temperature=s.temperature if s.temperature is not None else 1.0,
+                          top_p=s.top_p, seed=s.seed, eos_token_ids=codec.eos_token_ids,
+                          request_id=p.request_id, priority=p.priority)
+    context = state.context_factory(p.request_id) if state.context_factory else None
+    chunks = state.backend.stream(wreq, meta, context).__aiter__()
+    last = started
+    finish: str | None = None
+    try:
+        while finish is None:
+            timeout = (state.first_token_timeout_s if meta.first_token_at is None
+                       else state.inter_token_timeout_s)
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), timeout)
+            except StopAsyncIteration:
+                raise upstream_error("worker stream ended without a finish reason") from None
+            except asyncio.TimeoutError:
+                raise upstream_error(f"no token from the worker within {timeout:.0f}s", 504,
+                                     "worker_timeout") from None
+            if chunk.get("error") or chunk.get("finish_reason") in ("error", "cancelled"):
+                raise upstream_error(f"worker error: {chunk.get('error') or chunk.get('text')}")
+            ids = chunk.get("token_ids") or []
+            now = time.monotonic()
+            if ids:
+                if meta.first_token_at is None:
+                    meta.first_token_at = now
+                    state.metrics.ttft.observe(now - started)
+                else:
+                    state.metrics.itl.observe((now - last) / len(ids))
+                last = now
+                meta.output_tokens += len(ids)
+            usage = chunk.get("completion_usage")
+            if usage:
+                meta.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
+                    "cached_tokens", 0) or 0
+            text = detok.push(ids)
+            if detok.stopped:
+                finish = "stop"
+            elif chunk.get("finish_reason"):
+                finish = FINISH.get(chunk["finish_reason"], "stop")
+                text += detok.flush()
+            yield text, finish, None
+    finally:
+        if finish is None or detok.stopped:
+            if context is not None:
+                context.stop_generating()
+        await chunks.aclose()
+
+
+def usage_of(p: Prepared, meta: StreamMeta) -> dict[str, Any]:
+    return {"prompt_tokens": len(p.token_ids), "completion_tokens": meta.output_tokens,
+            "total_tokens": len(p.token_ids) + meta.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": meta.cached_tokens}}
+
+
+def chunk_body(p: Prepared, created: int, model: str, text: str | None,
+               finish: str | None, first: bool) -> dict[str, Any]:
+    if p.kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if text:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    return {"id": p.request_id, "object": obj, "created": created, "model": model,
+            "choices": [choice]}
+
+
+async def handle(request: Request, kind: str) -> Response:
+    state: FrontendState = request.app.state.frontend
+    endpoint = "chat" if kind == "chat" else "completions"
+    started = time.monotonic()
+    priority = request.headers.get(state.priority_header, "default")
+    try:
+        p = prepare(state, kind, parse_json(await request.body()), priority)
+        if state.inflight >= state.max_inflight:
+            raise overloaded(f"server is at its limit of {state.max_inflight} concurrent "
+                             "requests; retry later", retry_after_s=1)
+    except APIError as err:
+        state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else
+                                      "invalid", str(err.status)).inc()
+        return error_response(err)
+    meta = StreamMeta(request_id=p.request_id, priority=priority,
+                      prompt_tokens=len(p.token_ids))
+    state.metrics.prompt_tokens.inc(len(p.token_ids))
+    if p.req.stream:
+        return StreamingResponse(_sse(state, p, meta, started, endpoint),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    state.inflight += 1
+    state.metrics.inflight.inc()
+    try:
+        parts, finish = [], None
+        async for text, fin, _ in token_events(state, p, meta, started):
+            parts.append(text)
+            finish = fin or finish
+    except APIError as err:
+        state.metrics.requests.labels(endpoint, "error", str(err.status)).inc()
+        return error_response(err)
+    finally:
+        state.inflight -= 1
+        state.metrics.inflight.dec()
+        _account(state, meta, started)
+    text = "".join(parts)
+    state.metrics.requests.labels(endpoint, "ok", "200").inc()
+    created = int(time.time())
+    if kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "finish_reason": finish, "logprobs": None}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    return JSONResponse({"id": p.request_id, "object": obj, "created": created,
+                         "model": state.model_name, "choices": [choice],
+                         "usage": usage_of(p, meta)})
+
+
+def _account(state: FrontendState, meta: StreamMeta, started: float) -> None:
+    state.metrics.duration.observe(time.monotonic() - started)
+    state.metrics.output_tokens.inc(meta.output_tokens)
+    state.metrics.cached_tokens.inc(meta.cached_tokens)
+
+
+async def _sse(state: FrontendState, p: Prepared, meta: StreamMeta, started: float,
+               endpoint: str) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    state.inflight += 1
+    state.metrics.inflight.inc()
+    outcome, status = "ok", "200"
+    try:
+        first = True
+        async for text, finish, _ in token_events(state, p, meta, started):
+            if text or finish or first:
+                body = chunk_body(p, created, state.model_name, text, finish, first)
+                first = False
+                yield f"data: {json.dumps(body)}\n\n".encode()
+        if p.req.include_usage_in_stream():
+            body = {"id": p.request_id, "object": chunk_body(p, created, "", "", None,
+                                                              False)["object"],
+                    "created": created, "model": state.model_name, "choices": [],
+                    "usage": usage_of(p, meta)}
+            yield f"data: {json.dumps(body)}\n\n".encode()
+    except APIError as err:
+        outcome, status = "error", str(err.status)
+        yield f"data: {json.dumps(err.body())}\n\n".encode()
+    except asyncio.CancelledError:
+        outcome, status = "cancelled", "499"
+        raise
+    finally:
+        state.inflight -= 1
+        state.metrics.inflight.dec()
+        state.metrics.requests.labels(endpoint, outcome, status).inc()
+        _account(state, meta, started)
+    yield b"data: [DONE]\n\n"
+
+
+async def chat(request: Request) -> Response:
+    return await handle(request, "chat")
+
+
+async def completions(request: Request) -> Response:
+    return await handle(request, "completion")
+
+
+async def models(request: Request) -> Response:
+    state: FrontendState = request.app.state.frontend
+    return JSONResponse({"object": "list", "data": [
+        {"id": state.model_name, "object": "model", "created": 0, "owned_by": "splitserve"}]})
+
+
+async def live(request: Request) -> Response:
+    return JSONResponse({"status": "alive"})
+
+
+async def ready(request: Request) -> Response:
+    state: FrontendState = request.app.state.frontend
+    ok = state.is_ready()
+    detail = "ready" if ok else (state.loading_detail if state.codec is None
+                                 else "waiting for workers")
+    return JSONResponse({"status": "ready" if ok else "not ready", "detail": detail,
+                         "inflight": state.inflight}, status_code=200 if ok else 503)
+
+
+async def metrics(request: Request) -> Response:
+    state: FrontendState = request.app.state.frontend
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    return error_response(APIError(500, f"internal error: {exc.__class__.__name__}",
+                                   type_="server_error", code="internal_error"))
+
+
+async def not_found(request: Request, exc) -> Response:
+    return error_response(APIError(404, f"no route {request.method} {request.url.path}",
+                                   code="not_found"))
+
+
+async def method_not_allowed(request: Request, exc) -> Response:
+    return error_response(APIError(405, f"method {request.method} not allowed here",
+                                   code="method_not_allowed"))
+
+
+def build_app(state: FrontendState) -> Starlette:
+    """The ASGI app with every route; ``state`` is shared by all handlers."""
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", ready, methods=["GET"]),
+        Route("/live", live, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={404: not_found,
+                                                       405: method_not_allowed,
+                                                       Exception: internal_error})
+    app.state.frontend = state
+    return app

@@ -1,0 +1,47 @@
+"""OpenAI-style error bodies and the exception that carries one to the HTTP layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    """An error answered to the client as ``{"error": {...}}`` with an HTTP status.
+
+    Raised anywhere in request handling; the app turns it into a JSONResponse (or an
+    SSE error event once a stream has started).  ``retry_after_s`` adds a Retry-After
+    header (early rejection under overload).
+    """
+
+    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, int(round(self.retry_after_s))))}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def overloaded(message: str, retry_after_s: float, code: str = "overloaded") -> APIError:
+    return APIError(503, message, type_="server_overloaded", code=code,
+                    retry_after_s=retry_after_s)
+
+
+def upstream_error(message: str, status: int = 502, code: str = "worker_error") -> APIError:
+    return APIError(status, message, type_="server_error", code=code)

@@ -1,0 +1,86 @@
+"""Frontend process: `python -m splitserve.components.frontend.main --config FILE`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from splitserve.serve.component import ComponentContext, endpoint_path, run
+
+from .app import FrontendState, build_app
+from .backend import DirectBackend, RoutedBackend
+from .config import FrontendConfig
+from .textcodec import TextCodec
+
+log = logging.getLogger("splitserve.frontend")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the component runtime owns SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def _context_factory():
+    from dynamo.runtime import Context
+
+    return lambda request_id: Context(id=request_id)
+
+
+async def main(ctx: ComponentContext) -> None:
+    cfg = ctx.config(FrontendConfig)
+    links = ctx.run.links
+    ns = ctx.namespace
+    if "Router" in links:
+        router_client = await ctx.endpoint("Router", "route").client()
+        worker_client = await ctx.runtime.endpoint(endpoint_path(ns, "worker", "generate")
+                                                   ).client()
+        backend = RoutedBackend(router_client, worker_client, cfg.route_timeout_s)
+        backend.release_client = await ctx.endpoint("Router", "release").client()
+    else:
+        target = next((n for n in links if n.endswith("Worker")), "Worker")
+        backend = DirectBackend(await ctx.endpoint(target, "generate").client())
+    state = FrontendState(model_name=ctx.run.common.model, codec=None, backend=backend,
+                          max_inflight=cfg.max_inflight,
+                          default_max_tokens=cfg.default_max_tokens,
+                          first_token_timeout_s=cfg.first_token_timeout_s,
+                          inter_token_timeout_s=cfg.inter_token_timeout_s,
+                          priority_header=cfg.priority_header.lower(),
+                          context_factory=_context_factory())
+    server = _Server(uvicorn.Config(build_app(state), host=cfg.host, port=cfg.port,
+                                    log_level="warning", access_log=False, lifespan="off"))
+    serve_task = asyncio.create_task(server.serve())
+    while not server.started:
+        if serve_task.done():
+            serve_task.result()
+            return
+        await asyncio.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    url = f"http://{cfg.host}:{port}"
+    ctx.report("loading", endpoint=url, detail="loading tokenizer")
+    state.codec = await asyncio.to_thread(_load_codec, cfg.model_dir)
+    ctx.report("ready", endpoint=url)
+    log.info("serving %s at %s (links: %s)", state.model_name, url, ", ".join(links))
+    await ctx.stopping.wait()
+    ctx.report("stopping", endpoint=url)
+    server.should_exit = True  # stop accepting; in-flight requests finish first
+    await asyncio.wait_for(serve_task, ctx.run.common.shutdown_timeout_s)
+
+
+def _load_codec(model_dir: str | None) -> TextCodec:
+    if model_dir:
+        return TextCodec.from_dir(Path(model_dir))
+    from splitserve.common.cache import model_cache_dir
+    from splitserve.components.engines.model_dir import export_model_dir, served_model_name
+
+    return TextCodec.from_dir(export_model_dir(model_cache_dir(served_model_name())))
+
+
+if __name__ == "__main__":
+    run(main)
