@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from splitserve import __version__
-from splitserve.cli import infra_cmd, serve_cmd, status_cmd
+from splitserve.cli import infra_cmd, route_cmd, serve_cmd, status_cmd
 
 app = typer.Typer(
     name="dynamo",
@@ -17,6 +17,7 @@ app = typer.Typer(
 app.command(context_settings=serve_cmd.EXTRA)(serve_cmd.serve)
 app.command()(status_cmd.status)
 app.add_typer(infra_cmd.app, name="infra")
+app.add_typer(route_cmd.app, name="route")
 
 
 @app.command()

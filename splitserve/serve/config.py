@@ -124,3 +124,31 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = child
         node[parts[-1]] = value
     return out
+
+
+class SelectedBy:
+    """A component config whose model is chosen by one key, e.g. a Worker's ``engine``.
+
+    Used as a ComponentSpec's ``config_model``: ``model_validate`` reads the key (its
+    default when absent), validates the section with that choice's model, and reports
+    an unknown choice like any other field error, with the field path.
+    """
+
+    def __init__(self, key: str, choices: dict[str, type[ComponentConfig]], default: str) -> None:
+        self.key = key
+        self.choices = choices
+        self.default = default
+        self.__name__ = f"SelectedBy[{key}]"
+
+    def model_validate(self, data: Any) -> ComponentConfig:
+        choice = data.get(self.key, self.default) if isinstance(data, dict) else self.default
+        model = self.choices.get(choice) if isinstance(choice, str) else None
+        if model is None:
+            expected = " or ".join(repr(c) for c in self.choices)
+            raise ValidationError.from_exception_data(self.__name__, [{
+                "type": "literal_error", "loc": (self.key,), "input": choice,
+                "ctx": {"expected": expected}}])
+        return model.model_validate({**data, self.key: choice})
+
+    def model_json_schema(self) -> dict[str, Any]:
+        return {"oneOf": [m.model_json_schema() for m in self.choices.values()]}

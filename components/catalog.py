@@ -1,0 +1,33 @@
+"""The component types graphs are built from.
+
+Each is an immutable ComponentSpec: the module its processes run, its config model, the
+components it knows how to call, and its place in the shutdown order (frontend first so
+no new work arrives while routers and workers drain).
+"""
+
+from __future__ import annotations
+
+from splitserve.components.frontend.config import FrontendConfig
+from splitserve.components.router.service_config import RouterComponentConfig
+from splitserve.components.worker.config import worker_config_model
+from splitserve.serve.graph import ComponentSpec
+
+
+def _worker_model():
+    from splitserve.components.worker.engines import engine_choices
+
+    return worker_config_model(engine_choices())
+
+
+Frontend = ComponentSpec(
+    "Frontend", "splitserve.components.frontend.main", FrontendConfig,
+    may_link=("Router", "Worker"), shutdown_rank=0,
+    description="OpenAI-compatible HTTP API; tokenises, applies the chat template, streams.")
+Router = ComponentSpec(
+    "Router", "splitserve.components.router.main", RouterComponentConfig,
+    may_link=("Worker",), shutdown_rank=10,
+    description="KV-aware router: filters, weighted scorers and a picker choose the worker.")
+Worker = ComponentSpec(
+    "Worker", "splitserve.components.worker.main", _worker_model(),
+    may_link=(), shutdown_rank=20,
+    description="Serves `generate` on an engine: torch (CPU, real model) or mocker.")

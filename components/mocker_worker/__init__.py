@@ -1,0 +1,1 @@
+"""Worker component backed by Dynamo's mocker: a simulated engine with a real scheduler."""

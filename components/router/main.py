@@ -1,0 +1,61 @@
+"""Router process: `python -m splitserve.components.router.main --config FILE`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from splitserve.components.protocol import load_subject
+from splitserve.serve.component import ComponentContext, run
+
+from .kv_index import KvEventIndex
+from .service import RouterService, load_policy, watch_loads
+from .service_config import RouterComponentConfig
+
+log = logging.getLogger("splitserve.router")
+
+
+async def main(ctx: ComponentContext) -> None:
+    cfg = ctx.config(RouterComponentConfig)
+    router = load_policy(cfg)
+    worker_ep = ctx.endpoint(cfg.worker_component, "generate")
+    client = await worker_ep.client()
+    indexer = None
+    hash_blocks = None
+    if cfg.use_kv_events:
+        from dynamo.llm import compute_block_hash_for_seq
+
+        indexer = KvEventIndex(ctx.namespace, cfg.worker_component)
+        await indexer.start(os.environ["NATS_SERVER"])
+
+        def hash_blocks(tokens: list[int]) -> list[int]:
+            return compute_block_hash_for_seq(tokens, cfg.block_size)
+    service = RouterService(cfg, router, client, indexer, hash_blocks=hash_blocks)
+    loads = asyncio.create_task(watch_loads(
+        os.environ["NATS_SERVER"], load_subject(ctx.namespace, cfg.worker_component), service,
+        ctx.stopping))
+    route_ep = ctx.endpoint("Router", "route")
+    release_ep = ctx.endpoint("Router", "release")
+    serving = [asyncio.ensure_future(route_ep.serve_endpoint(service.route)),
+               asyncio.ensure_future(release_ep.serve_endpoint(service.release))]
+    ctx.report("ready", endpoint=f"{ctx.namespace}.router.route",
+               detail=f"policy {cfg.policy if isinstance(cfg.policy, str) else 'inline'}")
+    log.info("routing to %s.%s with profiles %s", ctx.namespace, cfg.worker_component.lower(),
+             router.profile_names)
+    await ctx.stopping.wait()
+    ctx.report("stopping")
+    for ep in (route_ep, release_ep):
+        try:
+            await ep.unregister_endpoint_instance()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("deregistration failed: %s", exc)
+    for t in serving:
+        t.cancel()
+    await asyncio.wait_for(loads, 5)
+    if indexer is not None:
+        await indexer.close()
+
+
+if __name__ == "__main__":
+    run(main)

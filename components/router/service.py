@@ -1,0 +1,155 @@
+"""The router process's adapter: discovery, KV events, load reports → Router core.
+
+Handles two endpoints: ``route`` (pick a worker, or with ``explain`` only describe the
+choice without recording it) and ``release`` (a request finished).  Everything else is
+the pure core: ``FleetState`` for bookkeeping and ``Router.route`` for the decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from splitserve.common.metrics import PREFIX, latency_buckets
+from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply, WorkerLoad
+
+from .builtin import BUILTIN_CONFIGS, builtin_config
+from .config import load_router_config_file, parse_router_config
+from .core import Router, build_router
+from .fleet import FleetState
+from .registry import default_registry
+from .service_config import RouterComponentConfig
+from .tracker import RecentPrefixTracker
+from .types import RouteRequest
+
+log = logging.getLogger("splitserve.router")
+
+
+def load_policy(cfg: RouterComponentConfig) -> Router:
+    """Build the Router core from a built-in name, a YAML file path or an inline dict."""
+    registry = default_registry()
+    if isinstance(cfg.policy, dict):
+        rc = parse_router_config(cfg.policy, registry, source="Router.policy")
+    elif cfg.policy in BUILTIN_CONFIGS:
+        rc = builtin_config(cfg.policy, registry)
+    else:
+        rc = load_router_config_file(Path(cfg.policy), registry)
+    return build_router(rc, registry)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.decisions = Counter(f"{PREFIX}_router_decisions_total",
+                                 "Routing decisions by profile, worker and reason",
+                                 ["profile", "worker", "reason"], registry=r)
+        self.plugin_latency = Histogram(f"{PREFIX}_router_plugin_seconds",
+                                        "Time spent in each router plugin per decision",
+                                        ["plugin"], buckets=latency_buckets(), registry=r)
+        self.route_latency = Histogram(f"{PREFIX}_router_route_seconds",
+                                       "Time to build the snapshot and decide",
+                                       buckets=latency_buckets(), registry=r)
+        self.overlap_blocks = Counter(f"{PREFIX}_router_overlap_blocks_total",
+                                      "Prefix blocks already cached on the chosen worker",
+                                      registry=r)
+        self.released = Counter(f"{PREFIX}_router_released_total",
+                                "Released requests by outcome", ["outcome"], registry=r)
+
+
+class RouterService:
+    """Keeps fleet state current and answers route/release calls."""
+
+    def __init__(self, cfg: RouterComponentConfig, router: Router, worker_client,
+                 indexer=None, metrics: RouterMetrics | None = None,
+                 hash_blocks=None) -> None:
+        self.cfg = cfg
+        self.router = router
+        self.client = worker_client
+        self.indexer = indexer
+        self.fleet = FleetState(cfg.inflight_ttl_s)
+        self.tracker = RecentPrefixTracker(ttl_s=cfg.recent_prefix_ttl_s)
+        self.metrics = metrics or RouterMetrics()
+        self.hash_blocks = hash_blocks or (lambda tokens: [])
+
+    def on_load(self, payload: bytes) -> None:
+        """A WorkerLoad message from NATS."""
+        try:
+            self.fleet.report(WorkerLoad.model_validate_json(payload), time.monotonic())
+        except ValueError as exc:
+            log.debug("bad load report: %s", exc)
+
+    def decide(self, call: RouteCall) -> tuple[RouteReply, Any]:
+        """Build the snapshot and run the core; records the placement unless explaining."""
+        now = time.monotonic()
+        live = self.client.instance_ids()
+        self.fleet.set_live(live)
+        if self.indexer is not None and hasattr(self.indexer, "sync_workers"):
+            self.indexer.sync_workers(set(live))
+        self.fleet.expire(now)
+        hashes = self.hash_blocks(call.token_ids)
+        overlap: dict[int, int] = {}
+        if self.indexer is not None and hashes:
+            overlap = self.indexer.overlap(hashes)
+        recent = self.tracker.recent_blocks(hashes, now)
+        request = RouteRequest(request_id=call.request_id, num_tokens=len(call.token_ids),
+                               num_blocks=len(hashes), priority=call.priority,
+                               block_hashes=tuple(hashes))
+        decision = self.router.route(request, self.fleet.snapshot(now, overlap, recent),
+                                     self.cfg.profile)
+        wid = decision.worker_id
+        record = call.record and not call.explain
+        if record:
+            self.metrics.route_latency.observe(time.monotonic() - now)
+            for plugin, ns in decision.elapsed_ns.items():
+                self.metrics.plugin_latency.labels(plugin).observe(ns / 1e9)
+            self.metrics.decisions.labels(decision.profile, f"{wid:x}" if wid else "none",
+                                          decision.reason).inc()
+            if wid is not None:
+                self.fleet.place(call.request_id, wid, now)
+                self.tracker.record(wid, hashes, now)
+                self.metrics.overlap_blocks.inc(overlap.get(wid, 0))
+        detail = decision.model_dump(mode="json") if call.explain else None
+        return RouteReply(worker_id=wid, reason=decision.reason, decision=detail), decision
+
+    async def route(self, request: dict, context=None):
+        """Endpoint handler: one RouteReply."""
+        try:
+            call = RouteCall.model_validate(request)
+        except ValueError as exc:
+            yield RouteReply(worker_id=None, reason=f"bad-request: {exc}").model_dump()
+            return
+        reply, _ = self.decide(call)
+        yield reply.model_dump(mode="json")
+
+    async def release(self, request: dict, context=None):
+        """Endpoint handler: forget a placement."""
+        try:
+            call = ReleaseCall.model_validate(request)
+        except ValueError as exc:
+            yield {"ok": False, "error": str(exc)}
+            return
+        self.fleet.release(call.request_id)
+        self.metrics.released.labels(call.outcome).inc()
+        yield {"ok": True}
+
+
+async def watch_loads(nats_url: str, subject: str, service: RouterService,
+                      stopping: asyncio.Event) -> None:
+    """Subscribe to WorkerLoad reports until stopping; reconnects are nats-py's job."""
+    import nats
+
+    nc = await nats.connect(nats_url, name="splitserve-router", max_reconnect_attempts=-1)
+
+    async def on_msg(msg) -> None:
+        service.on_load(msg.data)
+
+    await nc.subscribe(subject, cb=on_msg)
+    try:
+        await stopping.wait()
+    finally:
+        await nc.drain()

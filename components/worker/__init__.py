@@ -1,0 +1,1 @@
+"""Worker component: serves generate on an engine (torch CPU reference, mocker, GPU engines)."""

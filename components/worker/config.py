@@ -1,0 +1,50 @@
+"""Config of the Worker component: common worker fields plus per-engine arguments.
+
+The section's ``engine`` key picks the model: ``torch`` (the CPU reference engine with the
+real SmolLM2 model), ``mocker`` (Dynamo's simulated engine), or the GPU engines.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from splitserve.common.models import StrictModel
+from splitserve.serve.config import ComponentConfig, SelectedBy
+
+
+class TorchEngineArgs(StrictModel):
+    """Arguments of the CPU reference engine."""
+
+    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV block.")
+    num_blocks: int = Field(1024, ge=4, description="KV blocks in the pool (46 KB per token "
+                            "in fp32: 1024 blocks of 16 tokens is about 750 MB).")
+    max_num_seqs: int = Field(32, ge=1, description="Requests decoded together per step.")
+    max_prefill_tokens: int = Field(2048, ge=16, description="Prompt tokens prefilled per "
+                                    "step; longer prompts are chunked.")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: "
+                                "all cores divided among this component's replicas.")
+
+
+class WorkerCommon(ComponentConfig):
+    """Fields every engine's worker has."""
+
+    load_report_interval_s: float = Field(0.2, gt=0, description="How often the worker "
+                                          "publishes its load (active, waiting, KV usage).")
+    drain_timeout_s: float = Field(30.0, gt=0, description="On shutdown, how long in-flight "
+                                   "requests may take to finish after deregistration.")
+
+
+class TorchWorkerConfig(WorkerCommon):
+    """A worker running the CPU reference engine."""
+
+    engine: Literal["torch"] = "torch"
+    engine_args: TorchEngineArgs = Field(default_factory=TorchEngineArgs)
+
+
+def worker_config_model(extra: dict[str, type[ComponentConfig]] | None = None) -> SelectedBy:
+    """The Worker section's config model, selected by ``engine`` (default torch)."""
+    choices: dict[str, type[ComponentConfig]] = {"torch": TorchWorkerConfig}
+    choices.update(extra or {})
+    return SelectedBy("engine", choices, "torch")

@@ -1,0 +1,119 @@
+"""Runs a pure, synchronous engine core on its own thread and bridges it to asyncio.
+
+The core (``add_request`` / ``abort`` / ``step`` / ``has_unfinished`` / ``stats`` /
+``drain_kv_events``) never sees threads or sockets.  The runner owns one thread that
+applies queued commands between steps (so requests join and leave the running batch
+between decode steps: continuous batching) and hands each step's outputs back to the
+event loop, one asyncio queue per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("splitserve.worker")
+
+_STOP = object()
+
+
+class EngineRunner:
+    """Thread owner of an engine core; all methods except ``_loop`` run on the event loop."""
+
+    def __init__(self, core, loop: asyncio.AbstractEventLoop,
+                 on_kv_events: Callable[[list], None] | None = None) -> None:
+        self.core = core
+        self.loop = loop
+        self.on_kv_events = on_kv_events
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.streams: dict[str, asyncio.Queue] = {}
+        self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self.error: BaseException | None = None
+        self.last_stats: Any = None
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.commands.put(_STOP)
+        self.thread.join(timeout_s)
+
+    def submit(self, request) -> asyncio.Queue:
+        """Queue a request for the engine; its outputs arrive on the returned queue."""
+        if self.error is not None:
+            raise RuntimeError(f"engine failed: {self.error!r}")
+        q: asyncio.Queue = asyncio.Queue()
+        self.streams[request.request_id] = q
+        self.commands.put(("add", request))
+        return q
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (client gone, stop string hit, shutdown)."""
+        if self.streams.pop(request_id, None) is not None:
+            self.commands.put(("abort", request_id))
+
+    def inflight(self) -> int:
+        return len(self.streams)
+
+    # ---- engine thread ------------------------------------------------------------------
+    def _apply(self, cmd) -> bool:
+        if cmd is _STOP:
+            return False
+        op, arg = cmd
+        try:
+            if op == "add":
+                self.core.add_request(arg)
+            else:
+                self.core.abort(arg)
+        except Exception as exc:  # noqa: BLE001 - a bad request must not kill the loop
+            if op == "add":
+                self.loop.call_soon_threadsafe(self._deliver_error, arg.request_id, exc)
+        return True
+
+    def _loop(self) -> None:
+        running = True
+        try:
+            while running:
+                if not self.core.has_unfinished():
+                    running = self._apply(self.commands.get())  # idle: block for work
+                while running:
+                    try:
+                        running = self._apply(self.commands.get_nowait())
+                    except queue.Empty:
+                        break
+                if not running or not self.core.has_unfinished():
+                    continue
+                outputs = self.core.step()
+                events = self.core.drain_kv_events()
+                self.last_stats = self.core.stats()
+                self.loop.call_soon_threadsafe(self._deliver, outputs, events)
+        except BaseException as exc:  # noqa: BLE001 - surfaced to every waiting request
+            log.exception("engine loop crashed")
+            self.error = exc
+            self.loop.call_soon_threadsafe(self._fail_all, exc)
+
+    # ---- back on the event loop ---------------------------------------------------------
+    def _deliver(self, outputs: list, events: list) -> None:
+        if events and self.on_kv_events:
+            self.on_kv_events(events)
+        for out in outputs:
+            q = self.streams.get(out.request_id)
+            if q is None:
+                continue  # aborted meanwhile
+            q.put_nowait(out)
+            if out.finished:
+                self.streams.pop(out.request_id, None)
+
+    def _deliver_error(self, request_id: str, exc: Exception) -> None:
+        q = self.streams.pop(request_id, None)
+        if q is not None:
+            q.put_nowait(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for q in self.streams.values():
+            q.put_nowait(exc)
+        self.streams.clear()

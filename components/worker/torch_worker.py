@@ -1,0 +1,140 @@
+"""The torch (CPU reference) worker: the real SmolLM2 model behind Dynamo's runtime.
+
+Loads the model (reporting progress; the endpoint is registered only once it is loaded,
+so readiness means "can answer"), runs the engine core on its own thread, serves
+`generate`, publishes KV events through Dynamo's KvEventPublisher (so routers' radix
+trees see this worker's prefix cache) and load reports over NATS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+
+from splitserve.components.protocol import (
+    WorkerLoad,
+    WorkerRequest,
+    load_subject,
+    output_chunk,
+)
+from splitserve.serve.component import ComponentContext, serve_until_stopped
+
+from .config import TorchWorkerConfig
+from .loadreport import publish_load
+from .runner import EngineRunner
+
+log = logging.getLogger("splitserve.worker")
+
+PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
+FINISH = {"stop": "eos", "length": "length", "abort": "cancelled"}
+
+
+def engine_request(wreq: WorkerRequest, request_id: str):
+    """Map the wire request onto the engine core's request."""
+    from splitserve.components.engines.torch_cpu import EngineRequest
+
+    meta = wreq.meta()
+    s, sc = wreq.sampling_options, wreq.stop_conditions
+    stop_ids = list(wreq.eos_token_ids) + list(sc.stop_token_ids_hidden or [])
+    return EngineRequest(
+        request_id=request_id, prompt_token_ids=list(wreq.token_ids),
+        max_tokens=sc.max_tokens or 256,
+        temperature=s.temperature if s.temperature is not None else 1.0,
+        top_p=s.top_p if s.top_p is not None else 1.0, seed=s.seed,
+        stop_token_ids=stop_ids, ignore_eos=bool(sc.ignore_eos),
+        priority=PRIORITY_RANK.get(meta.priority, 1))
+
+
+def make_handler(runner: EngineRunner):
+    """The `generate` endpoint handler: one engine request, streamed step by step."""
+
+    async def generate(request: dict, context=None):
+        try:
+            wreq = WorkerRequest.model_validate(request)
+        except ValueError as exc:
+            yield output_chunk([], "error", error=f"bad request: {exc}")
+            return
+        rid = wreq.meta().request_id or uuid.uuid4().hex
+        try:
+            q = runner.submit(engine_request(wreq, rid))
+        except Exception as exc:  # noqa: BLE001 - engine gone or request refused
+            yield output_chunk([], "error", error=str(exc))
+            return
+        finished = False
+        try:
+            while not finished:
+                out = await q.get()
+                if isinstance(out, BaseException):
+                    finished = True
+                    yield output_chunk([], "error", error=str(out))
+                    return
+                finished = out.finished
+                reason = FINISH.get(out.finish_reason, "eos") if finished else None
+                usage = {}
+                if finished:
+                    usage = dict(prompt_tokens=out.num_prompt_tokens,
+                                 cached_tokens=out.num_cached_tokens,
+                                 completion_tokens=out.num_output_tokens)
+                yield output_chunk(list(out.new_token_ids), reason, **usage)
+                if context is not None and not finished and context.is_stopped():
+                    break
+        finally:
+            if not finished:
+                runner.abort(rid)
+
+    return generate
+
+
+def publish_kv_events(publisher, events: list) -> None:
+    """Forward the engine's BlockStored / BlockRemoved events to Dynamo's publisher."""
+    for ev in events:
+        if hasattr(ev, "token_ids"):
+            publisher.publish_stored(list(ev.token_ids), list(ev.num_block_tokens),
+                                     list(ev.block_hashes), ev.parent_hash)
+        else:
+            publisher.publish_removed(list(ev.block_hashes))
+
+
+async def run_torch_worker(ctx: ComponentContext, cfg: TorchWorkerConfig) -> None:
+    """Component main for ``engine: torch``."""
+    from splitserve.components.engines.torch_cpu import build_engine
+
+    args = cfg.engine_args
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, cfg.replicas))
+    ctx.report("loading", detail="loading model")
+
+    def progress(msg: str) -> None:
+        ctx.report("loading", detail=msg)
+
+    core = await asyncio.to_thread(build_engine, block_size=args.block_size,
+                                   num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+                                   max_prefill_tokens=args.max_prefill_tokens, threads=threads,
+                                   progress=progress)
+    endpoint = ctx.endpoint(ctx.run.component, "generate")
+    from dynamo.llm import KvEventPublisher
+
+    publisher = KvEventPublisher(endpoint, kv_block_size=args.block_size)
+    loop = asyncio.get_running_loop()
+    runner = EngineRunner(core, loop, on_kv_events=lambda evs: publish_kv_events(publisher, evs))
+    runner.start()
+    worker_id = endpoint.connection_id()
+
+    def sample() -> WorkerLoad:
+        st = runner.last_stats or core.stats()
+        return WorkerLoad(worker_id=worker_id, active=st.num_running, waiting=st.num_waiting,
+                         kv_used_blocks=st.kv_blocks_used, kv_total_blocks=st.kv_blocks_total)
+
+    reporter = asyncio.create_task(publish_load(
+        os.environ["NATS_SERVER"], load_subject(ctx.namespace, ctx.run.component), sample,
+        cfg.load_report_interval_s, ctx.stopping))
+    ctx.report("ready", endpoint=f"{ctx.namespace}.{ctx.run.component.lower()}.generate",
+               detail=f"instance {worker_id:x}")
+    try:
+        await serve_until_stopped(ctx, endpoint, make_handler(runner),
+                                  drain_timeout_s=cfg.drain_timeout_s, inflight=runner.inflight)
+    finally:
+        runner.stop()
+        publisher.shutdown()
+        await asyncio.wait_for(reporter, 5)

@@ -1,0 +1,120 @@
+"""`dynamo route explain`: how the live router would place a request, without sending it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from splitserve.cli.paths import state_root
+from splitserve.cli.status_cmd import local_supervisors
+
+app = typer.Typer(help="Inspect routing decisions of a running graph.", no_args_is_help=True)
+
+
+def _messages(prompt: str | None, messages: Path | None) -> list[dict] | None:
+    if messages is not None:
+        try:
+            data = json.loads(messages.read_text())
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(f"{messages}: {exc}", param_hint="--messages") from None
+        if isinstance(data, dict):
+            data = data.get("messages")
+        if not isinstance(data, list) or not data:
+            raise typer.BadParameter(f"{messages}: expected a JSON list of chat messages "
+                                     "(or an object with 'messages')", param_hint="--messages")
+        return data
+    if prompt is not None:
+        return [{"role": "user", "content": prompt}]
+    return None
+
+
+async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[int],
+                   priority: str, timeout_s: float) -> dict:
+    os.environ["ETCD_ENDPOINTS"] = etcd
+    if nats:
+        os.environ["NATS_SERVER"] = nats
+    from splitserve.components.protocol import RouteCall, RouteReply
+    from splitserve.serve.component import endpoint_path, make_runtime
+
+    rt = make_runtime(asyncio.get_running_loop(), "tcp")
+    try:
+        client = await rt.endpoint(endpoint_path(namespace, "Router", "route")).client()
+        await asyncio.wait_for(client.wait_for_instances(), timeout_s)
+        call = RouteCall(request_id="explain", token_ids=token_ids, priority=priority,
+                         explain=True, record=False)
+        stream = await client.round_robin(call.model_dump(mode="json"))
+        async for item in stream:
+            data = getattr(item, "data", item)
+            return RouteReply.model_validate(data() if callable(data) else data).model_dump()
+        raise RuntimeError("router returned nothing")
+    finally:
+        rt.shutdown()
+
+
+@app.command()
+def explain(
+    prompt: str | None = typer.Option(None, "--prompt", "-p", help="User message to route."),
+    messages: Path | None = typer.Option(None, "--messages", "-m", help="JSON file with a "
+                                         "list of chat messages (or {\"messages\": [...]})."),
+    priority: str = typer.Option("default", "--priority", help="Priority class of the request."),
+    namespace: str | None = typer.Option(None, "--namespace", "-n", help="Dynamo namespace "
+                                         "(default: the local graph's)."),
+    etcd: str | None = typer.Option(None, "--etcd", envvar="ETCD_ENDPOINTS",
+                                    help="etcd endpoints (default: the local graph's)."),
+    nats: str | None = typer.Option(None, "--nats", envvar="NATS_SERVER",
+                                    help="NATS URL (default: the local graph's)."),
+    model_dir: Path | None = typer.Option(None, "--model-dir", help="Tokenizer directory "
+                                          "(default: the bundled SmolLM2 export)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the decision as JSON."),
+    timeout_s: float = typer.Option(10.0, "--timeout", help="Seconds to wait for a router."),
+    state_dir: str | None = typer.Option(None, "--state-dir", envvar="SPLITSERVE_HOME",
+                                         help="Root for local state."),
+) -> None:
+    """Print the per-scorer breakdown the live router computes for a prompt.
+
+    The request is tokenised exactly as the frontend would (chat template included) and
+    sent to the router with explain=true: nothing is recorded and no worker is called.
+    """
+    msgs = _messages(prompt, messages)
+    if msgs is None:
+        raise typer.BadParameter("give --prompt or --messages")
+    err = Console(stderr=True)
+    if not etcd or not namespace:
+        sups = local_supervisors(state_root(state_dir))
+        if not sups and not etcd:
+            err.print("[red]error:[/] no local `dynamo serve` found; pass --etcd and --namespace")
+            raise typer.Exit(1)
+        if sups:
+            etcd = etcd or sups[0]["etcd"]
+            nats = nats or sups[0]["nats"]
+            namespace = namespace or sups[0]["namespace"]
+    from splitserve.components.frontend.textcodec import TextCodec
+
+    if model_dir is None:
+        from splitserve.common.cache import model_cache_dir
+        from splitserve.components.engines.model_dir import export_model_dir, served_model_name
+
+        model_dir = export_model_dir(model_cache_dir(served_model_name()))
+    codec = TextCodec.from_dir(model_dir)
+    ids = codec.chat_ids([{"role": m.get("role", "user"), "content": m.get("content", "")}
+                          for m in msgs])
+    try:
+        reply = asyncio.run(_explain(etcd, nats, namespace or "dynamo", ids, priority, timeout_s))
+    except (asyncio.TimeoutError, TimeoutError):
+        err.print(f"[red]error:[/] no router registered in namespace {namespace!r} at {etcd}")
+        raise typer.Exit(1) from None
+    if json_out:
+        typer.echo(json.dumps({"prompt_tokens": len(ids), **reply}, indent=2))
+        return
+    from splitserve.components.router import Decision, format_decision
+
+    Console().print(f"prompt tokens: {len(ids)}  →  worker "
+                    f"{reply['worker_id'] if reply['worker_id'] is None else hex(reply['worker_id'])}"
+                    f"  ({reply['reason']})", highlight=False)
+    if reply.get("decision"):
+        typer.echo(format_decision(Decision.model_validate(reply["decision"])))

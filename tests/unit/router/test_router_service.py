@@ -1,0 +1,109 @@
+"""Router process logic without the network: fleet bookkeeping and route/release calls."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from splitserve.components.protocol import RouteCall, WorkerLoad
+from splitserve.components.router.fleet import FleetState
+from splitserve.components.router.service import RouterService, load_policy
+from splitserve.components.router.service_config import RouterComponentConfig
+
+pytestmark = pytest.mark.unit
+
+
+class FakeClient:
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def instance_ids(self):
+        return list(self.ids)
+
+
+class FakeIndexer:
+    """Stands in for the KV event index: fixed cached-block counts per worker."""
+
+    def __init__(self, scores):
+        self._scores = scores
+
+    def overlap(self, hashes):
+        return {w: min(n, len(hashes)) for w, n in self._scores.items()}
+
+
+def hashes(tokens):
+    return [hash(tuple(tokens[: i + 16])) for i in range(0, len(tokens) - len(tokens) % 16, 16)]
+
+
+def service(policy="kv_aware", ids=(1, 2, 3), scores=None):
+    cfg = RouterComponentConfig(policy=policy)
+    return RouterService(cfg, load_policy(cfg), FakeClient(ids),
+                         FakeIndexer(scores or {}), hash_blocks=hashes)
+
+
+def call(rid, n=64, explain=False):
+    return RouteCall(request_id=rid, token_ids=list(range(n)), explain=explain)
+
+
+def test_fleet_inflight_and_release():
+    f = FleetState(inflight_ttl_s=10)
+    f.set_live([1, 2])
+    f.place("a", 1, now=0)
+    f.place("b", 1, now=0)
+    assert {w.worker_id: w.active_requests for w in f.workers(0)} == {1: 2, 2: 0}
+    assert f.release("a") == 1 and f.release("a") is None
+    assert f.expire(now=11) == 1
+    assert f.workers(11)[0].active_requests == 0
+
+
+def test_fleet_merges_reports_and_drops_dead_workers():
+    f = FleetState()
+    f.set_live([1, 2])
+    f.report(WorkerLoad(worker_id=2, active=5, waiting=2, kv_used_blocks=30,
+                        kv_total_blocks=100), now=1.0)
+    f.place("x", 2, now=1.0)
+    w2 = f.workers(3.0)[1]
+    assert (w2.active_requests, w2.waiting_requests, w2.kv_usage, w2.last_seen_s) == \
+        (5, 2, 0.3, 2.0)
+    f.set_live([1])
+    assert [w.worker_id for w in f.workers(3.0)] == [1]
+    assert f.snapshot(3.0, {2: 4}, {}).overlap_blocks == {}
+
+
+def test_kv_aware_prefers_cached_worker_and_accounts_load():
+    svc = service(scores={2: 4})
+    reply, decision = svc.decide(call("r1"))
+    assert reply.worker_id == 2 and reply.reason == "picked"
+    assert svc.fleet.inflight == {2: 1}
+    assert asyncio.run(_drain(svc.release({"request_id": "r1", "worker_id": 2}))) == [{"ok": True}]
+    assert svc.fleet.inflight == {2: 0}
+
+
+def test_explain_does_not_record():
+    svc = service(scores={3: 4})
+    reply, _ = svc.decide(call("e", explain=True))
+    assert reply.worker_id == 3 and reply.decision["scorers"]
+    assert svc.fleet.placed == {} and len(svc.tracker) == 0
+
+
+def test_round_robin_spreads():
+    svc = service("round_robin")
+    picks = [svc.decide(call(f"r{i}"))[0].worker_id for i in range(6)]
+    assert sorted(set(picks)) == [1, 2, 3] and picks[:3] != picks[3:4] * 3
+
+
+def test_no_workers_gives_reason():
+    svc = service(ids=())
+    reply, _ = svc.decide(call("r"))
+    assert reply.worker_id is None and reply.reason == "no-workers"
+
+
+def test_bad_route_call_answers_instead_of_raising():
+    svc = service()
+    out = asyncio.run(_drain(svc.route({"request_id": 5})))
+    assert out[0]["worker_id"] is None and out[0]["reason"].startswith("bad-request")
+
+
+async def _drain(agen):
+    return [x async for x in agen]
