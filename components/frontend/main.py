@@ -54,7 +54,8 @@ async def main(ctx: ComponentContext) -> None:
                           priority_header=cfg.priority_header.lower(),
                           context_factory=_context_factory())
     server = _Server(uvicorn.Config(build_app(state), host=cfg.host, port=cfg.port,
-                                    log_level="warning", access_log=False, lifespan="off"))
+                                    log_level="warning", access_log=False, lifespan="off",
+                                    log_config=None))
     serve_task = asyncio.create_task(server.serve())
     while not server.started:
         if serve_task.done():

@@ -32,6 +32,7 @@ async def main(ctx: ComponentContext) -> None:
         def hash_blocks(tokens: list[int]) -> list[int]:
             return compute_block_hash_for_seq(tokens, cfg.block_size)
     service = RouterService(cfg, router, client, indexer, hash_blocks=hash_blocks)
+    ctx.serve_metrics(service.metrics.registry)
     loads = asyncio.create_task(watch_loads(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, cfg.worker_component), service,
         ctx.stopping))

@@ -38,6 +38,10 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
     os.environ["ETCD_ENDPOINTS"] = etcd
     if nats:
         os.environ["NATS_SERVER"] = nats
+    os.environ.setdefault("DYN_LOG", "error")
+    from dynamo.runtime.logging import configure_dynamo_logging
+
+    configure_dynamo_logging()
     from splitserve.components.protocol import RouteCall, RouteReply
     from splitserve.serve.component import endpoint_path, make_runtime
 

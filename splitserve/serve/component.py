@@ -43,6 +43,7 @@ class ComponentContext:
     runtime: Any
     stopping: asyncio.Event
     started_at: float = field(default_factory=time.time)
+    metrics_url: str | None = None
 
     @property
     def namespace(self) -> str:
@@ -56,6 +57,21 @@ class ComponentContext:
         """A Dynamo endpoint in this graph's namespace."""
         return self.runtime.endpoint(endpoint_path(self.namespace, component, name))
 
+    def serve_metrics(self, registry) -> str | None:
+        """Expose ``registry`` at http://127.0.0.1:<port>/metrics; returns the URL.
+
+        The port comes from the section's ``metrics_port`` (0 = free port, None = off);
+        the URL is added to every later ``report`` so `dynamo status` can show it.
+        """
+        port = self.run.config.get("metrics_port", 0)
+        if port is None:
+            return None
+        from prometheus_client import start_http_server
+
+        server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+        self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
+        return self.metrics_url
+
     def report(self, state: str, **extra: Any) -> None:
         """Publish this replica's state to the supervisor (atomic file replace).
 
@@ -64,13 +80,24 @@ class ComponentContext:
         """
         path = Path(self.run.status_file)
         payload = {"state": state, "pid": os.getpid(), "time": time.time(), **extra}
+        if self.metrics_url:
+            payload.setdefault("metrics", self.metrics_url)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(payload))
         tmp.replace(path)
 
 
 def configure_logging(component: str, replica: int, level: str) -> None:
-    """Plain one-line logs; the supervisor prefixes each line with the replica name."""
+    """Plain one-line logs; the supervisor prefixes each line with the replica name.
+
+    Dynamo's Rust side applies its DYN_LOG filter only once its logging is configured;
+    without that call every request logs span events at INFO whatever DYN_LOG says, which
+    costs real CPU on a busy 2-core box.  Python logging is then set up for our format.
+    """
+    os.environ.setdefault("DYN_LOG", "warn")
+    from dynamo.runtime.logging import configure_dynamo_logging
+
+    configure_dynamo_logging()
     logging.basicConfig(level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S", force=True)

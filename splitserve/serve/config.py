@@ -53,6 +53,10 @@ class ComponentConfig(StrictModel):
     replicas: int = Field(1, ge=0, le=64, description="Number of OS processes to run.")
     env: dict[str, str] = Field(default_factory=dict,
                                 description="Extra environment variables for each replica.")
+    metrics_port: int | None = Field(0, ge=0, le=65535, description="Port of this replica's "
+                                     "Prometheus /metrics on 127.0.0.1 (0 = a free port, "
+                                     "null = none; components with an HTTP API serve it "
+                                     "there instead).")
 
 
 class ConfigError(ValueError):

@@ -28,6 +28,16 @@ log = logging.getLogger("splitserve.supervisor")
 
 CLEAN_EXIT = {0, -signal.SIGTERM, -signal.SIGINT}
 
+# Dynamo 1.6.1 logs a "route request completed" span event at INFO for every request a
+# client makes, whatever DYN_LOG says.  At 100 req/s that is hundreds of lines a second;
+# they still go to the replica's log file but not to the console.
+_CONSOLE_NOISE = (b"request_span", b"route request completed")
+
+
+def console_worthy(raw: bytes, verbose: bool) -> bool:
+    """Whether a child's log line is shown on the console (all are kept in its log file)."""
+    return verbose or not all(marker in raw for marker in _CONSOLE_NOISE)
+
 
 @dataclass
 class Replica:
@@ -41,6 +51,7 @@ class Replica:
     state: str = "pending"
     endpoint: str = ""
     detail: str = ""
+    metrics: str = ""
     restarts: deque = field(default_factory=deque)
     retiring: bool = False
     killed: bool = False
@@ -58,6 +69,7 @@ class Replica:
     def as_dict(self) -> dict:
         return {"component": self.component, "replica": self.index, "pid": self.pid,
                 "state": self.state, "endpoint": self.endpoint, "detail": self.detail,
+                "metrics": self.metrics,
                 "restarts": len(self.restarts), "exit_code": self.exit_code}
 
 
@@ -111,10 +123,12 @@ class Supervisor:
 
     async def _pump_logs(self, rep: Replica) -> None:
         assert rep.proc and rep.proc.stdout
+        verbose = self.plan.common.log_level == "debug"
         with open(self.run_dir / "logs" / f"{rep.name}.log", "ab") as f:
             async for raw in rep.proc.stdout:
                 f.write(raw)
-                self.printer(rep.name, raw.decode(errors="replace").rstrip())
+                if console_worthy(raw, verbose):
+                    self.printer(rep.name, raw.decode(errors="replace").rstrip())
 
     async def _watch(self, rep: Replica, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
@@ -163,6 +177,7 @@ class Supervisor:
                 rep.state = data.get("state", rep.state)
                 rep.endpoint = data.get("endpoint", rep.endpoint)
                 rep.detail = data.get("detail", "")
+                rep.metrics = data.get("metrics", rep.metrics)
 
     def all_ready(self) -> bool:
         return all(r.state == "ready" for reps in self.replicas.values() for r in reps

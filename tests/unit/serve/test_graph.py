@@ -84,3 +84,13 @@ def test_load_graph_module():
     g = load_graph("tests.fixtures.echo_graph:EchoFront")
     assert g.order() == ["EchoWorker", "EchoFront"]
     assert "Unused" in g.defined and "Unused" not in g.components
+
+
+def test_console_filter_drops_only_per_request_span_noise():
+    from splitserve.serve.supervisor import console_worthy
+
+    noise = b"\x1b[2m..\x1b[0m INFO router.route_request: request_span: route request completed x=1\n"
+    assert not console_worthy(noise, verbose=False)
+    assert console_worthy(noise, verbose=True)
+    assert console_worthy(b"WARN route request failed\n", verbose=False)
+    assert console_worthy(b"12:00:00 INFO splitserve.router: routing\n", verbose=False)

@@ -1,0 +1,30 @@
+"""Fixtures that bring whole graphs up with `dynamo serve` for end-to-end tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.serve_helpers import ServeRun
+
+
+def start_graph(tmp_path, graph: str, config: str, *overrides: str, timeout_s: float = 180
+                ) -> tuple[ServeRun, str]:
+    """Start a graph on a free port; returns the run and the frontend's base URL."""
+    run = ServeRun(tmp_path, graph, "-f", config, "--Frontend.port=0", *overrides)
+    try:
+        ready = run.wait_ready(timeout_s)
+    except BaseException:
+        run.kill_all()
+        raise
+    url = next(r["endpoint"] for r in ready["rows"] if r["component"] == "Frontend")
+    return run, url
+
+
+@pytest.fixture(scope="module")
+def mocker_graph(tmp_path_factory):
+    """agg_router with two mocker workers (sglang type) at high speedup."""
+    tmp = tmp_path_factory.mktemp("mocker-graph")
+    run, url = start_graph(tmp, "graphs.agg_router:Frontend", "configs/mocker_agg_router.yaml",
+                           "--Worker.replicas=2", "--Worker.engine_args.speedup_ratio=50")
+    yield run, url
+    run.stop()
