@@ -32,19 +32,34 @@ FINISH = {"stop": "eos", "length": "length", "abort": "cancelled"}
 
 
 def engine_request(wreq: WorkerRequest, request_id: str):
-    """Map the wire request onto the engine core's request."""
-    from splitserve.components.engines.torch_cpu import EngineRequest
+    """Map the wire request onto the engine core's request (raises ValueError if invalid)."""
+    from splitserve.components.engines.torch_cpu import Request
 
     meta = wreq.meta()
     s, sc = wreq.sampling_options, wreq.stop_conditions
-    stop_ids = list(wreq.eos_token_ids) + list(sc.stop_token_ids_hidden or [])
-    return EngineRequest(
-        request_id=request_id, prompt_token_ids=list(wreq.token_ids),
+    stop_ids = tuple(wreq.eos_token_ids) + tuple(sc.stop_token_ids_hidden or ())
+    return Request(
+        request_id=request_id, prompt_token_ids=tuple(wreq.token_ids),
         max_tokens=sc.max_tokens or 256,
         temperature=s.temperature if s.temperature is not None else 1.0,
         top_p=s.top_p if s.top_p is not None else 1.0, seed=s.seed,
-        stop_token_ids=stop_ids, ignore_eos=bool(sc.ignore_eos),
-        priority=PRIORITY_RANK.get(meta.priority, 1))
+        stop_token_ids=stop_ids, priority=PRIORITY_RANK.get(meta.priority, 1))
+
+
+def build_engine(args, threads: int, progress):
+    """Load SmolLM2 and build the engine core (runs in a thread: it takes seconds)."""
+    from splitserve.components.engines.torch_cpu import (
+        EngineConfig,
+        EngineCore,
+        configure_threads,
+        load_smollm2,
+    )
+
+    configure_threads(threads)
+    loaded = load_smollm2(progress=progress)
+    cfg = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                       max_running=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens)
+    return EngineCore(loaded.weights, loaded.config, cfg)
 
 
 def make_handler(runner: EngineRunner):
@@ -63,6 +78,7 @@ def make_handler(runner: EngineRunner):
             yield output_chunk([], "error", error=str(exc))
             return
         finished = False
+        produced = 0
         try:
             while not finished:
                 out = await q.get()
@@ -71,12 +87,13 @@ def make_handler(runner: EngineRunner):
                     yield output_chunk([], "error", error=str(out))
                     return
                 finished = out.finished
+                produced += len(out.new_token_ids)
                 reason = FINISH.get(out.finish_reason, "eos") if finished else None
                 usage = {}
                 if finished:
                     usage = dict(prompt_tokens=out.num_prompt_tokens,
                                  cached_tokens=out.num_cached_tokens,
-                                 completion_tokens=out.num_output_tokens)
+                                 completion_tokens=produced)
                 yield output_chunk(list(out.new_token_ids), reason, **usage)
                 if context is not None and not finished and context.is_stopped():
                     break
@@ -99,19 +116,14 @@ def publish_kv_events(publisher, events: list) -> None:
 
 async def run_torch_worker(ctx: ComponentContext, cfg: TorchWorkerConfig) -> None:
     """Component main for ``engine: torch``."""
-    from splitserve.components.engines.torch_cpu import build_engine
-
     args = cfg.engine_args
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, cfg.replicas))
     ctx.report("loading", detail="loading model")
 
-    def progress(msg: str) -> None:
-        ctx.report("loading", detail=msg)
+    def progress(stage: str, fraction: float) -> None:
+        ctx.report("loading", detail=f"{stage} {fraction:.0%}")
 
-    core = await asyncio.to_thread(build_engine, block_size=args.block_size,
-                                   num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
-                                   max_prefill_tokens=args.max_prefill_tokens, threads=threads,
-                                   progress=progress)
+    core = await asyncio.to_thread(build_engine, args, threads, progress)
     endpoint = ctx.endpoint(ctx.run.component, "generate")
     from dynamo.llm import KvEventPublisher
 
