@@ -1,0 +1,71 @@
+"""Configuration: the model's shape (read from the checkpoint) and the engine's limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import Field, model_validator
+
+from splitserve.common.models import StrictModel
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and constants of a Llama-family checkpoint, as the forward pass needs them."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling_factor: float  # linear position scaling; 1.0 = none
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def group_size(self) -> int:
+        """Query heads sharing one KV head (grouped-query attention)."""
+        return self.num_heads // self.num_kv_heads
+
+
+class EngineConfig(StrictModel):
+    """Limits of one engine instance; every field has a safe default for SmolLM2-135M."""
+
+    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV block.")
+    num_blocks: int = Field(
+        512, ge=1, description="Blocks in the KV pool (each holds every layer's K and V)."
+    )
+    max_running: int = Field(
+        32, ge=1, description="Most sequences decoding (or prefilling) at the same time."
+    )
+    max_prefill_tokens: int = Field(
+        512,
+        ge=1,
+        description="Most prompt tokens computed in one step; longer prompts are chunked.",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=2,
+        description="Longest sequence (prompt + output); None = the model's position limit.",
+    )
+    attention_tile: int = Field(
+        128,
+        ge=1,
+        description="Keys per attention tile. Must be a multiple of block_size. "
+        "Each query always reduces over whole tiles in the same order, which keeps "
+        "results independent of batch composition.",
+    )
+
+    @model_validator(mode="after")
+    def _tile_is_whole_blocks(self) -> EngineConfig:
+        if self.attention_tile % self.block_size:
+            raise ValueError(
+                f"attention_tile={self.attention_tile} must be a multiple of "
+                f"block_size={self.block_size}"
+            )
+        return self

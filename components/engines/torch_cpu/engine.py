@@ -1,0 +1,320 @@
+"""The engine core: a pure step loop (schedule -> forward -> sample -> update).
+
+No threads, sockets or clocks: the worker process calls ``add_request``,
+``abort`` and ``step`` and publishes what comes back (tokens, KV events,
+stats). Disaggregation hooks: a ``prefill_only`` request keeps its blocks
+after its first token, and a decode engine can reserve blocks for KV that
+another engine writes (``allocate_remote``) and then continue the request
+(``resume_remote``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from .attention import decode_mask, prefill_mask
+from .config import EngineConfig, ModelConfig
+from .kv_cache import KVCacheManager
+from .kv_events import KvEvent
+from .model import ForwardBatch, LlamaWeights, PrefillSpan, forward
+from .request import EngineStats, RemoteKvAllocation, Request, RequestOutput, SeqStatus, Sequence
+from .sampler import sample_token, skip_draw
+from .scheduler import Scheduler, SchedulerOutput
+
+
+class EngineCore:
+    """Continuous-batching Llama engine over a paged, prefix-cached KV pool."""
+
+    def __init__(
+        self, weights: LlamaWeights, model_config: ModelConfig, config: EngineConfig
+    ) -> None:
+        self.weights = weights
+        self.model_config = model_config
+        self.config = config
+        self.kv = KVCacheManager(
+            config.num_blocks,
+            config.block_size,
+            model_config.num_layers,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+        )
+        self.scheduler = Scheduler(config, self.kv)
+        model_len = config.max_model_len or model_config.max_position_embeddings
+        # A lone sequence must always fit, so preemption can never starve it.
+        self.max_seq_len = min(
+            model_len, model_config.max_position_embeddings, config.num_blocks * config.block_size
+        )
+        self._seqs: dict[str, Sequence] = {}
+        self._held: dict[str, Sequence] = {}  # finished prefill-only requests keeping KV
+        self._pending: list[RequestOutput] = []  # produced outside step() (abort, resume)
+        self._arrivals = itertools.count()
+        self._num_generated = 0
+        self._num_steps = 0
+
+    # ---- requests --------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue ``req``; it is admitted by a later ``step``.
+
+        Raises ValueError for a duplicate id or a prompt that can never fit
+        (longer than the model or the whole KV pool allows).
+        """
+        self._queue(self._new_sequence(req))
+
+    def abort(self, request_id: str) -> None:
+        """Stop ``request_id`` wherever it is; the next ``step`` reports it as aborted."""
+        if request_id in self._held:
+            self.release_kv(request_id)
+            return
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return
+        self._finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting, running, or has output not yet returned."""
+        return bool(self.scheduler.waiting or self.scheduler.running or self._pending)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine iteration and return what each affected request produced."""
+        plan = self.scheduler.schedule()
+        if not plan.empty:
+            self._num_steps += 1
+            self._execute(plan)
+        outputs, self._pending = self._pending, []
+        return outputs
+
+    def drain_kv_events(self) -> list[KvEvent]:
+        """Return (and forget) the BlockStored / BlockRemoved events since the last call."""
+        return self.kv.drain_events()
+
+    def stats(self) -> EngineStats:
+        """Snapshot of load, KV usage and cumulative counters."""
+        s = self.scheduler
+        return EngineStats(
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_waiting_for_kv=sum(
+                q.status is SeqStatus.WAITING_FOR_KV for q in self._seqs.values()
+            ),
+            kv_blocks_used=self.kv.num_used_blocks,
+            kv_blocks_total=self.kv.num_blocks,
+            kv_blocks_cached=self.kv.num_cached_blocks,
+            prefix_query_tokens=s.prefix_query_tokens,
+            prefix_hit_tokens=s.prefix_hit_tokens,
+            num_preemptions=s.num_preemptions,
+            num_generated_tokens=self._num_generated,
+            num_steps=self._num_steps,
+        )
+
+    def kv_pool(self) -> torch.Tensor:
+        """The KV pool tensor (see ``KVCacheManager``), e.g. for registration with NIXL."""
+        return self.kv.pool()
+
+    def block_table(self, request_id: str) -> list[int]:
+        """Block ids currently holding ``request_id``'s KV, in token order."""
+        return self.kv.block_table(request_id)
+
+    # ---- disaggregation ----------------------------------------------------------------
+    def release_kv(self, request_id: str) -> None:
+        """Free the blocks a finished prefill-only request kept (after its KV was sent)."""
+        seq = self._held.pop(request_id)
+        self.kv.free(seq.request_id)
+
+    def allocate_remote(self, req: Request) -> RemoteKvAllocation | None:
+        """Reserve blocks for ``req``'s prompt, to be filled by a prefill engine.
+
+        Called on a decode engine. Reuses this engine's cached prefix; returns
+        None (reserving nothing) when the pool has no room right now, so the
+        caller can fall back to a local prefill.
+        """
+        seq = self._new_sequence(req)
+        n = len(req.prompt_token_ids)
+        cached = self.kv.open_sequence(req.request_id, req.prompt_token_ids)
+        if not self.kv.allocate(req.request_id, n):
+            self.kv.free(req.request_id)
+            return None
+        self._seqs[req.request_id] = seq
+        seq.status = SeqStatus.WAITING_FOR_KV
+        seq.num_cached_tokens = cached
+        self.scheduler.prefix_query_tokens += n
+        self.scheduler.prefix_hit_tokens += cached
+        return RemoteKvAllocation(
+            req.request_id, tuple(self.kv.block_table(req.request_id)), cached
+        )
+
+    def resume_remote(self, request_id: str, first_token_id: int) -> None:
+        """Continue a request whose prompt KV has been written into its blocks.
+
+        ``first_token_id`` is the token the prefill engine sampled; it is
+        returned by the next ``step`` and decoding goes on from it exactly as if
+        this engine had run the prefill.
+        """
+        seq = self._seqs[request_id]
+        if seq.status is not SeqStatus.WAITING_FOR_KV:
+            raise ValueError(f"request {request_id!r} is not waiting for KV ({seq.status.value})")
+        seq.num_computed = len(seq.request.prompt_token_ids)
+        self.kv.commit(request_id, seq.request.prompt_token_ids, seq.num_computed)
+        if seq.request.temperature > 0:
+            skip_draw(seq.generator)
+        seq.status = SeqStatus.RUNNING
+        self.scheduler.running.append(seq)
+        self._append_token(seq, first_token_id)
+        if seq.status is SeqStatus.RUNNING:
+            self._pending.append(self._output(seq))
+
+    # ---- internals ----------------------------------------------------------------------
+    def _new_sequence(self, req: Request) -> Sequence:
+        if req.request_id in self._seqs or req.request_id in self._held:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        n = len(req.prompt_token_ids)
+        if n + 1 > self.max_seq_len:
+            raise ValueError(
+                f"request {req.request_id!r}: prompt of {n} tokens can never fit "
+                f"(limit {self.max_seq_len - 1}: model length {self.config.max_model_len or self.model_config.max_position_embeddings}, "
+                f"KV pool {self.config.num_blocks} blocks x {self.config.block_size} tokens)"
+            )
+        gen = None
+        if req.temperature > 0:
+            gen = torch.Generator()
+            gen.manual_seed(req.seed if req.seed is not None else torch.seed())
+        stop = frozenset(req.stop_token_ids) | frozenset(self.model_config.eos_token_ids)
+        return Sequence(req, next(self._arrivals), stop, gen)
+
+    def _queue(self, seq: Sequence) -> None:
+        self._seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def _execute(self, plan: SchedulerOutput) -> None:
+        batch, samplers = self._build_batch(plan)
+        with torch.inference_mode():
+            logits = forward(
+                self.weights, self.model_config, self.kv.pool(), batch, self.config.attention_tile
+            )
+        for chunk in plan.prefills:
+            chunk.seq.num_computed = chunk.end
+        for seq in plan.decodes:
+            seq.num_computed += 1
+        for seq in [c.seq for c in plan.prefills] + plan.decodes:
+            self.kv.commit(seq.request_id, seq.all_token_ids, seq.num_computed)
+        for row, seq in enumerate(samplers):
+            req = seq.request
+            self._append_token(
+                seq, sample_token(logits[row], req.temperature, req.top_p, seq.generator)
+            )
+            if seq.status is SeqStatus.RUNNING:
+                self._pending.append(self._output(seq))
+
+    def _append_token(self, seq: Sequence, token: int) -> None:
+        """Record a new token and finish the sequence if it should stop."""
+        seq.output_ids.append(token)
+        self._num_generated += 1
+        if token in seq.stop_ids:
+            self._finish(seq, "stop")
+        elif (
+            len(seq.output_ids) >= seq.request.max_tokens
+            or seq.num_tokens >= self.max_seq_len
+            or seq.request.prefill_only
+        ):
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason  # type: ignore[assignment]
+        seq.status = SeqStatus.FINISHED
+        del self._seqs[seq.request_id]
+        blocks: tuple[int, ...] = ()
+        if seq.request.prefill_only and reason != "abort":
+            blocks = tuple(self.kv.block_table(seq.request_id))
+            self.scheduler.running.remove(seq)
+            self._held[seq.request_id] = seq
+        else:
+            self.scheduler.remove(seq)
+        self._pending.append(self._output(seq, blocks))
+
+    def _output(self, seq: Sequence, kv_block_ids: tuple[int, ...] = ()) -> RequestOutput:
+        new = tuple(seq.output_ids[seq.num_emitted :])
+        seq.num_emitted = len(seq.output_ids)
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new,
+            finished=seq.status is SeqStatus.FINISHED,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=len(seq.request.prompt_token_ids),
+            num_cached_tokens=max(seq.num_cached_tokens, 0),
+            kv_block_ids=kv_block_ids,
+        )
+
+    def _build_batch(self, plan: SchedulerOutput) -> tuple[ForwardBatch, list[Sequence]]:
+        """Pack the plan into flat tensors; also return the sequences to sample, in logit order."""
+        bs = self.config.block_size
+        tile = self.config.attention_tile
+        group = self.model_config.group_size
+        tokens: list[int] = []
+        positions: list[int] = []
+        slot_blocks: list[int] = []
+        prefills: list[PrefillSpan] = []
+        logit_rows: list[int] = []
+        samplers: list[Sequence] = []
+
+        def padded(table: list[int], num_keys: int) -> list[int]:
+            nb = -(-num_keys // tile) * (tile // bs)
+            return table[:nb] + [0] * (nb - min(nb, len(table)))
+
+        def place(seq: Sequence, start: int, end: int) -> list[int]:
+            table = self.kv.block_table(seq.request_id)
+            tokens.extend(seq.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            slot_blocks.extend(table[p // bs] for p in range(start, end))
+            return table
+
+        decode_rows: list[tuple[Sequence, int]] = [(s, s.num_tokens - 1) for s in plan.decodes]
+        chunks = plan.prefills
+        if not decode_rows and len(chunks) == 1 and chunks[0].end - chunks[0].start == 1:
+            # A one-token chunk is exactly a decode row (same attention recipe).
+            decode_rows, chunks = [(chunks[0].seq, chunks[0].start)], []
+        if len(decode_rows) == 1 and not chunks:
+            # One row would send every matmul down MKL's GEMV path, which rounds
+            # differently from the batched GEMM; compute the row twice instead.
+            decode_rows = decode_rows * 2
+        for chunk in chunks:
+            row0 = len(tokens)
+            table = place(chunk.seq, chunk.start, chunk.end)
+            span_pos = torch.arange(chunk.start, chunk.end)
+            nb = len(padded(table, chunk.end))
+            prefills.append(
+                PrefillSpan(
+                    row0,
+                    len(tokens),
+                    torch.tensor(padded(table, chunk.end)),
+                    prefill_mask(span_pos, nb * bs, group),
+                )
+            )
+            if chunk.samples:
+                logit_rows.append(len(tokens) - 1)
+                samplers.append(chunk.seq)
+        decode_start = len(tokens)
+        tables: list[list[int]] = []
+        lens: list[int] = []
+        for i, (seq, pos) in enumerate(decode_rows):
+            tables.append(place(seq, pos, pos + 1))
+            lens.append(pos + 1)
+            if i == 0 or decode_rows[i - 1][0] is not seq:
+                logit_rows.append(len(tokens) - 1)
+                samplers.append(seq)
+        longest = max(lens, default=0)
+        decode_tables = torch.tensor([padded(t, longest) for t in tables], dtype=torch.long)
+        num_keys = decode_tables.shape[1] * bs if tables else 0
+        pos_t = torch.tensor(positions)
+        batch = ForwardBatch(
+            token_ids=torch.tensor(tokens),
+            positions=pos_t,
+            slot_blocks=torch.tensor(slot_blocks),
+            slot_offsets=pos_t % bs,
+            prefills=prefills,
+            decode_start=decode_start,
+            decode_tables=decode_tables,
+            decode_masked=decode_mask(torch.tensor(lens, dtype=torch.long), num_keys),
+            logit_rows=torch.tensor(logit_rows, dtype=torch.long),
+        )
+        return batch, samplers

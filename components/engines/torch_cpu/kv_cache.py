@@ -1,0 +1,217 @@
+"""Paged KV cache: one pool tensor, per-sequence block tables, prefix caching.
+
+The pool is laid out ``[num_blocks, num_layers, 2, block_size, num_kv_heads,
+head_dim]`` so that one block (every layer's K and V for ``block_size``
+tokens) is one contiguous region: a KV-transfer layer can register the pool
+once and move whole blocks between processes by block id.
+
+Blocks whose reference count drops to zero keep their contents and their hash;
+they are reused as cache hits until a fresh block is needed, at which point the
+least recently released one is evicted (``BlockRemoved``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv_events import BlockRemoved, BlockStored, KvEvent, hash_block
+
+
+@dataclass
+class _SeqBlocks:
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)  # hashes of the leading full blocks
+
+
+class KVCacheManager:
+    """Owns the KV pool and decides which block holds which tokens.
+
+    Pure bookkeeping plus one tensor: no model code. Sequence ids are the
+    engine's request ids.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be >= 1")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        # Zeros, not empty: attention reads (and masks) the unwritten tail of a
+        # block, and 0 * garbage must stay 0 (NaN would not).
+        self._pool = torch.zeros(
+            num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim, dtype=torch.float32
+        )  # [blocks, layers, K/V, block_size, kv_heads, head_dim]
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        # Blocks with ref 0, in eviction order (first = evicted first).
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._seqs: dict[str, _SeqBlocks] = {}
+        self._events: list[KvEvent] = []
+
+    # ---- public views -------------------------------------------------------------
+    def pool(self) -> torch.Tensor:
+        """Return the pool tensor itself (not a copy), for attention and KV transfer."""
+        return self._pool
+
+    def block_table(self, seq_id: str) -> list[int]:
+        """Return a copy of the block ids holding ``seq_id``'s tokens, in order."""
+        return list(self._seqs[seq_id].blocks)
+
+    def has_sequence(self, seq_id: str) -> bool:
+        """True while ``seq_id`` holds blocks (between ``open_sequence`` and ``free``)."""
+        return seq_id in self._seqs
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now (fresh or evictable cached ones)."""
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by at least one live sequence."""
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that currently carry a prefix hash (live or evictable)."""
+        return len(self._cached)
+
+    def drain_events(self) -> list[KvEvent]:
+        """Return the KV events since the last call, oldest first, and forget them."""
+        events, self._events = self._events, []
+        return events
+
+    # ---- sequence lifecycle ---------------------------------------------------------
+    def open_sequence(self, seq_id: str, token_ids: Sequence[int]) -> int:
+        """Start tracking ``seq_id`` and reuse the longest cached prefix of ``token_ids``.
+
+        Called when a request is admitted (or re-admitted after preemption).
+        Returns the number of leading tokens whose KV is already in the cache.
+        At least one token is always left uncached so that the engine computes
+        the logits of the last position.
+        """
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id!r} is already open")
+        seq = _SeqBlocks()
+        bs = self.block_size
+        max_blocks = (len(token_ids) - 1) // bs
+        parent: int | None = None
+        for i in range(max_blocks):
+            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
+            block = self._cached.get(h)
+            if block is None:
+                break
+            self._take(block)
+            seq.blocks.append(block)
+            seq.hashes.append(h)
+            parent = h
+        self._seqs[seq_id] = seq
+        return len(seq.blocks) * bs
+
+    def allocate(self, seq_id: str, num_tokens: int) -> bool:
+        """Grow ``seq_id``'s table to hold ``num_tokens`` tokens.
+
+        Called before a step writes KV for new tokens. Returns False, and
+        allocates nothing, when not enough blocks are free (the scheduler then
+        preempts or waits).
+        """
+        seq = self._seqs[seq_id]
+        needed = -(-num_tokens // self.block_size) - len(seq.blocks)
+        if needed <= 0:
+            return True
+        if needed > len(self._free):
+            return False
+        for _ in range(needed):
+            seq.blocks.append(self._fresh_block())
+        return True
+
+    def blocks_needed(self, seq_id: str, num_tokens: int) -> int:
+        """How many more blocks ``allocate(seq_id, num_tokens)`` would take."""
+        return max(0, -(-num_tokens // self.block_size) - len(self._seqs[seq_id].blocks))
+
+    def commit(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        """Hash and publish every block of ``seq_id`` that is now full of computed KV.
+
+        Called after each step (and when remote KV has arrived). Emits
+        ``BlockStored`` for runs of newly cached blocks. A block whose hash is
+        already served by another block stays unhashed and is simply freed later.
+        """
+        seq = self._seqs[seq_id]
+        bs = self.block_size
+        run: list[int] = []
+        run_parent: int | None = None
+        while (len(seq.hashes) + 1) * bs <= num_computed:
+            i = len(seq.hashes)
+            parent = seq.hashes[-1] if seq.hashes else None
+            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
+            seq.hashes.append(h)
+            block = seq.blocks[i]
+            if self._hash[block] is None and h not in self._cached:
+                self._hash[block] = h
+                self._cached[h] = block
+                if not run:
+                    run_parent = parent
+                run.append(i)
+            elif run:
+                self._emit_stored(seq, token_ids, run, run_parent)
+                run = []
+        if run:
+            self._emit_stored(seq, token_ids, run, run_parent)
+
+    def free(self, seq_id: str) -> None:
+        """Drop ``seq_id``'s references; called when a request finishes, aborts or is preempted.
+
+        Blocks are released tail first so that, among one sequence's blocks,
+        the later ones are evicted before the shared prefix.
+        """
+        seq = self._seqs.pop(seq_id)
+        for block in reversed(seq.blocks):
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                self._free[block] = None
+                if self._hash[block] is None:
+                    # Nothing reusable inside: hand it out before any cached block.
+                    self._free.move_to_end(block, last=False)
+
+    # ---- internals --------------------------------------------------------------
+    def _take(self, block: int) -> None:
+        if self._ref[block] == 0:
+            del self._free[block]
+        self._ref[block] += 1
+
+    def _fresh_block(self) -> int:
+        block, _ = self._free.popitem(last=False)
+        old = self._hash[block]
+        if old is not None:
+            self._hash[block] = None
+            del self._cached[old]
+            self._events.append(BlockRemoved(block_hashes=(old,)))
+        self._ref[block] = 1
+        return block
+
+    def _emit_stored(
+        self, seq: _SeqBlocks, token_ids: Sequence[int], run: list[int], parent: int | None
+    ) -> None:
+        bs = self.block_size
+        tokens: list[int] = []
+        for i in run:
+            tokens.extend(token_ids[i * bs : (i + 1) * bs])
+        self._events.append(
+            BlockStored(
+                block_hashes=tuple(seq.hashes[i] for i in run),
+                parent_hash=parent,
+                token_ids=tuple(tokens),
+                num_block_tokens=(bs,) * len(run),
+            )
+        )

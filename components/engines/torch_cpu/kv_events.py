@@ -1,0 +1,54 @@
+"""KV cache events and the chained block hash.
+
+Events are plain data: the engine accumulates them and the worker process
+publishes them (Dynamo's ``KvEventPublisher.publish_stored`` /
+``publish_removed`` take exactly these fields), so the router's prefix index
+mirrors which blocks this engine holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Full blocks that became hashed and reusable, in sequence order.
+
+    ``token_ids`` is the concatenation of every stored block's tokens and
+    ``num_block_tokens[i]`` is how many of them belong to ``block_hashes[i]``.
+    ``parent_hash`` is the hash of the block before the first one (None at the
+    start of a sequence).
+    """
+
+    block_hashes: tuple[int, ...]
+    parent_hash: int | None
+    token_ids: tuple[int, ...]
+    num_block_tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """Blocks evicted from the prefix cache; their hashes are no longer served."""
+
+    block_hashes: tuple[int, ...]
+
+
+KvEvent = BlockStored | BlockRemoved
+
+
+def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+    """Return the signed 64-bit hash of one full block.
+
+    Called for every block as it fills. Chaining the parent's hash makes a
+    block's hash identify the whole prefix up to and including it, so equal
+    hashes mean equal KV contents. blake2b rather than ``hash()`` because the
+    value must be the same in every process (prefill and decode workers, router).
+    """
+    h = hashlib.blake2b(digest_size=8)
+    h.update(struct.pack("<q", 0 if parent_hash is None else parent_hash))
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return int.from_bytes(h.digest(), "little", signed=True)

