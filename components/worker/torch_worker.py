@@ -23,6 +23,7 @@ from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from .config import TorchWorkerConfig
 from .loadreport import publish_load
+from .metrics import WorkerMetrics
 from .runner import EngineRunner
 
 log = logging.getLogger("splitserve.worker")
@@ -62,20 +63,18 @@ def build_engine(args, threads: int, progress):
     return EngineCore(loaded.weights, loaded.config, cfg)
 
 
-def make_handler(runner: EngineRunner):
+def make_handler(runner: EngineRunner, metrics: WorkerMetrics | None = None):
     """The `generate` endpoint handler: one engine request, streamed step by step."""
+    metrics = metrics or WorkerMetrics()
 
     async def generate(request: dict, context=None):
         try:
             wreq = WorkerRequest.model_validate(request)
-        except ValueError as exc:
-            yield output_chunk([], "error", error=f"bad request: {exc}")
-            return
-        rid = wreq.meta().request_id or uuid.uuid4().hex
-        try:
+            rid = wreq.meta().request_id or uuid.uuid4().hex
             q = runner.submit(engine_request(wreq, rid))
-        except Exception as exc:  # noqa: BLE001 - engine gone or request refused
-            yield output_chunk([], "error", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - bad request, engine gone or refused
+            metrics.requests.labels("rejected").inc()
+            yield output_chunk([], "error", error=f"request refused: {exc}")
             return
         finished = False
         produced = 0
@@ -84,6 +83,7 @@ def make_handler(runner: EngineRunner):
                 out = await q.get()
                 if isinstance(out, BaseException):
                     finished = True
+                    metrics.requests.labels("error").inc()
                     yield output_chunk([], "error", error=str(out))
                     return
                 finished = out.finished
@@ -94,6 +94,8 @@ def make_handler(runner: EngineRunner):
                     usage = dict(prompt_tokens=out.num_prompt_tokens,
                                  cached_tokens=out.num_cached_tokens,
                                  completion_tokens=produced)
+                if finished:
+                    metrics.requests.labels(out.finish_reason or "stop").inc()
                 yield output_chunk(list(out.new_token_ids), reason, **usage)
                 if context is not None and not finished and context.is_stopped():
                     break
@@ -132,9 +134,12 @@ async def run_torch_worker(ctx: ComponentContext, cfg: TorchWorkerConfig) -> Non
     runner = EngineRunner(core, loop, on_kv_events=lambda evs: publish_kv_events(publisher, evs))
     runner.start()
     worker_id = endpoint.connection_id()
+    metrics = WorkerMetrics()
+    ctx.serve_metrics(metrics.registry)
 
     def sample() -> WorkerLoad:
         st = runner.last_stats or core.stats()
+        metrics.update(st.num_running, st.num_waiting, st.kv_blocks_used, st.kv_blocks_total)
         return WorkerLoad(worker_id=worker_id, active=st.num_running, waiting=st.num_waiting,
                          kv_used_blocks=st.kv_blocks_used, kv_total_blocks=st.kv_blocks_total)
 
@@ -144,7 +149,7 @@ async def run_torch_worker(ctx: ComponentContext, cfg: TorchWorkerConfig) -> Non
     ctx.report("ready", endpoint=f"{ctx.namespace}.{ctx.run.component.lower()}.generate",
                detail=f"instance {worker_id:x}")
     try:
-        await serve_until_stopped(ctx, endpoint, make_handler(runner),
+        await serve_until_stopped(ctx, endpoint, make_handler(runner, metrics),
                                   drain_timeout_s=cfg.drain_timeout_s, inflight=runner.inflight)
     finally:
         runner.stop()

@@ -1,0 +1,72 @@
+"""Two torch workers behind the KV-aware router: repeated long prompts follow their prefix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import start_graph
+from tests.integration.serve_helpers import REPO
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "SmolLM2-135M-Instruct"
+LONG = ("You are reviewing a long design document about a distributed cache. " * 12
+        + "Summarise it in one sentence.")
+
+
+def decisions(metrics_url: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(metrics_url).text.splitlines():
+        if line.startswith("splitserve_router_decisions_total{"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def explain(run, prompt: str) -> dict:
+    res = subprocess.run(
+        [sys.executable, "-m", "splitserve.cli.main", "route", "explain", "--json",
+         "--prompt", prompt, "--state-dir", str(run.state)], cwd=REPO, capture_output=True,
+        text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")})
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_kv_aware_routing_follows_the_prefix(tmp_path):
+    run, url = start_graph(tmp_path, "graphs.agg_router:Frontend", "configs/agg_router.yaml")
+    try:
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        msgs = [{"role": "user", "content": LONG}]
+        first = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
+                                          messages=msgs)
+        time.sleep(1.0)  # KV events reach the router asynchronously
+        d = explain(run, LONG)
+        holder = d["worker_id"]
+        overlap = {int(k): v for k, v in d["decision"]["scorers"][0]["raw"].items()}
+        assert overlap[holder] > 0.9 and min(overlap.values()) == 0.0, d
+        router_metrics = next(r["metrics"] for r in run.replicas("Router"))
+        key = f'worker="{holder:x}"'
+        before = sum(v for k, v in decisions(router_metrics).items() if key in k)
+        for _ in range(3):
+            again = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
+                                              messages=msgs)
+            assert again.choices[0].message.content == first.choices[0].message.content
+            assert again.usage.prompt_tokens_details.cached_tokens > 0  # a real prefix hit
+        after = sum(v for k, v in decisions(router_metrics).items() if key in k)
+        assert after - before == 3
+        # the workers export their KV usage and queue length
+        for rep in run.replicas("Worker"):
+            text = httpx.get(rep["metrics"]).text
+            assert "splitserve_worker_kv_usage_ratio" in text
+            assert "splitserve_worker_waiting_requests" in text
+    finally:
+        assert run.stop() == 0, run.output()[-3000:]
