@@ -117,6 +117,10 @@ class EngineCore:
         return self.kv.block_table(request_id)
 
     # ---- disaggregation ----------------------------------------------------------------
+    def cached_prefix_tokens(self, token_ids) -> int:
+        """Prompt tokens this engine's prefix cache holds now (read-only; for the decider)."""
+        return self.kv.cached_prefix_tokens(token_ids)
+
     def release_kv(self, request_id: str) -> None:
         """Free the blocks a finished prefill-only request kept (after its KV was sent)."""
         seq = self._held.pop(request_id)

@@ -93,6 +93,22 @@ class KVCacheManager:
         return events
 
     # ---- sequence lifecycle ---------------------------------------------------------
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many leading tokens of ``token_ids`` are cached now, without taking blocks.
+
+        Called by a decode worker's offload decider before it decides where to prefill;
+        counts the same blocks ``open_sequence`` would reuse.
+        """
+        bs = self.block_size
+        parent: int | None = None
+        n = 0
+        for i in range((len(token_ids) - 1) // bs):
+            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
+            if h not in self._cached:
+                break
+            parent, n = h, n + 1
+        return n * bs
+
     def open_sequence(self, seq_id: str, token_ids: Sequence[int]) -> int:
         """Start tracking ``seq_id`` and reuse the longest cached prefix of ``token_ids``.
 

@@ -109,3 +109,16 @@ def test_allocate_refuses_without_partial_allocation() -> None:
     assert not kv.allocate("a", 3 * BS)
     assert kv.block_table("a") == []
     assert kv.num_free_blocks == 2
+
+
+def test_cached_prefix_tokens_matches_open_sequence_without_taking_blocks() -> None:
+    kv = make_kv()
+    toks = list(range(1, 14))
+    assert kv.cached_prefix_tokens(toks) == 0
+    run_seq(kv, "a", toks)
+    kv.free("a")
+    used = kv.num_used_blocks
+    assert kv.cached_prefix_tokens(toks) == 12
+    assert kv.cached_prefix_tokens(toks[:6] + [99] * 7) == 4
+    assert kv.num_used_blocks == used
+    assert kv.open_sequence("b", toks) == 12
