@@ -10,6 +10,7 @@ from __future__ import annotations
 from splitserve.components.frontend.config import FrontendConfig
 from splitserve.components.router.service_config import RouterComponentConfig
 from splitserve.components.worker.config import worker_config_model
+from splitserve.components.worker.disagg_config import DecodeWorkerConfig, PrefillWorkerConfig
 from splitserve.serve.graph import ComponentSpec
 
 
@@ -21,13 +22,21 @@ def _worker_model():
 
 Frontend = ComponentSpec(
     "Frontend", "splitserve.components.frontend.main", FrontendConfig,
-    may_link=("Router", "Worker"), shutdown_rank=0,
+    may_link=("Router", "Worker", "DecodeWorker"), shutdown_rank=0,
     description="OpenAI-compatible HTTP API; tokenises, applies the chat template, streams.")
 Router = ComponentSpec(
     "Router", "splitserve.components.router.main", RouterComponentConfig,
-    may_link=("Worker",), shutdown_rank=10,
+    may_link=("Worker", "DecodeWorker"), shutdown_rank=10,
     description="KV-aware router: filters, weighted scorers and a picker choose the worker.")
 Worker = ComponentSpec(
     "Worker", "splitserve.components.worker.main", _worker_model(),
     may_link=(), shutdown_rank=20,
     description="Serves `generate` on an engine: torch (CPU, real model) or mocker.")
+DecodeWorker = ComponentSpec(
+    "DecodeWorker", "splitserve.components.worker.decode_main", DecodeWorkerConfig,
+    may_link=("PrefillWorker",), shutdown_rank=20,
+    description="Decodes; per request, prefills locally or offloads to the prefill pool.")
+PrefillWorker = ComponentSpec(
+    "PrefillWorker", "splitserve.components.worker.prefill_main", PrefillWorkerConfig,
+    may_link=(), shutdown_rank=30,
+    description="Pulls prefill jobs, computes prompt KV, writes it into decode workers.")

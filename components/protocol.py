@@ -119,6 +119,8 @@ class RouteReply(BaseModel):
     worker_id: int | None
     reason: str
     decision: dict[str, Any] | None = None
+    endpoint: str = ""
+    """Endpoint path of the chosen worker (``ns.component.generate``)."""
 
 
 class ReleaseCall(BaseModel):

@@ -69,17 +69,29 @@ class DirectBackend:
 
 
 class RoutedBackend:
-    """Frontend → Router (choose) → Worker (stream) → Router (release)."""
+    """Frontend → Router (choose) → Worker (stream) → Router (release).
 
-    def __init__(self, router_client, worker_client, route_timeout_s: float = 5.0) -> None:
+    Worker clients are opened per endpoint the router names (``connect(path)``), so the
+    frontend needs no knowledge of which component the router routes to.
+    """
+
+    def __init__(self, router_client, connect, route_timeout_s: float = 5.0) -> None:
         self.router = router_client
         self.release_client = None
-        self.client = worker_client
+        self.connect = connect
+        self.clients: dict[str, Any] = {}
         self.route_timeout_s = route_timeout_s
         self._release_tasks: set[asyncio.Task] = set()
 
     def ready(self) -> bool:
-        return bool(self.router.instance_ids()) and bool(self.client.instance_ids())
+        return bool(self.router.instance_ids()) and (
+            not self.clients or any(c.instance_ids() for c in self.clients.values()))
+
+    async def worker_client(self, endpoint: str):
+        client = self.clients.get(endpoint)
+        if client is None:
+            client = self.clients[endpoint] = await self.connect(endpoint)
+        return client
 
     async def route(self, call: RouteCall) -> RouteReply:
         """One RPC to the router; the reply names a worker or says why none."""
@@ -112,7 +124,8 @@ class RoutedBackend:
         started = time.monotonic()
         outcome = "error"
         try:
-            stream = await self.client.direct(request, reply.worker_id, context=context)
+            client = await self.worker_client(reply.endpoint)
+            stream = await client.direct(request, reply.worker_id, context=context)
             async for item in stream:
                 yield chunk_data(item)
             outcome = "ok"

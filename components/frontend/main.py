@@ -9,7 +9,7 @@ from pathlib import Path
 
 import uvicorn
 
-from splitserve.serve.component import ComponentContext, endpoint_path, run
+from splitserve.serve.component import ComponentContext, run
 
 from .app import FrontendState, build_app
 from .backend import DirectBackend, RoutedBackend
@@ -39,9 +39,11 @@ async def main(ctx: ComponentContext) -> None:
     ns = ctx.namespace
     if "Router" in links:
         router_client = await ctx.endpoint("Router", "route").client()
-        worker_client = await ctx.runtime.endpoint(endpoint_path(ns, "worker", "generate")
-                                                   ).client()
-        backend = RoutedBackend(router_client, worker_client, cfg.route_timeout_s)
+
+        async def connect(path: str):
+            return await ctx.runtime.endpoint(path).client()
+
+        backend = RoutedBackend(router_client, connect, cfg.route_timeout_s)
         backend.release_client = await ctx.endpoint("Router", "release").client()
     else:
         target = next((n for n in links if n.endswith("Worker")), "Worker")

@@ -52,6 +52,12 @@ class PrefillRequest(BaseModel):
     max_wait_s: float | None = Field(
         default=None, gt=0, description="The decode worker falls back to local prefill "
         "after this long; a prefill worker that pulls it later drops it.")
+    temperature: float = Field(default=0.0, ge=0.0, description="Sampling temperature of "
+                               "the request (the prefill worker samples its first token).")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int | None = Field(default=None, description="Per-request sampling seed.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Tokens that end "
+                                      "generation besides the model's EOS.")
     trace_id: str | None = Field(default=None, description="Distributed trace id.")
     parent_span_id: str | None = Field(default=None, description="Enqueuing span's id.")
 

@@ -18,23 +18,25 @@ log = logging.getLogger("splitserve.router")
 
 async def main(ctx: ComponentContext) -> None:
     cfg = ctx.config(RouterComponentConfig)
+    component = cfg.worker_component or (ctx.run.links[0] if ctx.run.links else "Worker")
     router = load_policy(cfg)
-    worker_ep = ctx.endpoint(cfg.worker_component, "generate")
+    worker_ep = ctx.endpoint(component, "generate")
     client = await worker_ep.client()
     indexer = None
     hash_blocks = None
     if cfg.use_kv_events:
         from dynamo.llm import compute_block_hash_for_seq
 
-        indexer = KvEventIndex(ctx.namespace, cfg.worker_component)
+        indexer = KvEventIndex(ctx.namespace, component)
         await indexer.start(os.environ["NATS_SERVER"])
 
         def hash_blocks(tokens: list[int]) -> list[int]:
             return compute_block_hash_for_seq(tokens, cfg.block_size)
-    service = RouterService(cfg, router, client, indexer, hash_blocks=hash_blocks)
+    service = RouterService(cfg, router, client, indexer, hash_blocks=hash_blocks,
+                            worker_endpoint=f"{ctx.namespace}.{component.lower()}.generate")
     ctx.serve_metrics(service.metrics.registry)
     loads = asyncio.create_task(watch_loads(
-        os.environ["NATS_SERVER"], load_subject(ctx.namespace, cfg.worker_component), service,
+        os.environ["NATS_SERVER"], load_subject(ctx.namespace, component), service,
         ctx.stopping))
     route_ep = ctx.endpoint("Router", "route")
     release_ep = ctx.endpoint("Router", "release")
@@ -42,7 +44,7 @@ async def main(ctx: ComponentContext) -> None:
                asyncio.ensure_future(release_ep.serve_endpoint(service.release))]
     ctx.report("ready", endpoint=f"{ctx.namespace}.router.route",
                detail=f"policy {cfg.policy if isinstance(cfg.policy, str) else 'inline'}")
-    log.info("routing to %s.%s with profiles %s", ctx.namespace, cfg.worker_component.lower(),
+    log.info("routing to %s.%s with profiles %s", ctx.namespace, component.lower(),
              router.profile_names)
     await ctx.stopping.wait()
     ctx.report("stopping")

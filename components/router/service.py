@@ -66,7 +66,8 @@ class RouterService:
 
     def __init__(self, cfg: RouterComponentConfig, router: Router, worker_client,
                  indexer=None, metrics: RouterMetrics | None = None,
-                 hash_blocks=None) -> None:
+                 hash_blocks=None, worker_endpoint: str = "") -> None:
+        self.worker_endpoint = worker_endpoint
         self.cfg = cfg
         self.router = router
         self.client = worker_client
@@ -114,7 +115,8 @@ class RouterService:
                 self.tracker.record(wid, hashes, now)
                 self.metrics.overlap_blocks.inc(overlap.get(wid, 0))
         detail = decision.model_dump(mode="json") if call.explain else None
-        return RouteReply(worker_id=wid, reason=decision.reason, decision=detail), decision
+        return RouteReply(worker_id=wid, reason=decision.reason, decision=detail,
+                          endpoint=self.worker_endpoint), decision
 
     async def route(self, request: dict, context=None):
         """Endpoint handler: one RouteReply."""

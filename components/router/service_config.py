@@ -17,8 +17,9 @@ class RouterComponentConfig(ComponentConfig):
         "latency_cost), a path to a policy YAML file, or the policy inline.")
     profile: str | None = Field(None, description="Scheduling profile to use; default: the "
                                 "policy's defaultProfile or its first profile.")
-    worker_component: str = Field("Worker", min_length=1, description="Component whose "
-                                  "`generate` endpoint serves the routed requests.")
+    worker_component: str | None = Field(None, min_length=1, description="Component whose "
+                                         "`generate` endpoint serves the routed requests; "
+                                         "default: the one the graph links the router to.")
     block_size: int = Field(16, ge=1, description="KV block size of the workers, in tokens "
                             "(must match theirs for prefix matching).")
     use_kv_events: bool = Field(True, description="Follow the workers' KV events with "

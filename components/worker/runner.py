@@ -51,6 +51,24 @@ class EngineRunner:
         self.commands.put(("add", request))
         return q
 
+    def open_stream(self, request_id: str) -> asyncio.Queue:
+        """Receive a request's outputs without submitting it (it was resumed from remote KV)."""
+        q: asyncio.Queue = asyncio.Queue()
+        self.streams[request_id] = q
+        return q
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """Run ``fn(*args)`` on the engine thread between steps; its result as a future.
+
+        The engine core is single-threaded; everything that touches it (prefix lookups,
+        remote-KV allocation, resuming, releasing) goes through here.
+        """
+        if self.error is not None:
+            raise RuntimeError(f"engine failed: {self.error!r}")
+        fut = self.loop.create_future()
+        self.commands.put(("call", (fn, args, fut)))
+        return fut
+
     def abort(self, request_id: str) -> None:
         """Stop a request (client gone, stop string hit, shutdown)."""
         if self.streams.pop(request_id, None) is not None:
@@ -64,6 +82,15 @@ class EngineRunner:
         if cmd is _STOP:
             return False
         op, arg = cmd
+        if op == "call":
+            fn, args, fut = arg
+            try:
+                result = fn(*args)
+            except Exception as exc:  # noqa: BLE001 - handed back to the caller
+                self.loop.call_soon_threadsafe(_settle, fut, None, exc)
+            else:
+                self.loop.call_soon_threadsafe(_settle, fut, result, None)
+            return True
         try:
             if op == "add":
                 self.core.add_request(arg)
@@ -117,3 +144,12 @@ class EngineRunner:
         for q in self.streams.values():
             q.put_nowait(exc)
         self.streams.clear()
+
+
+def _settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if fut.cancelled():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import uuid
+from dataclasses import dataclass
 
 from splitserve.components.protocol import (
     WorkerLoad,
@@ -63,6 +64,38 @@ def build_engine(args, threads: int, progress):
     return EngineCore(loaded.weights, loaded.config, cfg)
 
 
+async def stream_outputs(runner: EngineRunner, q, rid: str, metrics: WorkerMetrics,
+                         context=None, produced: int = 0):
+    """Yield wire chunks for one engine request until it finishes; aborts it if abandoned.
+
+    Shared by the aggregated handler and the decode worker (after a remote prefill the
+    request's first output arrives on the same kind of queue).
+    """
+    finished = False
+    try:
+        while not finished:
+            out = await q.get()
+            if isinstance(out, BaseException):
+                finished = True
+                metrics.requests.labels("error").inc()
+                yield output_chunk([], "error", error=str(out))
+                return
+            finished = out.finished
+            produced += len(out.new_token_ids)
+            reason = FINISH.get(out.finish_reason, "eos") if finished else None
+            usage = {}
+            if finished:
+                usage = dict(prompt_tokens=out.num_prompt_tokens,
+                             cached_tokens=out.num_cached_tokens, completion_tokens=produced)
+                metrics.requests.labels(out.finish_reason or "stop").inc()
+            yield output_chunk(list(out.new_token_ids), reason, **usage)
+            if context is not None and not finished and context.is_stopped():
+                break
+    finally:
+        if not finished:
+            runner.abort(rid)
+
+
 def make_handler(runner: EngineRunner, metrics: WorkerMetrics | None = None):
     """The `generate` endpoint handler: one engine request, streamed step by step."""
     metrics = metrics or WorkerMetrics()
@@ -76,32 +109,8 @@ def make_handler(runner: EngineRunner, metrics: WorkerMetrics | None = None):
             metrics.requests.labels("rejected").inc()
             yield output_chunk([], "error", error=f"request refused: {exc}")
             return
-        finished = False
-        produced = 0
-        try:
-            while not finished:
-                out = await q.get()
-                if isinstance(out, BaseException):
-                    finished = True
-                    metrics.requests.labels("error").inc()
-                    yield output_chunk([], "error", error=str(out))
-                    return
-                finished = out.finished
-                produced += len(out.new_token_ids)
-                reason = FINISH.get(out.finish_reason, "eos") if finished else None
-                usage = {}
-                if finished:
-                    usage = dict(prompt_tokens=out.num_prompt_tokens,
-                                 cached_tokens=out.num_cached_tokens,
-                                 completion_tokens=produced)
-                if finished:
-                    metrics.requests.labels(out.finish_reason or "stop").inc()
-                yield output_chunk(list(out.new_token_ids), reason, **usage)
-                if context is not None and not finished and context.is_stopped():
-                    break
-        finally:
-            if not finished:
-                runner.abort(rid)
+        async for chunk in stream_outputs(runner, q, rid, metrics, context):
+            yield chunk
 
     return generate
 
@@ -116,8 +125,29 @@ def publish_kv_events(publisher, events: list) -> None:
             publisher.publish_removed(list(ev.block_hashes))
 
 
-async def run_torch_worker(ctx: ComponentContext, cfg: TorchWorkerConfig) -> None:
-    """Component main for ``engine: torch``."""
+@dataclass
+class TorchWorker:
+    """A loaded engine on its thread, registered endpoint, metrics and load reports."""
+
+    core: object
+    runner: EngineRunner
+    endpoint: object
+    metrics: WorkerMetrics
+    worker_id: int
+    reporter: asyncio.Task
+    publisher: object | None = None
+
+    async def close(self) -> None:
+        self.runner.stop()
+        if self.publisher is not None:
+            self.publisher.shutdown()
+        await asyncio.wait_for(self.reporter, 5)
+
+
+async def start_torch_worker(ctx: ComponentContext, cfg, publish_kv: bool = True
+                             ) -> TorchWorker:
+    """Load the model (reporting progress), start the engine thread, metrics and load
+    reports.  Called by every torch-engine worker (aggregated, decode, prefill)."""
     args = cfg.engine_args
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, cfg.replicas))
     ctx.report("loading", detail="loading model")
@@ -127,11 +157,14 @@ async def run_torch_worker(ctx: ComponentContext, cfg: TorchWorkerConfig) -> Non
 
     core = await asyncio.to_thread(build_engine, args, threads, progress)
     endpoint = ctx.endpoint(ctx.run.component, "generate")
-    from dynamo.llm import KvEventPublisher
+    publisher = None
+    if publish_kv:
+        from dynamo.llm import KvEventPublisher
 
-    publisher = KvEventPublisher(endpoint, kv_block_size=args.block_size)
+        publisher = KvEventPublisher(endpoint, kv_block_size=args.block_size)
     loop = asyncio.get_running_loop()
-    runner = EngineRunner(core, loop, on_kv_events=lambda evs: publish_kv_events(publisher, evs))
+    on_events = (lambda evs: publish_kv_events(publisher, evs)) if publisher else None
+    runner = EngineRunner(core, loop, on_kv_events=on_events)
     runner.start()
     worker_id = endpoint.connection_id()
     metrics = WorkerMetrics()
@@ -141,17 +174,21 @@ async def run_torch_worker(ctx: ComponentContext, cfg: TorchWorkerConfig) -> Non
         st = runner.last_stats or core.stats()
         metrics.update(st.num_running, st.num_waiting, st.kv_blocks_used, st.kv_blocks_total)
         return WorkerLoad(worker_id=worker_id, active=st.num_running, waiting=st.num_waiting,
-                         kv_used_blocks=st.kv_blocks_used, kv_total_blocks=st.kv_blocks_total)
+                          kv_used_blocks=st.kv_blocks_used, kv_total_blocks=st.kv_blocks_total)
 
     reporter = asyncio.create_task(publish_load(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, ctx.run.component), sample,
         cfg.load_report_interval_s, ctx.stopping))
+    return TorchWorker(core, runner, endpoint, metrics, worker_id, reporter, publisher)
+
+
+async def run_torch_worker(ctx: ComponentContext, cfg: TorchWorkerConfig) -> None:
+    """Component main for ``engine: torch`` (aggregated serving)."""
+    w = await start_torch_worker(ctx, cfg)
     ctx.report("ready", endpoint=f"{ctx.namespace}.{ctx.run.component.lower()}.generate",
-               detail=f"instance {worker_id:x}")
+               detail=f"instance {w.worker_id:x}")
     try:
-        await serve_until_stopped(ctx, endpoint, make_handler(runner, metrics),
-                                  drain_timeout_s=cfg.drain_timeout_s, inflight=runner.inflight)
+        await serve_until_stopped(ctx, w.endpoint, make_handler(w.runner, w.metrics),
+                                  drain_timeout_s=cfg.drain_timeout_s, inflight=w.runner.inflight)
     finally:
-        runner.stop()
-        publisher.shutdown()
-        await asyncio.wait_for(reporter, 5)
+        await w.close()
