@@ -19,32 +19,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from prometheus_client import Counter, Histogram
-
-from splitserve.common.metrics import PREFIX, latency_buckets
 from splitserve.components.disagg import OffloadRequest, OffloadSnapshot, build_decider
 from splitserve.components.protocol import WorkerRequest, output_chunk
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from .disagg_config import DecodeWorkerConfig
+from .disagg_metrics import DisaggMetrics
 from .torch_worker import TorchWorker, engine_request, start_torch_worker, stream_outputs
 
 log = logging.getLogger("splitserve.decode")
-
-
-class DisaggMetrics:
-    """Offload decisions and fallbacks, on the worker's registry."""
-
-    def __init__(self, registry) -> None:
-        self.decisions = Counter(f"{PREFIX}_disagg_decisions_total",
-                                 "Offload decisions by where and why", ["where", "reason"],
-                                 registry=registry)
-        self.fallbacks = Counter(f"{PREFIX}_disagg_fallbacks_total",
-                                 "Remote prefills that ended as local prefills, by reason",
-                                 ["reason"], registry=registry)
-        self.remote_wait = Histogram(f"{PREFIX}_disagg_remote_prefill_seconds",
-                                     "From enqueue to KV arrival", buckets=latency_buckets(),
-                                     registry=registry)
 
 
 class DecodeCoordinator:
@@ -67,7 +50,7 @@ class DecodeCoordinator:
     def snapshot(self) -> OffloadSnapshot:
         st = self.w.runner.last_stats or self.w.core.stats()
         return OffloadSnapshot(
-            prefill_queue_depth=self.depth.depth.total if self.depth.depth else 0,
+            prefill_queue_depth=self.depth.depth or 0,
             decode_active_requests=st.num_running + st.num_waiting,
             decode_kv_usage=min(1.0, st.kv_blocks_used / max(1, st.kv_blocks_total)),
             live_prefill_workers=len(self.prefill_client.instance_ids()))
