@@ -55,6 +55,22 @@ class DecodeCoordinator:
             decode_kv_usage=min(1.0, st.kv_blocks_used / max(1, st.kv_blocks_total)),
             live_prefill_workers=len(self.prefill_client.instance_ids()))
 
+    async def explain(self, request: dict, context=None) -> AsyncIterator[dict]:
+        """The `explain` endpoint: the offload decision for ``token_ids``, without acting.
+
+        Used by `dynamo route explain` after the router picked this worker.
+        """
+        tokens = list(request.get("token_ids") or [])
+        cached = await self.w.runner.call(self.w.core.cached_prefix_tokens, tokens) \
+            if tokens else 0
+        req = OffloadRequest(request_id="explain", prompt_length=len(tokens),
+                             prefix_cached_length=cached,
+                             priority=request.get("priority", "default"))
+        snap = self.snapshot()
+        decision = self.decider.decide(req, snap)
+        yield {"worker_id": self.w.worker_id, "request": req.model_dump(),
+               "snapshot": snap.model_dump(), "decision": decision.model_dump()}
+
     async def generate(self, request: dict, context=None) -> AsyncIterator[dict]:
         """The `generate` endpoint handler."""
         try:
@@ -161,12 +177,15 @@ async def run_decode_worker(ctx: ComponentContext, cfg: DecodeWorkerConfig) -> N
     agent.start_poller()
     prefill_client = await ctx.endpoint("PrefillWorker", "generate").client()
     coord = DecodeCoordinator(w, cfg, decider, queue, depth, agent, prefill_client, ns)
+    explain_ep = ctx.endpoint(ctx.run.component, "explain")
+    explaining = asyncio.ensure_future(explain_ep.serve_endpoint(coord.explain))
     ctx.report("ready", endpoint=f"{ns}.{ctx.run.component.lower()}.generate",
                detail=f"instance {w.worker_id:x}, agent {agent.name}")
     try:
         await serve_until_stopped(ctx, w.endpoint, coord.generate,
                                   drain_timeout_s=cfg.drain_timeout_s, inflight=w.runner.inflight)
     finally:
+        explaining.cancel()
         await depth.stop()
         await queue.close()
         await agent.close()

@@ -51,13 +51,39 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
         await asyncio.wait_for(client.wait_for_instances(), timeout_s)
         call = RouteCall(request_id="explain", token_ids=token_ids, priority=priority,
                          explain=True, record=False)
-        stream = await client.round_robin(call.model_dump(mode="json"))
-        async for item in stream:
-            data = getattr(item, "data", item)
-            return RouteReply.model_validate(data() if callable(data) else data).model_dump()
-        raise RuntimeError("router returned nothing")
+        reply = None
+        async for item in await client.round_robin(call.model_dump(mode="json")):
+            reply = RouteReply.model_validate(_data(item)).model_dump()
+        if reply is None:
+            raise RuntimeError("router returned nothing")
+        reply["offload"] = await _offload(rt, reply, token_ids, priority)
+        return reply
     finally:
         rt.shutdown()
+
+
+def _data(item):
+    data = getattr(item, "data", item)
+    return data() if callable(data) else data
+
+
+async def _offload(rt, reply: dict, token_ids: list[int], priority: str) -> dict | None:
+    """Ask the chosen decode worker how it would prefill (only disaggregated graphs)."""
+    if reply.get("worker_id") is None or not reply.get("endpoint"):
+        return None
+    path = reply["endpoint"].rsplit(".", 1)[0] + ".explain"
+    client = await rt.endpoint(path).client()
+    try:
+        await asyncio.wait_for(client.wait_for_instances(), 1.0)
+    except (asyncio.TimeoutError, TimeoutError):
+        return None  # an aggregated worker: it has no offload decision
+    try:
+        async for item in await client.direct({"token_ids": token_ids, "priority": priority},
+                                              reply["worker_id"]):
+            return _data(item)
+    except Exception:  # noqa: BLE001 - the decision is extra information
+        return None
+    return None
 
 
 @app.command()
@@ -122,3 +148,17 @@ def explain(
                     f"  ({reply['reason']})", highlight=False)
     if reply.get("decision"):
         typer.echo(format_decision(Decision.model_validate(reply["decision"])))
+    off = reply.get("offload")
+    if off:
+        d, r, snap = off["decision"], off["request"], off["snapshot"]
+        where = "REMOTE prefill" if d["remote"] else "LOCAL prefill"
+        Console().print(f"offload decision on the decode worker: {where} ({d['reason']}"
+                        f"{', score %.2f' % d['score'] if d.get('score') is not None else ''})",
+                        highlight=False)
+        Console().print(f"  prompt {r['prompt_length']} tokens, cached on worker "
+                        f"{r['prefix_cached_length']}, prefill queue {snap['prefill_queue_depth']}"
+                        f", decode active {snap['decode_active_requests']}, kv usage "
+                        f"{snap['decode_kv_usage']:.0%}, prefill workers "
+                        f"{snap['live_prefill_workers']}", highlight=False)
+        for metric, contribution in (d.get("contributions") or {}).items():
+            Console().print(f"  {metric}: {contribution:+.2f}", highlight=False)

@@ -157,3 +157,36 @@ def test_prefill_worker_killed_mid_job_request_still_completes(fault_graph):
                            for r in run.replicas("PrefillWorker")), 60, interval_s=0.5,
                what="prefill worker restarted")
     assert "Paris" in ask(url, QUESTIONS[0]).choices[0].message.content
+
+
+def test_route_explain_shows_the_offload_decision(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.integration.serve_helpers import REPO
+
+    run, url = start_graph(tmp_path, "graphs.disagg:Frontend", "configs/disagg.yaml")
+    try:
+        def explain(prompt: str) -> dict:
+            res = subprocess.run(
+                [sys.executable, "-m", "splitserve.cli.main", "route", "explain", "--json",
+                 "--prompt", prompt, "--state-dir", str(run.state)], cwd=REPO,
+                capture_output=True, text=True, timeout=120,
+                env={k: v for k, v in os.environ.items()
+                     if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")})
+            assert res.returncode == 0, res.stderr
+            return json.loads(res.stdout)
+
+        short = explain(QUESTIONS[0])["offload"]["decision"]
+        assert short["remote"] is False and short["reason"] == "below-min-score"
+        long = explain(SHARED * 3 + QUESTIONS[0])["offload"]
+        assert long["decision"]["remote"] is True and long["decision"]["score"] == 0.7
+        assert long["request"]["prompt_length"] > 256
+        # the seed's policy in the config: a long prompt goes remote, a short one stays
+        ask(url, SHARED * 3 + QUESTIONS[1])
+        d = counters(run, "DecodeWorker", "splitserve_disagg_decisions_total")
+        assert d == {'splitserve_disagg_decisions_total{reason="min-score-met",'
+                     'where="remote"}': 1.0}
+    finally:
+        assert run.stop() == 0
