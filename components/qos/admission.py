@@ -1,0 +1,98 @@
+"""Admission: admit or reject one request from its class and the latency estimate.
+
+Rules, first match wins (reason in quotes)::
+
+    class.may_reject is false                           admit   'always-admit'
+    not enable_early_rejection                          admit   'early-rejection-disabled'
+    not reject_on_slo_violation                         admit   'slo-rejection-disabled'
+    no estimate, or a rate still at its warm-up value   admit   'no-estimate'
+    estimate stale (age_s > estimate_max_age_s)         admit   'stale-estimate'
+    est_ttft_ms > limit_ms                              reject  'ttft-slo-risk'
+    otherwise                                           admit   'within-slo'
+
+    limit_ms = max(class.ttft_ms, est.unloaded_ttft_ms) + low_priority_threshold_ms
+
+The ``max`` keeps a request from being rejected for its own length: a prompt that misses
+the target on an idle system would be rejected on every retry, so such a request is only
+rejected when the backlog in front of it adds more than the slack.  Guesses never reject:
+warm-up or stale numbers admit, and the reason says why.
+
+``retry_after_s = clamp(ceil((est_ttft_ms - limit_ms) / 1000), 1, 30)``: the queue in
+front drains about one millisecond of estimated work per millisecond, so that is when the
+same request would first fit again, if nothing else arrived.
+
+Admitted requests then get their degradation steps (``degrade.plan_degradations``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .classes import QosConfig
+from .degrade import plan_degradations
+from .types import AdmissionRequest, Estimate, LoadSignals, Verdict
+
+RETRY_AFTER_MIN_S = 1
+RETRY_AFTER_MAX_S = 30
+
+
+def retry_after_s(est_ttft_ms: float, limit_ms: float) -> int:
+    """Return the Retry-After (whole seconds) for a request over its limit by the excess."""
+    excess_s = max(0.0, est_ttft_ms - limit_ms) / 1000.0
+    return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(excess_s)))
+
+
+def _rejection_block(estimate: Estimate | None, config: QosConfig) -> str | None:
+    """Return why the SLO rule cannot run, or None when it can."""
+    if not config.enable_early_rejection:
+        return "early-rejection-disabled"
+    if not config.reject_on_slo_violation:
+        return "slo-rejection-disabled"
+    if estimate is None or not estimate.observed:
+        return "no-estimate"
+    if estimate.stale:
+        return "stale-estimate"
+    return None
+
+
+def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfig,
+          load: LoadSignals | None = None) -> Verdict:
+    """Decide one request; called by the router (or frontend) once per request.
+
+    ``request.class_name`` should come from ``resolve_class``; an unknown name is treated as
+    ``default_class``.  Returns the verdict with its reason, the Retry-After for a rejection,
+    and for an admission the degradation steps and effective ``max_tokens``.
+    """
+    load = load or LoadSignals()
+    cls = config.class_named(request.class_name) or config.class_named(config.default_class)
+    assert cls is not None  # QosConfig guarantees default_class names a class
+    est_ttft = estimate.est_ttft_ms if estimate is not None else None
+    limit: float | None = None
+    if not cls.may_reject:
+        reason = "always-admit"
+    elif (blocked := _rejection_block(estimate, config)) is not None:
+        reason = blocked
+    else:
+        assert estimate is not None  # _rejection_block returned None
+        limit = max(cls.ttft_ms, estimate.unloaded_ttft_ms) + config.low_priority_threshold_ms
+        if estimate.est_ttft_ms > limit:
+            return Verdict(admit=False, reason="ttft-slo-risk", class_name=cls.name,
+                           retry_after_s=retry_after_s(estimate.est_ttft_ms, limit),
+                           est_ttft_ms=est_ttft, limit_ms=limit)
+        reason = "within-slo"
+    steps, max_tokens = plan_degradations(request, cls, estimate, load, config.degradation)
+    return Verdict(admit=True, reason=reason, class_name=cls.name, degrade=steps,
+                   max_tokens=max_tokens, est_ttft_ms=est_ttft, limit_ms=limit)
+
+
+def may_preempt(queued_class: str, incoming_class: str, config: QosConfig) -> bool:
+    """Whether incoming work may jump ahead of, or preempt, queued prefill work.
+
+    Called by the prefill queue or scheduler when a request arrives while others wait.
+    True iff the incoming class is strictly more important than the queued one and the
+    queued class has ``may_reject``: work of a class promised admission is not pushed back
+    either.  Unknown names count as ``default_class``.
+    """
+    queued_rank = config.rank(queued_class)
+    queued = config.classes[queued_rank]
+    return config.rank(incoming_class) < queued_rank and queued.may_reject

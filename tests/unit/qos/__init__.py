@@ -1,0 +1,1 @@
+"""Unit tests of the QoS core (classes, estimator, admission, degradation)."""
