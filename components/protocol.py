@@ -44,6 +44,7 @@ class RequestMeta(BaseModel):
     version: int = PROTOCOL_VERSION
     request_id: str = ""
     priority: str = "default"
+    prefill_locally: bool = False
 
 
 class WorkerRequest(BaseModel):
@@ -108,7 +109,11 @@ class RouteCall(BaseModel):
     version: int = PROTOCOL_VERSION
     request_id: str
     token_ids: list[int]
-    priority: str = "default"
+    priority: str | None = None
+    """The priority header's value as the client sent it (None: no header)."""
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    max_tokens: int = 1
     explain: bool = False
     record: bool = True
 
@@ -121,6 +126,14 @@ class RouteReply(BaseModel):
     decision: dict[str, Any] | None = None
     endpoint: str = ""
     """Endpoint path of the chosen worker (``ns.component.generate``)."""
+    class_name: str = "default"
+    retry_after_s: int | None = None
+    """Set on a QoS rejection: answer 503 with this Retry-After."""
+    max_tokens: int | None = None
+    """Set when admission capped the generation limit (graceful degradation)."""
+    prefill_locally: bool = False
+    """Set when admission asks the decode worker not to offload this prefill."""
+    qos: dict[str, Any] | None = None
 
 
 class ReleaseCall(BaseModel):

@@ -187,9 +187,9 @@ async def handle(request: Request, kind: str) -> Response:
     state: FrontendState = request.app.state.frontend
     endpoint = "chat" if kind == "chat" else "completions"
     started = time.monotonic()
-    priority = request.headers.get(state.priority_header, "default")
+    priority = request.headers.get(state.priority_header)
     try:
-        p = prepare(state, kind, parse_json(await request.body()), priority)
+        p = prepare(state, kind, parse_json(await request.body()), priority or "default")
         if state.inflight >= state.max_inflight:
             raise overloaded(f"server is at its limit of {state.max_inflight} concurrent "
                              "requests; retry later", retry_after_s=1)
@@ -198,10 +198,24 @@ async def handle(request: Request, kind: str) -> Response:
                                       "invalid", str(err.status)).inc()
         return error_response(err)
     meta = StreamMeta(request_id=p.request_id, priority=priority,
-                      prompt_tokens=len(p.token_ids))
+                      prompt_tokens=len(p.token_ids), user=p.req.user, metadata=p.req.metadata)
     state.metrics.prompt_tokens.inc(len(p.token_ids))
     if p.req.stream:
-        return StreamingResponse(_sse(state, p, meta, started, endpoint),
+        # Peek the first event before committing to a 200: a rejection (503 with
+        # Retry-After) or a worker failure before the first token is a real HTTP error.
+        state.inflight += 1
+        state.metrics.inflight.inc()
+        events = token_events(state, p, meta, started)
+        try:
+            first = await events.__anext__()
+        except APIError as err:
+            state.inflight -= 1
+            state.metrics.inflight.dec()
+            state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else
+                                          "error", str(err.status)).inc()
+            _account(state, meta, started)
+            return error_response(err)
+        return StreamingResponse(_sse(state, p, meta, started, endpoint, first, events),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     state.inflight += 1
@@ -212,7 +226,8 @@ async def handle(request: Request, kind: str) -> Response:
             parts.append(text)
             finish = fin or finish
     except APIError as err:
-        state.metrics.requests.labels(endpoint, "error", str(err.status)).inc()
+        state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else "error",
+                                      str(err.status)).inc()
         return error_response(err)
     finally:
         state.inflight -= 1
@@ -239,15 +254,20 @@ def _account(state: FrontendState, meta: StreamMeta, started: float) -> None:
     state.metrics.cached_tokens.inc(meta.cached_tokens)
 
 
+async def _chain(first, rest):
+    yield first
+    async for item in rest:
+        yield item
+
+
 async def _sse(state: FrontendState, p: Prepared, meta: StreamMeta, started: float,
-               endpoint: str) -> AsyncIterator[bytes]:
+               endpoint: str, first_event, events) -> AsyncIterator[bytes]:
+    """SSE body; the caller already counted the request in flight and read its first event."""
     created = int(time.time())
-    state.inflight += 1
-    state.metrics.inflight.inc()
     outcome, status = "ok", "200"
     try:
         first = True
-        async for text, finish, _ in token_events(state, p, meta, started):
+        async for text, finish, _ in _chain(first_event, events):
             if text or finish or first:
                 body = chunk_body(p, created, state.model_name, text, finish, first)
                 first = False

@@ -27,8 +27,11 @@ class StreamMeta:
     """Per-request facts the backend reports back (to the router, to metrics)."""
 
     request_id: str
-    priority: str
+    priority: str | None
     worker_id: int | None = None
+    user: str | None = None
+    metadata: dict | None = None
+    class_name: str = "default"
     first_token_at: float | None = None
     output_tokens: int = 0
     prompt_tokens: int = 0
@@ -113,13 +116,27 @@ class RoutedBackend:
         if not self.router.instance_ids():
             raise overloaded("the router is not available yet", retry_after_s=2,
                              code="no_router")
-        reply = await self.route(RouteCall(request_id=meta.request_id,
-                                           token_ids=request["token_ids"],
-                                           priority=meta.priority))
+        max_tokens = request["stop_conditions"]["max_tokens"]
+        reply = await self.route(RouteCall(
+            request_id=meta.request_id, token_ids=request["token_ids"], priority=meta.priority,
+            user=meta.user, metadata=meta.metadata, max_tokens=max_tokens))
         meta.route_reason = reply.reason
+        meta.class_name = reply.class_name
+        if reply.retry_after_s is not None:
+            est = (reply.qos or {}).get("est_ttft_ms")
+            detail = f" (estimated time to first token {est:.0f} ms)" if est else ""
+            raise overloaded(f"request rejected early for priority class "
+                             f"'{reply.class_name}': {reply.reason}{detail}; retry later",
+                             retry_after_s=reply.retry_after_s, code=reply.reason)
         if reply.worker_id is None:
             raise overloaded(f"no worker can take the request ({reply.reason})",
                              retry_after_s=2, code=reply.reason)
+        own = request["extra_args"]["splitserve"]
+        own["priority"] = reply.class_name
+        if reply.max_tokens is not None and reply.max_tokens < max_tokens:
+            request["stop_conditions"]["max_tokens"] = reply.max_tokens
+        if reply.prefill_locally:
+            own["prefill_locally"] = True
         meta.worker_id = reply.worker_id
         started = time.monotonic()
         outcome = "error"

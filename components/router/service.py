@@ -22,6 +22,7 @@ from .builtin import BUILTIN_CONFIGS, builtin_config
 from .config import load_router_config_file, parse_router_config
 from .core import Router, build_router
 from .fleet import FleetState
+from .qos_gate import QosGate
 from .registry import default_registry
 from .service_config import RouterComponentConfig
 from .tracker import RecentPrefixTracker
@@ -76,6 +77,7 @@ class RouterService:
         self.tracker = RecentPrefixTracker(ttl_s=cfg.recent_prefix_ttl_s)
         self.metrics = metrics or RouterMetrics()
         self.hash_blocks = hash_blocks or (lambda tokens: [])
+        self.qos = QosGate(cfg.qos, self.metrics.registry)
 
     def on_load(self, payload: bytes) -> None:
         """A WorkerLoad message from NATS."""
@@ -97,13 +99,20 @@ class RouterService:
         if self.indexer is not None and hashes:
             overlap = self.indexer.overlap(hashes)
         recent = self.tracker.recent_blocks(hashes, now)
-        request = RouteRequest(request_id=call.request_id, num_tokens=len(call.token_ids),
-                               num_blocks=len(hashes), priority=call.priority,
-                               block_hashes=tuple(hashes))
-        decision = self.router.route(request, self.fleet.snapshot(now, overlap, recent),
-                                     self.cfg.profile)
-        wid = decision.worker_id
         record = call.record and not call.explain
+        snapshot = self.fleet.snapshot(now, overlap, recent)
+        best_cached = max(overlap.values(), default=0) * self.cfg.block_size
+        verdict = self.qos.check(call, snapshot.workers, best_cached, now, record)
+        qos = verdict.model_dump(mode="json")
+        if not verdict.admit:
+            return RouteReply(worker_id=None, reason=f"rejected-{verdict.reason}",
+                              class_name=verdict.class_name,
+                              retry_after_s=verdict.retry_after_s, qos=qos), None
+        request = RouteRequest(request_id=call.request_id, num_tokens=len(call.token_ids),
+                               num_blocks=len(hashes), priority=verdict.class_name,
+                               block_hashes=tuple(hashes))
+        decision = self.router.route(request, snapshot, self.cfg.profile)
+        wid = decision.worker_id
         if record:
             self.metrics.route_latency.observe(time.monotonic() - now)
             for plugin, ns in decision.elapsed_ns.items():
@@ -116,7 +125,9 @@ class RouterService:
                 self.metrics.overlap_blocks.inc(overlap.get(wid, 0))
         detail = decision.model_dump(mode="json") if call.explain else None
         return RouteReply(worker_id=wid, reason=decision.reason, decision=detail,
-                          endpoint=self.worker_endpoint), decision
+                          endpoint=self.worker_endpoint, class_name=verdict.class_name,
+                          max_tokens=verdict.max_tokens if verdict.degrade else None,
+                          prefill_locally=verdict.prefill_locally, qos=qos), decision
 
     async def route(self, request: dict, context=None):
         """Endpoint handler: one RouteReply."""
@@ -137,6 +148,7 @@ class RouterService:
             return
         self.fleet.release(call.request_id)
         self.metrics.released.labels(call.outcome).inc()
+        self.qos.observe(call, time.monotonic())
         yield {"ok": True}
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
+from splitserve.components.qos import QosConfig
 from splitserve.serve.config import ComponentConfig
 
 
@@ -28,3 +29,5 @@ class RouterComponentConfig(ComponentConfig):
                                        "counts as 'recent' for the latency-cost scorer.")
     inflight_ttl_s: float = Field(600.0, gt=0, description="An unreleased placement stops "
                                   "counting as load after this long.")
+    qos: QosConfig = Field(default_factory=QosConfig, description="Priority classes, "
+                           "admission control and graceful degradation (see docs/qos.md).")

@@ -19,7 +19,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from splitserve.components.disagg import OffloadRequest, OffloadSnapshot, build_decider
+from splitserve.components.disagg import (
+    OffloadDecision,
+    OffloadRequest,
+    OffloadSnapshot,
+    build_decider,
+)
 from splitserve.components.protocol import WorkerRequest, output_chunk
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
@@ -83,11 +88,15 @@ class DecodeCoordinator:
             yield output_chunk([], "error", error=f"request refused: {exc}")
             return
         runner = self.w.runner
-        cached = await runner.call(self.w.core.cached_prefix_tokens, ereq.prompt_token_ids)
-        decision = self.decider.decide(
-            OffloadRequest(request_id=rid, prompt_length=len(ereq.prompt_token_ids),
-                           prefix_cached_length=cached, priority=meta.priority),
-            self.snapshot())
+        if meta.prefill_locally:
+            # QoS degradation (low priority while the prefill pool is busy): no offload.
+            decision = OffloadDecision(remote=False, reason="qos-local-prefill")
+        else:
+            cached = await runner.call(self.w.core.cached_prefix_tokens, ereq.prompt_token_ids)
+            decision = self.decider.decide(
+                OffloadRequest(request_id=rid, prompt_length=len(ereq.prompt_token_ids),
+                               prefix_cached_length=cached, priority=meta.priority),
+                self.snapshot())
         where = "remote" if decision.remote else "local"
         self.metrics.decisions.labels(where, decision.reason).inc()
         if decision.remote:
