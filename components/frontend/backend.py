@@ -140,14 +140,19 @@ class RoutedBackend:
         meta.worker_id = reply.worker_id
         started = time.monotonic()
         outcome = "error"
+        finished = False
         try:
             client = await self.worker_client(reply.endpoint)
             stream = await client.direct(request, reply.worker_id, context=context)
             async for item in stream:
-                yield chunk_data(item)
+                chunk = chunk_data(item)
+                # The consumer may close us right after the last chunk: remember that the
+                # request finished so the release reports it as ok, not cancelled.
+                finished = bool(chunk.get("finish_reason")) and not chunk.get("error")
+                yield chunk
             outcome = "ok"
         except GeneratorExit:
-            outcome = "cancelled"
+            outcome = "ok" if finished else "cancelled"
             raise
         except Exception as exc:  # noqa: BLE001
             raise upstream_error(f"worker {reply.worker_id:x} failed: {exc}") from None

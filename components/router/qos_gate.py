@@ -7,6 +7,7 @@ finished request's timings (release calls), which feed the per-token EMAs.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -27,6 +28,7 @@ from splitserve.components.qos import (
 from .types import WorkerState
 
 DECODE_POOL = "decode"
+RATE_WINDOW_S = 5.0
 
 
 class QosMetrics:
@@ -58,13 +60,31 @@ class QosGate:
         self.metrics = QosMetrics(registry)
         self.prefill_depth = prefill_depth
         self.prefill_workers = prefill_workers
+        self.completions: deque[float] = deque()
+        self.service_ms: float | None = None  # EMA of unloaded request duration
+
+    def _queue_wait_ms(self, inflight: int, now: float) -> float:
+        """Waiting time ahead of a new request by Little's law, from what the router saw.
+
+        The per-token EMAs describe unloaded speed; queueing inside engines (which report
+        nothing, like Dynamo's mocker) shows up only as more requests in flight than the
+        fleet completes.  W = (L + 1) / lambda is the expected time in system, with L the
+        requests this router has in flight and lambda its completion rate over the last
+        few seconds; minus the unloaded duration S it is the time spent waiting.
+        """
+        while self.completions and now - self.completions[0] > RATE_WINDOW_S:
+            self.completions.popleft()
+        if len(self.completions) < 5 or self.service_ms is None:
+            return 0.0
+        rate = len(self.completions) / RATE_WINDOW_S
+        return max(0.0, (inflight + 1) / rate * 1000.0 - self.service_ms)
 
     def reconfigure(self, config: QosConfig) -> None:
         """Apply a new policy version; learned latencies are kept."""
         self.config = config
 
     def check(self, call: RouteCall, workers: tuple[WorkerState, ...], cached_tokens: int,
-              now: float, record: bool) -> Verdict:
+              now: float, record: bool, inflight: int = 0) -> Verdict:
         """The admission verdict for one request (recorded in metrics unless explaining)."""
         resolution = resolve_class(call.priority, call.user, call.metadata, self.config)
         depth = self.prefill_depth()
@@ -75,6 +95,9 @@ class QosGate:
         uncached = max(0, len(call.token_ids) - cached_tokens)
         estimate = self.estimator.estimate(uncached, backlog, now, prefill_pool=DECODE_POOL,
                                            decode_pool=DECODE_POOL)
+        wait = self._queue_wait_ms(inflight, now)
+        if wait > 0:
+            estimate = estimate.model_copy(update={"est_ttft_ms": estimate.est_ttft_ms + wait})
         kv = max((w.kv_usage for w in workers), default=0.0)
         verdict = admit(AdmissionRequest(request_id=call.request_id, class_name=resolution.name,
                                          prompt_tokens=len(call.token_ids),
@@ -90,10 +113,21 @@ class QosGate:
                 self.metrics.est_ttft.labels(verdict.class_name).set(verdict.est_ttft_ms)
         return verdict
 
-    def observe(self, call: ReleaseCall, now: float) -> None:
-        """Learn from a finished request's timings (release calls carry them)."""
+    def observe(self, call: ReleaseCall, now: float, inflight: int, workers: int) -> None:
+        """Learn from a finished request's timings (release calls carry them).
+
+        Speeds are learned only while the fleet is lightly loaded (no more requests in
+        flight than workers): under load a request's times include queueing, which the
+        queue-wait term accounts for separately.
+        """
         if call.outcome != "ok" or call.ttft_s is None:
             return
+        self.completions.append(now)
+        if inflight > max(1, workers):
+            return
+        if call.duration_s is not None:
+            ms = call.duration_s * 1000.0
+            self.service_ms = ms if self.service_ms is None else 0.8 * self.service_ms + 0.2 * ms
         worker = f"{call.worker_id:x}"
         computed = max(1, call.prompt_tokens - call.cached_tokens)
         self.estimator.observe_prefill(worker, DECODE_POOL, computed, call.ttft_s, now)

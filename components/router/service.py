@@ -102,7 +102,8 @@ class RouterService:
         record = call.record and not call.explain
         snapshot = self.fleet.snapshot(now, overlap, recent)
         best_cached = max(overlap.values(), default=0) * self.cfg.block_size
-        verdict = self.qos.check(call, snapshot.workers, best_cached, now, record)
+        verdict = self.qos.check(call, snapshot.workers, best_cached, now, record,
+                                 inflight=len(self.fleet.placed))
         qos = verdict.model_dump(mode="json")
         if not verdict.admit:
             return RouteReply(worker_id=None, reason=f"rejected-{verdict.reason}",
@@ -148,7 +149,8 @@ class RouterService:
             return
         self.fleet.release(call.request_id)
         self.metrics.released.labels(call.outcome).inc()
-        self.qos.observe(call, time.monotonic())
+        self.qos.observe(call, time.monotonic(), inflight=len(self.fleet.placed),
+                         workers=len(self.fleet.live))
         yield {"ok": True}
 
 
