@@ -6,6 +6,7 @@ import typer
 
 from splitserve import __version__
 from splitserve.cli import infra_cmd, route_cmd, serve_cmd, status_cmd
+from splitserve.policy import cli as policy_cli
 
 app = typer.Typer(
     name="dynamo",
@@ -18,6 +19,7 @@ app.command(context_settings=serve_cmd.EXTRA)(serve_cmd.serve)
 app.command()(status_cmd.status)
 app.add_typer(infra_cmd.app, name="infra")
 app.add_typer(route_cmd.app, name="route")
+app.add_typer(policy_cli.app, name="policy")
 
 
 @app.command()
