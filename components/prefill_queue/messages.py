@@ -58,6 +58,13 @@ class PrefillRequest(BaseModel):
     seed: int | None = Field(default=None, description="Per-request sampling seed.")
     stop_token_ids: list[int] = Field(default_factory=list, description="Tokens that end "
                                       "generation besides the model's EOS.")
+    handoff_subject: str | None = Field(
+        default=None, min_length=1, description="For engines without a KV transfer path "
+        "(Dynamo's mocker): the NATS subject on which the decode worker waits for the "
+        "prefill result; the prefill worker sends it there as a request and acks the job "
+        "after the reply. When set, `nixl_agent` only names the decode worker and "
+        "`block_ids` are the logical blocks the prompt occupies (no KV memory exists). "
+        "None on the torch path, where the NIXL write itself announces the KV.")
     trace_id: str | None = Field(default=None, description="Distributed trace id.")
     parent_span_id: str | None = Field(default=None, description="Enqueuing span's id.")
 

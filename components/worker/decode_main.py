@@ -1,16 +1,26 @@
-"""DecodeWorker process: `python -m splitserve.components.worker.decode_main --config FILE`."""
+"""DecodeWorker process: `python -m splitserve.components.worker.decode_main --config FILE`.
+
+Dispatches on the section's ``engine``: ``torch`` (real model, KV over NIXL) or
+``mocker`` (Dynamo's simulated engines behind the same decider and prefill queue).
+"""
 
 from __future__ import annotations
 
 from splitserve.serve.component import ComponentContext, run
 
-from .disagg_config import DecodeWorkerConfig
-
 
 async def main(ctx: ComponentContext) -> None:
-    from .decode_worker import run_decode_worker
+    if ctx.run.config.get("engine", "torch") == "mocker":
+        # The mocker's own config module: a mocker fleet never imports torch or NIXL.
+        from splitserve.components.mocker_worker.disagg_config import MockerDecodeWorkerConfig
+        from splitserve.components.mocker_worker.disagg_decode import run_mocker_decode_worker
 
-    await run_decode_worker(ctx, ctx.config(DecodeWorkerConfig))
+        await run_mocker_decode_worker(ctx, ctx.config(MockerDecodeWorkerConfig))
+    else:
+        from .decode_worker import run_decode_worker
+        from .disagg_config import DecodeWorkerConfig
+
+        await run_decode_worker(ctx, ctx.config(DecodeWorkerConfig))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,10 @@
-"""Config sections of the disaggregated workers: `DecodeWorker:` and `PrefillWorker:`."""
+"""Config sections of the disaggregated workers: `DecodeWorker:` and `PrefillWorker:`.
+
+Each section's ``engine`` key picks its model, like the Worker section: ``torch`` (the
+CPU reference engine, real KV moved over NIXL; the default) or ``mocker`` (Dynamo's
+simulated engines behind this project's decider and prefill queue; docs/mocker.md).
+``DecodeWorkerConfig`` / ``PrefillWorkerConfig`` are the selectors the catalog uses.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,17 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from splitserve.components.kv_transfer.config import KvTransferConfig
+from splitserve.components.mocker_worker.disagg_config import (
+    MockerDecodeWorkerConfig,
+    MockerPrefillWorkerConfig,
+)
 from splitserve.components.prefill_queue.config import PrefillQueueConfig
+from splitserve.serve.config import SelectedBy
 
 from .config import TorchEngineArgs, WorkerCommon
 
 
-class DecodeWorkerConfig(WorkerCommon):
+class TorchDecodeWorkerConfig(WorkerCommon):
     """A torch decode worker that runs the disaggregated router for each new request."""
 
     engine: Literal["torch"] = "torch"
@@ -36,7 +47,7 @@ class DecodeWorkerConfig(WorkerCommon):
         return v
 
 
-class PrefillWorkerConfig(WorkerCommon):
+class TorchPrefillWorkerConfig(WorkerCommon):
     """A torch prefill worker: pulls prefill jobs and writes KV into decode workers."""
 
     engine: Literal["torch"] = "torch"
@@ -45,3 +56,9 @@ class PrefillWorkerConfig(WorkerCommon):
                                      "engine batches their prompts).")
     prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)
     kv_transfer: KvTransferConfig = Field(default_factory=KvTransferConfig)
+
+
+DecodeWorkerConfig = SelectedBy(
+    "engine", {"torch": TorchDecodeWorkerConfig, "mocker": MockerDecodeWorkerConfig}, "torch")
+PrefillWorkerConfig = SelectedBy(
+    "engine", {"torch": TorchPrefillWorkerConfig, "mocker": MockerPrefillWorkerConfig}, "torch")

@@ -1,16 +1,26 @@
-"""PrefillWorker process: `python -m splitserve.components.worker.prefill_main --config FILE`."""
+"""PrefillWorker process: `python -m splitserve.components.worker.prefill_main --config FILE`.
+
+Dispatches on the section's ``engine``: ``torch`` (real model, KV over NIXL) or
+``mocker`` (a simulated prefill engine; results handed to decode workers over NATS).
+"""
 
 from __future__ import annotations
 
 from splitserve.serve.component import ComponentContext, run
 
-from .disagg_config import PrefillWorkerConfig
-
 
 async def main(ctx: ComponentContext) -> None:
-    from .prefill_worker import run_prefill_worker
+    if ctx.run.config.get("engine", "torch") == "mocker":
+        # The mocker's own config module: a mocker fleet never imports torch or NIXL.
+        from splitserve.components.mocker_worker.disagg_config import MockerPrefillWorkerConfig
+        from splitserve.components.mocker_worker.disagg_prefill import run_mocker_prefill_worker
 
-    await run_prefill_worker(ctx, ctx.config(PrefillWorkerConfig))
+        await run_mocker_prefill_worker(ctx, ctx.config(MockerPrefillWorkerConfig))
+    else:
+        from .disagg_config import PrefillWorkerConfig
+        from .prefill_worker import run_prefill_worker
+
+        await run_prefill_worker(ctx, ctx.config(PrefillWorkerConfig))
 
 
 if __name__ == "__main__":

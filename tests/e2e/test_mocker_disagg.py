@@ -1,0 +1,125 @@
+"""The disagg graph on Dynamo's mocker: 2 prefill + 2 decode simulated SGLang workers
+with this project's router, offload decider and JetStream prefill queue in the path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from splitserve.infra.procs import pid_alive
+from tests.e2e.conftest import start_graph
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "SmolLM2-135M-Instruct"
+GRAPH = "graphs.disagg:Frontend"
+CONFIG = "configs/mocker_disagg.yaml"
+FAST = ("--DecodeWorker.engine_args.speedup_ratio=20",
+        "--PrefillWorker.engine_args.speedup_ratio=20")
+LONG = "Summarise the history of the printing press in Europe. " * 40  # ~450 tokens
+SHORT = "hi"
+
+
+def samples(metrics_url: str, name: str) -> dict[str, float]:
+    """Prometheus samples of one metric family: label string -> value."""
+    out = {}
+    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            key, _, value = line.rpartition(" ")
+            out[key[len(name):]] = float(value)
+    return out
+
+
+def fleet_total(run, component: str, name: str, **labels: str) -> float:
+    """A metric summed over every replica of ``component`` whose labels include ``labels``."""
+    total = 0.0
+    for replica in run.replicas(component):
+        for key, value in samples(replica["metrics"], name).items():
+            if all(f'{k}="{v}"' in key for k, v in labels.items()):
+                total += value
+    return total
+
+
+def engine_pids(run) -> set[int]:
+    """The mocker children of every worker replica (read from /proc, Linux)."""
+    pids = set()
+    for component in ("DecodeWorker", "PrefillWorker"):
+        for replica in run.replicas(component):
+            path = Path(f"/proc/{replica['pid']}/task/{replica['pid']}/children")
+            if path.exists():
+                pids |= {int(p) for p in path.read_text().split()}
+    return pids
+
+
+def stop_and_check(run) -> None:
+    children = engine_pids(run)
+    run.seen_pids |= children  # kill_all's last resort covers them too
+    assert run.stop() == 0, run.output()[-3000:]
+    assert [p for p in children if pid_alive(p)] == []
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    run, url = start_graph(tmp_path_factory.mktemp("mocker-disagg"), GRAPH, CONFIG, *FAST,
+                           timeout_s=90)
+    try:
+        assert len(engine_pids(run)) == 2 * 2 + 2  # decode + local per decode, one per prefill
+        yield run, openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30)
+    finally:
+        stop_and_check(run)
+
+
+def test_openai_client_streaming_and_not(fleet):
+    _, client = fleet
+    for content in (SHORT, LONG):
+        msgs = [{"role": "user", "content": content}]
+        r = client.chat.completions.create(model=MODEL, max_tokens=8, messages=msgs)
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+        chunks = list(client.chat.completions.create(model=MODEL, max_tokens=5, stream=True,
+                                                     messages=msgs))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 1
+    r = client.chat.completions.create(model=MODEL, max_tokens=1,
+                                       messages=[{"role": "user", "content": LONG}])
+    assert r.usage.completion_tokens == 1  # the prefill worker's token alone
+
+
+def test_long_prompts_go_remote_and_short_ones_stay_local(fleet):
+    run, client = fleet
+    decisions = "splitserve_disagg_decisions_total"
+    remote0 = fleet_total(run, "DecodeWorker", decisions, where="remote")
+    local0 = fleet_total(run, "DecodeWorker", decisions, where="local",
+                         reason="below-min-score")
+    done0 = fleet_total(run, "PrefillWorker", "splitserve_prefill_jobs_total", outcome="done")
+    for i in range(4):
+        for content in (f"{i} {LONG}", f"{i} {SHORT}"):
+            r = client.chat.completions.create(model=MODEL, max_tokens=4,
+                                               messages=[{"role": "user", "content": content}])
+            assert r.usage.completion_tokens == 4
+    assert fleet_total(run, "DecodeWorker", decisions, where="remote") - remote0 == 4
+    assert fleet_total(run, "DecodeWorker", decisions, where="local",
+                       reason="below-min-score") - local0 == 4
+    assert fleet_total(run, "PrefillWorker", "splitserve_prefill_jobs_total",
+                       outcome="done") - done0 == 4
+    assert fleet_total(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == 0
+    # Round-robin routing spreads requests, so both decode workers decided some.
+    assert all(samples(r["metrics"], decisions) for r in run.replicas("DecodeWorker"))
+
+
+def test_without_prefill_workers_long_prompts_complete_locally(tmp_path):
+    run, url = start_graph(tmp_path, GRAPH, CONFIG, *FAST, "--PrefillWorker.replicas=0",
+                           "--DecodeWorker.replicas=1", timeout_s=90)
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30)
+        r = client.chat.completions.create(model=MODEL, max_tokens=6,
+                                           messages=[{"role": "user", "content": LONG}])
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 6
+        assert fleet_total(run, "DecodeWorker", "splitserve_disagg_decisions_total",
+                           where="local", reason="no-prefill-workers") == 1
+        assert fleet_total(run, "DecodeWorker", "splitserve_disagg_decisions_total",
+                           where="remote") == 0
+    finally:
+        stop_and_check(run)

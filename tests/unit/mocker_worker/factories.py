@@ -1,0 +1,104 @@
+"""Fakes for the mocker disaggregated path: engines, queue, depth and prefill pool."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from splitserve.components.mocker_worker.disagg_config import MockerDecodeWorkerConfig
+from splitserve.components.mocker_worker.disagg_decode import MockerDecodeCoordinator
+from splitserve.components.mocker_worker.handoff import HandoffInbox, PrefillHandoff
+from splitserve.components.prefill_queue import QueueFull
+from splitserve.components.protocol import worker_request
+from splitserve.components.worker.metrics import WorkerMetrics
+
+SEED_POLICY = {
+    "enable": True,
+    "policies": [
+        {"metric": "prefill_length", "threshold": 256, "action": "prefer_remote",
+         "weight": 0.7},
+        {"metric": "prefill_queue_depth", "threshold": 10, "action": "prefer_local",
+         "weight": 0.3}],
+    "remote_prefill_min_score": 0.5,
+}
+
+
+class FakeEngine:
+    """Answers like a mocker: one chunk per token, then a terminal 'length' chunk."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.requests: list[dict] = []
+
+    async def stream(self, request: dict, idle_timeout_s: float):
+        self.requests.append(request)
+        for i in range(request["stop_conditions"]["max_tokens"]):
+            yield {"token_ids": [1000 + i], "finish_reason": None}
+        yield {"token_ids": [], "finish_reason": "length"}
+
+
+class FakeQueue:
+    """Records jobs; ``answer`` decides what happens after each enqueue."""
+
+    def __init__(self, inbox: HandoffInbox, answer: str = "handoff") -> None:
+        self.inbox = inbox
+        self.answer = answer
+        self.jobs: list = []
+
+    async def enqueue(self, job) -> None:
+        if self.answer == "full":
+            raise QueueFull("stream limits reached")
+        self.jobs.append(job)
+        if self.answer == "handoff":
+            handoff = PrefillHandoff(request_id=job.request_id, first_token=7,
+                                     disaggregated_params="dummy", prefill_worker_id="p1",
+                                     compute_s=0.01, transfer_s=0.002)
+            # Delivered later, as a NATS callback would be.
+            asyncio.get_running_loop().call_soon(self.inbox.take, handoff.encode())
+
+
+class FakeDepth:
+    def __init__(self, depth: int | None = 0) -> None:
+        self.depth = depth
+
+
+class FakePrefillPool:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def instance_ids(self) -> list[int]:
+        return list(range(self.n))
+
+
+def coordinator(*, answer: str = "handoff", prefill_workers: int = 2,
+                **cfg: Any) -> tuple[MockerDecodeCoordinator, dict[str, FakeEngine], FakeQueue]:
+    """A coordinator over fakes, with the seed's score policy unless overridden."""
+    config = MockerDecodeWorkerConfig.model_validate(
+        {"disaggregated_router": SEED_POLICY, "remote_prefill_timeout_s": 0.2, **cfg})
+    from splitserve.components.disagg import build_decider
+
+    inbox = HandoffInbox()
+    engines = {"decode": FakeEngine("decode"), "local": FakeEngine("local")}
+    queue = FakeQueue(inbox, answer)
+    coord = MockerDecodeCoordinator(
+        config, engines, worker_id=0xABC, subject="splitserve.ns.decodeworker.handoff.abc",
+        decider=build_decider(config.disaggregated_router), queue=queue, depth=FakeDepth(),
+        prefill_client=FakePrefillPool(prefill_workers), inbox=inbox, metrics=WorkerMetrics())
+    return coord, engines, queue
+
+
+def request(prompt_tokens: int, max_tokens: int = 4, request_id: str = "req-1") -> dict:
+    """A frontend-shaped worker request with a prompt of distinct tokens."""
+    return worker_request(model="m", token_ids=list(range(10, 10 + prompt_tokens)),
+                          max_tokens=max_tokens, temperature=None, top_p=None, seed=None,
+                          eos_token_ids=[2], request_id=request_id, priority="default")
+
+
+async def collect(coord: MockerDecodeCoordinator, req: dict) -> list[dict]:
+    return [chunk async for chunk in coord.generate(req)]
+
+
+def sample(coord: MockerDecodeCoordinator, name: str, **labels: str) -> float:
+    """A metric sample's value from the coordinator's registry (0 when absent)."""
+    value = coord.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0

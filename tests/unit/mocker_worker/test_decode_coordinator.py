@@ -1,0 +1,109 @@
+"""The mocker decode worker's per-request path, over fake engines and a fake queue."""
+
+from __future__ import annotations
+
+import pytest
+
+from .factories import collect, coordinator, request, sample
+
+pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
+
+DECISIONS = "splitserve_disagg_decisions_total"
+FALLBACKS = "splitserve_disagg_fallbacks_total"
+
+
+async def test_long_prompt_is_prefilled_remotely_then_resumed_on_the_decode_engine():
+    coord, engines, queue = coordinator()
+    chunks = await collect(coord, request(400, max_tokens=4))
+    assert [c["token_ids"] for c in chunks] == [[7], [1000], [1001], [1002], []]
+    assert chunks[-1]["finish_reason"] == "length"
+    (job,) = queue.jobs
+    assert job.handoff_subject == "splitserve.ns.decodeworker.handoff.abc"
+    assert job.decode_worker_id == "abc" and len(job.token_ids) == 400
+    (resumed,) = engines["decode"].requests
+    assert resumed["stop_conditions"]["max_tokens"] == 3
+    assert resumed["prefill_result"] == {"disaggregated_params": "dummy"}
+    assert engines["local"].requests == []
+    assert sample(coord, DECISIONS, where="remote", reason="min-score-met") == 1
+    assert coord.inflight == 0 and coord.tokens_in_flight == 0 and coord.inbox.waiting == 0
+
+
+async def test_remote_request_of_one_token_needs_no_decode_engine():
+    coord, engines, _ = coordinator()
+    chunks = await collect(coord, request(400, max_tokens=1))
+    assert [c["token_ids"] for c in chunks] == [[7], []]
+    assert engines["decode"].requests == []
+
+
+async def test_short_prompt_runs_on_the_local_aggregated_engine():
+    coord, engines, queue = coordinator()
+    chunks = await collect(coord, request(20, max_tokens=3))
+    assert [c["token_ids"] for c in chunks] == [[1000], [1001], [1002], []]
+    assert queue.jobs == [] and engines["decode"].requests == []
+    assert "prefill_result" not in engines["local"].requests[0]
+    assert sample(coord, DECISIONS, where="local", reason="below-min-score") == 1
+
+
+@pytest.mark.parametrize(("answer", "prefill_workers", "decision", "fallback"), [
+    ("full", 2, ("remote", "min-score-met"), "queue-full"),
+    ("silence", 2, ("remote", "min-score-met"), "timeout"),
+    ("handoff", 0, ("local", "no-prefill-workers"), None),
+])
+async def test_every_failed_or_refused_offload_still_completes_locally(
+        answer, prefill_workers, decision, fallback):
+    coord, engines, _ = coordinator(answer=answer, prefill_workers=prefill_workers)
+    chunks = await collect(coord, request(400, max_tokens=2))
+    assert [c["token_ids"] for c in chunks] == [[1000], [1001], []]
+    assert len(engines["local"].requests) == 1 and engines["decode"].requests == []
+    where, reason = decision
+    assert sample(coord, DECISIONS, where=where, reason=reason) == 1
+    if fallback:
+        assert sample(coord, FALLBACKS, reason=fallback) == 1
+    assert coord.inbox.waiting == 0
+
+
+async def test_a_request_the_queue_cannot_carry_falls_back_as_invalid_job():
+    coord, _, queue = coordinator()
+    req = request(400, max_tokens=2)
+    req["sampling_options"]["top_p"] = 0.0  # outside (0, 1]: not a valid PrefillRequest
+    chunks = await collect(coord, req)
+    assert chunks[-1]["finish_reason"] == "length" and queue.jobs == []
+    assert sample(coord, FALLBACKS, reason="invalid-job") == 1
+
+
+@pytest.mark.parametrize("broken", [
+    {"token_ids": []},
+    {"stop_conditions": {"max_tokens": None}},
+    {"stop_conditions": {"max_tokens": 0}},
+])
+async def test_requests_the_mocker_cannot_serve_are_refused_with_an_error_chunk(broken):
+    coord, engines, _ = coordinator()
+    chunks = await collect(coord, {**request(20), **broken})
+    assert len(chunks) == 1 and chunks[0]["finish_reason"] == "error"
+    assert engines["local"].requests == [] and coord.inflight == 0
+
+
+async def test_snapshot_reads_own_load_and_the_prefill_pool():
+    coord, _, _ = coordinator(prefill_workers=3)
+    coord.inflight, coord.tokens_in_flight = 5, 16 * 1638
+    snap = coord.snapshot()
+    assert (snap.decode_active_requests, snap.live_prefill_workers) == (5, 3)
+    assert snap.decode_kv_usage == pytest.approx(0.1, abs=1e-3)  # 1638 of 16384 blocks
+
+
+async def test_explain_answers_the_decision_without_acting():
+    coord, engines, queue = coordinator()
+    (answer,) = [a async for a in coord.explain({"token_ids": list(range(300))})]
+    assert answer["decision"]["remote"] and answer["worker_id"] == 0xABC
+    assert answer["request"]["prompt_length"] == 300
+    assert queue.jobs == [] and engines["local"].requests == []
+
+
+async def test_qos_local_prefill_flag_skips_the_decider():
+    coord, engines, queue = coordinator()
+    req = request(400, max_tokens=2)
+    req["extra_args"]["splitserve"]["prefill_locally"] = True
+    chunks = await collect(coord, req)
+    assert chunks[-1]["finish_reason"] == "length" and queue.jobs == []
+    assert len(engines["local"].requests) == 1
+    assert sample(coord, DECISIONS, where="local", reason="qos-local-prefill") == 1
