@@ -42,6 +42,19 @@ async def main(ctx: ComponentContext) -> None:
     release_ep = ctx.endpoint("Router", "release")
     serving = [asyncio.ensure_future(route_ep.serve_endpoint(service.route)),
                asyncio.ensure_future(release_ep.serve_endpoint(service.release))]
+    def apply_policy(policy, version: int) -> None:
+        # Build everything first, then swap: a failure leaves the running policy intact.
+        router_core = service.router
+        if policy.router is not None:
+            router_core = load_policy(cfg.model_copy(update={"policy": policy.router}))
+        if policy.qos is not None:
+            service.qos.reconfigure(policy.qos)
+        service.router = router_core
+
+    from splitserve.policy.component import follow_policy
+
+    watcher = await follow_policy(ctx.namespace, "Router", f"{route_ep.connection_id():x}",
+                                  apply_policy)
     ctx.report("ready", endpoint=f"{ctx.namespace}.router.route",
                detail=f"policy {cfg.policy if isinstance(cfg.policy, str) else 'inline'}")
     log.info("routing to %s.%s with profiles %s", ctx.namespace, component.lower(),
@@ -53,6 +66,7 @@ async def main(ctx: ComponentContext) -> None:
             await ep.unregister_endpoint_instance()
         except Exception as exc:  # noqa: BLE001
             log.warning("deregistration failed: %s", exc)
+    await watcher.stop()
     for t in serving:
         t.cancel()
     await asyncio.wait_for(loads, 5)

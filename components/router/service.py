@@ -19,7 +19,7 @@ from splitserve.common.metrics import PREFIX, latency_buckets
 from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply, WorkerLoad
 
 from .builtin import BUILTIN_CONFIGS, builtin_config
-from .config import load_router_config_file, parse_router_config
+from .config import RouterConfig, load_router_config_file, parse_router_config
 from .core import Router, build_router
 from .fleet import FleetState
 from .qos_gate import QosGate
@@ -32,9 +32,12 @@ log = logging.getLogger("splitserve.router")
 
 
 def load_policy(cfg: RouterComponentConfig) -> Router:
-    """Build the Router core from a built-in name, a YAML file path or an inline dict."""
+    """Build the Router core from a built-in name, a YAML file path, an inline dict, or an
+    already parsed RouterConfig (a policy version's `router` section)."""
     registry = default_registry()
-    if isinstance(cfg.policy, dict):
+    if isinstance(cfg.policy, RouterConfig):
+        rc = cfg.policy
+    elif isinstance(cfg.policy, dict):
         rc = parse_router_config(cfg.policy, registry, source="Router.policy")
     elif cfg.policy in BUILTIN_CONFIGS:
         rc = builtin_config(cfg.policy, registry)

@@ -186,6 +186,13 @@ async def run_decode_worker(ctx: ComponentContext, cfg: DecodeWorkerConfig) -> N
     agent.start_poller()
     prefill_client = await ctx.endpoint("PrefillWorker", "generate").client()
     coord = DecodeCoordinator(w, cfg, decider, queue, depth, agent, prefill_client, ns)
+    def apply_policy(policy, version: int) -> None:
+        if policy.disaggregated_router is not None:
+            coord.decider = build_decider(policy.disaggregated_router)
+
+    from splitserve.policy.component import follow_policy
+
+    watcher = await follow_policy(ns, ctx.run.component, f"{w.worker_id:x}", apply_policy)
     explain_ep = ctx.endpoint(ctx.run.component, "explain")
     explaining = asyncio.ensure_future(explain_ep.serve_endpoint(coord.explain))
     ctx.report("ready", endpoint=f"{ns}.{ctx.run.component.lower()}.generate",
@@ -194,6 +201,7 @@ async def run_decode_worker(ctx: ComponentContext, cfg: DecodeWorkerConfig) -> N
         await serve_until_stopped(ctx, w.endpoint, coord.generate,
                                   drain_timeout_s=cfg.drain_timeout_s, inflight=w.runner.inflight)
     finally:
+        await watcher.stop()
         explaining.cancel()
         await depth.stop()
         await queue.close()

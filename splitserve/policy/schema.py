@@ -4,7 +4,9 @@
 document (a file's content, or a version read back from etcd).  Every problem is
 collected and reported as ``field.path: message``.  The ``disaggregated_router`` and
 ``router`` sections are validated by their own components' loaders, so a section that
-loads in a component's config file loads here too, with the same messages.
+loads in a component's config file loads here too, with the same messages.  The ``qos``
+section is the QoS core's own ``QosConfig`` (see docs/qos.md), held to this file's no-coercion
+rule.
 
 Run ``python -m splitserve.policy configs`` from the repository root to rewrite
 ``configs/schemas/policy.schema.json``.
@@ -26,19 +28,20 @@ from pydantic import (
     ValidationInfo,
     WithJsonSchema,
     WrapValidator,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from splitserve.components.disagg.config import parse_disaggregated_router
 from splitserve.components.disagg.registry import DeciderRegistry, default_decider_registry
+from splitserve.components.qos import QosConfig
 from splitserve.components.router.builtin import BUILTIN_CONFIGS
 from splitserve.components.router.config import parse_router_config
 from splitserve.components.router.registry import PluginRegistry, default_registry
 
 from .base import PolicyModel, check, problem
 from .decode import DocumentError, decode_document
-from .qos import QosPolicy
 from .sections import Autoscale, CachePolicy, SplitPolicy
 
 SCHEMA_FILE = "policy.schema.json"
@@ -126,11 +129,30 @@ class PolicyFile(PolicyModel):
                                    "above the fleet's, even at the cost of prefix reuse.")
     cache: CachePolicy | None = Field(default=None, description="Prefix-cache reuse.")
     autoscale: Autoscale | None = Field(default=None, description="Planner bounds per pool.")
-    qos: QosPolicy | None = Field(default=None, description="Admission control and classes.")
+    qos: QosConfig | None = Field(
+        default=None, description="Priority classes, admission control and graceful "
+                                  "degradation (the QoS core's config; see docs/qos.md).")
     disaggregated_router: DisaggSection | None = Field(
         default=None, description="Remote-or-local prefill decider run by decode workers.")
     router: RouterSection | None = Field(
         default=None, description="Router plugins and scheduling profiles, or a built-in name.")
+
+    @field_validator("qos", mode="wrap")
+    @classmethod
+    def _qos_strict(cls, value: Any, handler: Any) -> Any:
+        # QosConfig coerces ("500" -> 500.0) when it reads the router's config; a policy
+        # file never does.  Strict JSON validation refuses coercion and still takes a list
+        # for `classes` (strict Python validation would want a tuple).  Errors, including
+        # QosConfig's cross-field ones, nest under `qos`.
+        if value is None or isinstance(value, QosConfig):
+            return handler(value)
+        try:
+            text = json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            return handler(value)  # not plain JSON data: let QosConfig say what is wrong
+        if json.loads(text) != value:
+            return handler(value)  # e.g. a non-string key, which JSON would turn into one
+        return QosConfig.model_validate_json(text, strict=True)
 
     @model_validator(mode="after")
     def _not_empty(self) -> Self:

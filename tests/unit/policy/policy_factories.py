@@ -21,17 +21,21 @@ def full() -> dict[str, Any]:
     doc = seed()
     doc["qos"].update({
         "classes": [
-            {"name": "interactive", "ttft_ms": 300, "tpot_ms": 50},
-            {"name": "standard", "ttft_ms": 1000, "tpot_ms": 100, "may_degrade": True},
-            {"name": "batch", "ttft_ms": 5000, "may_reject": True, "may_degrade": True},
+            {"name": "interactive", "ttft_ms": 300, "tpot_ms": 50, "may_reject": False,
+             "may_degrade": False},
+            {"name": "standard", "ttft_ms": 1000, "tpot_ms": 100, "may_reject": False,
+             "may_degrade": True},
+            {"name": "batch", "ttft_ms": 5000, "tpot_ms": 250, "may_reject": True,
+             "may_degrade": True},
         ],
         "default_class": "standard",
         "header": "x-priority",
         "user_map": {"nightly-eval": "batch"},
         "metadata_key": "priority",
         "degradation": {
-            "cap_max_tokens": {"enable": True, "max_tokens": 512},
-            "disable_remote_prefill_for_low_priority": {"enable": True, "queue_depth": 8},
+            "cap_max_tokens": {"enable": True, "max_tokens": 512, "kv_usage_threshold": 0.9},
+            "disable_remote_prefill_for_low_priority": {
+                "enable": True, "prefill_queue_depth_threshold": 8},
             "adaptive_generation_limit": {"enable": False},
         },
     })

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from splitserve.components.qos import default_classes
 from splitserve.policy import (
     canonical_dict,
     canonical_json,
@@ -34,7 +35,8 @@ def test_key_order_and_spelled_out_defaults_do_not_matter() -> None:
     doc = seed()
     shuffled = {key: doc[key] for key in reversed(list(doc))}
     defaults = edited(doc, "qos.header", "x-priority")
-    defaults = edited(defaults, "qos.classes", [])
+    defaults = edited(defaults, "qos.classes", [c.model_dump() for c in default_classes()])
+    defaults = edited(defaults, "qos.degradation", {"cap_max_tokens": {"max_tokens": 256}})
     hashes = {policy_sha256(parse_policy(d)) for d in (doc, shuffled, defaults)}
     assert len(hashes) == 1
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from splitserve.components.qos import QosConfig, default_classes, resolve_class
 from splitserve.policy import PolicyError, export_schema, load_policy_file, parse_policy
 from splitserve.policy.schema import policy_schema
 
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.unit
 
 CLASSES = "qos.classes"
 PREFILL = "autoscale.prefill"
+LOCAL_PREFILL = "qos.degradation.disable_remote_prefill_for_low_priority"
 
 # case name -> (path to edit, new value, the one error path expected)
 BAD = {
@@ -40,24 +42,40 @@ BAD = {
                           f"{PREFILL}.scale_up.gpu_utilization"),
     "no scaling signal": (f"{PREFILL}.scale_up", {}, f"{PREFILL}.scale_up"),
     "unknown pool": ("autoscale.encode", {}, "autoscale.encode"),
-    "duplicate class name": (CLASSES, full()["qos"]["classes"] + [{"name": "standard"}],
+    "duplicate class name": (CLASSES, full()["qos"]["classes"] + [full()["qos"]["classes"][1]],
                              f"{CLASSES}.3.name"),
     "upper-case class name": (f"{CLASSES}.0.name", "Gold", f"{CLASSES}.0.name"),
     "zero ttft": (f"{CLASSES}.0.ttft_ms", 0, f"{CLASSES}.0.ttft_ms"),
+    "class without may_reject": (f"{CLASSES}.2.may_reject", DELETE, f"{CLASSES}.2.may_reject"),
+    "no classes": (CLASSES, [], CLASSES),
     "default class not defined": ("qos.default_class", "gold", "qos.default_class"),
     "user mapped to unknown class": ("qos.user_map", {"bob": "gold"}, "qos.user_map.bob"),
-    "header with a space": ("qos.header", "x priority", "qos.header"),
+    "empty header": ("qos.header", "", "qos.header"),
+    "string for a qos number (no coercion)": ("qos.low_priority_threshold_ms", "500",
+                                              "qos.low_priority_threshold_ms"),
+    "negative rejection slack": ("qos.low_priority_threshold_ms", -1,
+                                 "qos.low_priority_threshold_ms"),
+    "yes is not a qos boolean": ("qos.enable_early_rejection", "yes",
+                                 "qos.enable_early_rejection"),
+    "unknown key in qos": ("qos.fallback_class", "batch", "qos.fallback_class"),
     "cap of zero tokens": ("qos.degradation.cap_max_tokens.max_tokens", 0,
                            "qos.degradation.cap_max_tokens.max_tokens"),
+    "KV usage as a percent": ("qos.degradation.cap_max_tokens.kv_usage_threshold", 85,
+                              "qos.degradation.cap_max_tokens.kv_usage_threshold"),
     "unknown degradation": ("qos.degradation.drop_requests", {"enable": True},
                             "qos.degradation.drop_requests"),
-    "adaptive limit min above max": (
-        "qos.degradation.adaptive_generation_limit",
-        {"enable": True, "min_tokens": 900, "max_tokens": 100},
+    "local-prefill depth under its old name": (f"{LOCAL_PREFILL}.queue_depth", 8,
+                                               f"{LOCAL_PREFILL}.queue_depth"),
+    "local-prefill depth of zero": (f"{LOCAL_PREFILL}.prefill_queue_depth_threshold", 0,
+                                    f"{LOCAL_PREFILL}.prefill_queue_depth_threshold"),
+    "adaptive limit of zero tokens": (
+        "qos.degradation.adaptive_generation_limit", {"enable": True, "min_tokens": 0},
         "qos.degradation.adaptive_generation_limit.min_tokens"),
-    "adaptive limit start after full": (
-        "qos.degradation.adaptive_generation_limit", {"start_kv_usage": 96},
+    "adaptive limit with a KV range": (
+        "qos.degradation.adaptive_generation_limit", {"start_kv_usage": 70},
         "qos.degradation.adaptive_generation_limit.start_kv_usage"),
+    "estimator smoothing above 1": ("qos.estimator", {"smoothing": 2},
+                                    "qos.estimator.smoothing"),
     "offload weight negative": ("disaggregated_router.policies.1.weight", -0.3,
                                 "disaggregated_router.policies.1.weight"),
     "offload unknown decider": ("disaggregated_router.decider", "smart",
@@ -96,7 +114,7 @@ def test_cross_field_errors_name_both_fields() -> None:
         parse_policy(doc)
     text = "\n".join(info.value.errors)
     assert "min_replicas (13)" in text and "max_replicas (12)" in text
-    assert "'gold'" in text and "classes[].name (interactive, standard, batch)" in text
+    assert "'gold'" in text and "classes[].name ['interactive', 'standard', 'batch']" in text
 
 
 def test_every_problem_is_collected() -> None:
@@ -111,14 +129,26 @@ def test_every_problem_is_collected() -> None:
                                  "disaggregated_router.policies.0.weight"]
 
 
-def test_degradation_needs_a_degradable_class() -> None:
+def test_degradation_without_a_degradable_class_loads() -> None:
+    # Degradation steps only ever apply to classes with may_degrade; with none, they
+    # never fire (the QoS core's rule), which is not an error.
     doc = full()
     for cls in doc["qos"]["classes"]:
         cls["may_degrade"] = False
-    with pytest.raises(PolicyError) as info:
-        parse_policy(doc)
-    assert paths(info.value) == ["qos.degradation.cap_max_tokens.enable",
-                                 "qos.degradation.disable_remote_prefill_for_low_priority.enable"]
+    policy = parse_policy(doc)
+    assert policy.qos.degradation.cap_max_tokens.enable
+    assert not any(cls.may_degrade for cls in policy.qos.classes)
+
+
+def test_qos_section_is_the_qos_core_config() -> None:
+    # The router applies policy.qos as is, so it must be the QoS core's own model.
+    policy = parse_policy(full())
+    assert type(policy.qos) is QosConfig
+    assert resolve_class(None, "nightly-eval", None, policy.qos).name == "batch"
+    # header, then metadata, then user_map; unknown names go to default_class
+    assert resolve_class(None, "nightly-eval", {"priority": "interactive"},
+                         policy.qos).name == "interactive"
+    assert resolve_class("gold", None, None, policy.qos).name == "standard"
 
 
 @pytest.mark.parametrize("doc, message", [
@@ -137,16 +167,27 @@ def test_shipped_seed_files_load(name: str) -> None:
     policy = load_policy_file(CONFIGS / "policies" / name)
     assert policy.split_policy.prompt_length_threshold == 256
     assert policy.autoscale.decode.max_replicas == 24
-    assert policy.qos.header == "x-priority" and policy.qos.classes == []
+    assert policy.qos == QosConfig(enable_early_rejection=True, low_priority_threshold_ms=500,
+                                   reject_on_slo_violation=True)
+    assert policy.qos.classes == default_classes()
+    assert policy.qos.default_class == "default"
 
 
 def test_full_document_loads_with_sections_of_other_components() -> None:
     policy = parse_policy(full())
     assert policy.disaggregated_router.decider == "score"
     assert policy.router == "kv_aware"
-    assert policy.qos.fallback_class() == "standard"
-    assert parse_policy(edited(full(), "qos.default_class", DELETE)).qos.fallback_class() == \
-        "batch"
+    assert policy.qos.default_class == "standard"
+    assert policy.qos.rank("interactive") == 0 and policy.qos.rank("batch") == 2
+
+
+def test_default_class_left_out_must_exist_among_classes() -> None:
+    # When unset, default_class is `default`: fine with the built-in classes, an error
+    # (at its own path) with classes that have no class of that name.
+    assert parse_policy(seed()).qos.default_class == "default"
+    with pytest.raises(PolicyError) as info:
+        parse_policy(edited(full(), "qos.default_class", DELETE))
+    assert paths(info.value) == ["qos.default_class"]
 
 
 def test_router_section_may_be_a_full_config() -> None:
