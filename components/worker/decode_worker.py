@@ -100,7 +100,7 @@ class DecodeCoordinator:
         where = "remote" if decision.remote else "local"
         self.metrics.decisions.labels(where, decision.reason).inc()
         if decision.remote:
-            q = await self._remote_prefill(ereq)
+            q = await self._remote_prefill(ereq, meta.priority)
             if q is not None:
                 async for chunk in stream_outputs(runner, q, rid, self.w.metrics, context):
                     yield chunk
@@ -114,8 +114,12 @@ class DecodeCoordinator:
         async for chunk in stream_outputs(runner, q, ereq.request_id, self.w.metrics, context):
             yield chunk
 
-    async def _remote_prefill(self, ereq):
-        """Reserve blocks, enqueue, wait for the KV; the output queue, or None to go local."""
+    async def _remote_prefill(self, ereq, class_name: str):
+        """Reserve blocks, enqueue, wait for the KV; the output queue, or None to go local.
+
+        The job carries the priority class by name: the queue serves its levels (high,
+        default, low) highest first, so high priority jumps queued low-priority prefills.
+        """
         from splitserve.components.kv_transfer.errors import TransferError
         from splitserve.components.prefill_queue import EnqueueRejected, PrefillRequest
 
@@ -126,7 +130,7 @@ class DecodeCoordinator:
             return self._give_up(rid, "no-kv-room", abort=False)
         skip = alloc.num_cached_tokens // self.block_size
         job = PrefillRequest(
-            request_id=rid, priority=ereq.priority, token_ids=list(ereq.prompt_token_ids),
+            request_id=rid, priority=class_name, token_ids=list(ereq.prompt_token_ids),
             num_cached_tokens=skip * self.block_size, decode_worker_id=f"{self.w.worker_id:x}",
             nixl_agent=self.agent.name, block_ids=list(alloc.block_ids[skip:]),
             block_size=self.block_size, enqueued_at=time.time(),
