@@ -166,6 +166,9 @@ def main() -> None:
             serve.wait(40)
         except subprocess.TimeoutExpired:
             os.killpg(serve.pid, signal.SIGKILL)
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

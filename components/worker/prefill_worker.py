@@ -41,8 +41,12 @@ class PrefillMetrics:
                                       "KV bytes written to decode workers", registry=registry)
 
 
-async def prefill_one(w: TorchWorker, agent, job, metrics: PrefillMetrics) -> None:
-    """Compute one job's KV, ship it, settle the job; never raises."""
+async def prefill_one(w: TorchWorker, agent, job, metrics: PrefillMetrics,
+                      heartbeat_s: float = 10.0) -> None:
+    """Compute one job's KV, ship it, settle the job; never raises.
+
+    ``heartbeat_s`` should be well under the queue's ack_wait (a third of it by default).
+    """
     req = job.request
     eid = f"{req.request_id}@{job.delivery_count}"
     held = False
@@ -53,7 +57,13 @@ async def prefill_one(w: TorchWorker, agent, job, metrics: PrefillMetrics) -> No
             stop_token_ids=tuple(req.stop_token_ids), prefill_only=True))
         t0 = asyncio.get_running_loop().time()
         while True:
-            out = await q.get()
+            try:
+                # Heartbeat while computing: a prefill longer than the queue's ack_wait
+                # would otherwise be redelivered and computed (and written) twice.
+                out = await asyncio.wait_for(q.get(), heartbeat_s)
+            except asyncio.TimeoutError:
+                await job.in_progress()
+                continue
             if isinstance(out, BaseException):
                 raise out
             if out.finished:
@@ -92,7 +102,8 @@ async def pull_loop(w: TorchWorker, agent, queue, cfg: PrefillWorkerConfig,
             await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             continue
         for job in await queue.pull(batch=room, timeout=0.5):
-            t = asyncio.create_task(prefill_one(w, agent, job, metrics))
+            t = asyncio.create_task(prefill_one(w, agent, job, metrics,
+                                                heartbeat_s=cfg.prefill_queue.ack_wait_s / 3))
             running.add(t)
             t.add_done_callback(running.discard)
     if running:
