@@ -1,0 +1,47 @@
+"""Deploy files parse, and every metric they query is one this project documents."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+METRIC = re.compile(r"\bsplitserve_[a-z_]+")
+
+
+def documented() -> set[str]:
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    names = set(METRIC.findall(text))
+    # `a` / `_total` shorthand in the table: splitserve_worker_kv_blocks_used / `_total`
+    names.add("splitserve_worker_kv_blocks_total")
+    return names
+
+
+def base(name: str) -> str:
+    return re.sub(r"_(bucket|count|sum)$", "", name)
+
+
+def test_kubernetes_manifests_parse_and_name_the_graph_components():
+    docs = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/disagg_router.yaml").read_text()))
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    assert set(deployments) == {"frontend", "router", "decodeworker", "prefillworker"}
+    for d in deployments.values():
+        cmd = d["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert cmd[:2] == ["python", "-m"] and cmd[2].startswith("splitserve.components.")
+
+
+def test_prometheus_rules_and_dashboard_use_documented_metrics():
+    known = documented()
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/rules.yaml").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    dash = json.loads((ROOT / "deploy/grafana/dashboard.json").read_text())
+    exprs += [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {base(m) for e in exprs for m in METRIC.findall(e)} - {"splitserve"}
+    unknown = sorted(m for m in used if m not in known)
+    assert unknown == [], unknown
