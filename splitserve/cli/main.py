@@ -6,6 +6,7 @@ import typer
 
 from splitserve import __version__
 from splitserve.cli import infra_cmd, route_cmd, serve_cmd, status_cmd
+from splitserve.planner import cli as planner_cli
 from splitserve.policy import cli as policy_cli
 
 app = typer.Typer(
@@ -20,6 +21,7 @@ app.command()(status_cmd.status)
 app.add_typer(infra_cmd.app, name="infra")
 app.add_typer(route_cmd.app, name="route")
 app.add_typer(policy_cli.app, name="policy")
+app.add_typer(planner_cli.app, name="planner")
 
 
 @app.command()
