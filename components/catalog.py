@@ -14,6 +14,12 @@ from splitserve.components.worker.disagg_config import DecodeWorkerConfig, Prefi
 from splitserve.serve.graph import ComponentSpec
 
 
+def _planner_model():
+    from splitserve.planner.component_config import PlannerComponentConfig
+
+    return PlannerComponentConfig
+
+
 def _worker_model():
     from splitserve.components.worker.engines import engine_choices
 
@@ -22,7 +28,7 @@ def _worker_model():
 
 Frontend = ComponentSpec(
     "Frontend", "splitserve.components.frontend.main", FrontendConfig,
-    may_link=("Router", "Worker", "DecodeWorker"), shutdown_rank=0,
+    may_link=("Router", "Worker", "DecodeWorker", "Planner"), shutdown_rank=0,
     description="OpenAI-compatible HTTP API; tokenises, applies the chat template, streams.")
 Router = ComponentSpec(
     "Router", "splitserve.components.router.main", RouterComponentConfig,
@@ -40,3 +46,7 @@ PrefillWorker = ComponentSpec(
     "PrefillWorker", "splitserve.components.worker.prefill_main", PrefillWorkerConfig,
     may_link=(), shutdown_rank=30,
     description="Pulls prefill jobs, computes prompt KV, writes it into decode workers.")
+Planner = ComponentSpec(
+    "Planner", "splitserve.planner.main", _planner_model(),
+    may_link=(), shutdown_rank=-10,
+    description="Scales the prefill and decode pools within the policy's autoscale bounds.")

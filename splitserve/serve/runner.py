@@ -67,6 +67,7 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
     reg_file = None
     try:
         await control.start()
+        sup.env["SPLITSERVE_CONTROL_URL"] = control.url  # the planner's local connector
         info = {"pid": os.getpid(), "control": control.url, "graph": plan.graph_ref,
                 "config": plan.source, "namespace": plan.common.namespace,
                 "etcd": endpoints.etcd, "nats": endpoints.nats, "run_dir": str(run_dir)}

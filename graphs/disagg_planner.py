@@ -1,0 +1,9 @@
+"""Disaggregated prefill and decode with the planner scaling both pools.
+
+    dynamo serve graphs.disagg_planner:Frontend -f configs/disagg_planner.yaml
+"""
+
+from splitserve.components.catalog import DecodeWorker, Frontend, Planner, PrefillWorker, Router
+
+serving = Frontend.link(Router).link(DecodeWorker).link(PrefillWorker)
+planning = Frontend.link(Planner)
