@@ -90,10 +90,18 @@ class RoutedBackend:
         return bool(self.router.instance_ids()) and (
             not self.clients or any(c.instance_ids() for c in self.clients.values()))
 
-    async def worker_client(self, endpoint: str):
+    async def worker_client(self, endpoint: str, instance_id: int, wait_s: float = 3.0):
+        """The client for ``endpoint``, once its discovery knows ``instance_id``.
+
+        The router may name a worker this process's discovery has not seen yet (a fresh
+        client, or a replica that just registered); waiting briefly avoids failing
+        such a request with "instance unavailable"."""
         client = self.clients.get(endpoint)
         if client is None:
             client = self.clients[endpoint] = await self.connect(endpoint)
+        deadline = time.monotonic() + wait_s
+        while instance_id not in client.instance_ids() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         return client
 
     async def route(self, call: RouteCall) -> RouteReply:
@@ -142,7 +150,7 @@ class RoutedBackend:
         outcome = "error"
         finished = False
         try:
-            client = await self.worker_client(reply.endpoint)
+            client = await self.worker_client(reply.endpoint, reply.worker_id)
             stream = await client.direct(request, reply.worker_id, context=context)
             async for item in stream:
                 chunk = chunk_data(item)
