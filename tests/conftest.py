@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.triton_mode import import_triton_interpreted
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -21,33 +23,10 @@ def _has_gpu() -> bool:
         return False
 
 
-def _import_triton_interpreted() -> None:
-    """Without a GPU, import Triton (and the kernels) under its interpreter before any test
-    module does: Triton fixes interpreted-or-compiled at its first import, and a module
-    that imports the kernels indirectly (KV transfer) would otherwise fix it to compiled
-    and turn every kernel test in the run into a skip.  The variable is restored at once,
-    so processes the tests start do not inherit it."""
-    import importlib
-    import os
-    import sys
-
-    if "triton" in sys.modules:
-        return
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        for module in ("triton", "splitserve.kernels.kv_pack", "splitserve.kernels.kv_layout",
-                       "splitserve.kernels.kv_fp8"):
-            importlib.import_module(module)
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
-
-
 if not _has_gpu():
-    _import_triton_interpreted()
+    # A module importing the kernels indirectly (KV transfer) would otherwise fix Triton
+    # to compiled mode and turn every kernel test in a full run into a skip.
+    import_triton_interpreted()
 
 
 def pytest_collection_modifyitems(config, items):

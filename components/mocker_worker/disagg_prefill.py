@@ -14,9 +14,9 @@ import asyncio
 import logging
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 
-from splitserve.common.metrics import PREFIX, latency_buckets
+from splitserve.components.worker.disagg_metrics import PrefillMetrics
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from .calls import prefill_engine_request
@@ -27,22 +27,6 @@ from .handoff import PrefillHandoff, hand_over
 log = logging.getLogger("splitserve.mocker_disagg")
 
 ROLES = {"prefill": "prefill"}
-
-
-class MockerPrefillMetrics:
-    """The prefill worker's job metrics, named as on the torch prefill worker; transfer
-    time here is the engine's simulated one."""
-
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        self.jobs = Counter(f"{PREFIX}_prefill_jobs_total", "Prefill jobs by outcome",
-                            ["outcome"], registry=r)
-        self.compute = Histogram(f"{PREFIX}_prefill_compute_seconds",
-                                 "Prompt KV computation per job", buckets=latency_buckets(),
-                                 registry=r)
-        self.transfer = Histogram(f"{PREFIX}_prefill_transfer_seconds",
-                                  "KV write into the decode worker per job",
-                                  buckets=latency_buckets(), registry=r)
 
 
 async def run_engine(engine: EngineChild, request: dict, idle_timeout_s: float
@@ -74,7 +58,7 @@ async def keep_alive(job, every_s: float) -> None:
 
 
 async def prefill_one(engine: EngineChild, nc, job, cfg: MockerPrefillWorkerConfig,
-                      model: str, worker_id: int, metrics: MockerPrefillMetrics) -> None:
+                      model: str, worker_id: int, metrics: PrefillMetrics) -> None:
     """Prefill one job, hand the result over, settle the job; never raises."""
     import nats.errors
 
@@ -121,7 +105,7 @@ async def prefill_one(engine: EngineChild, nc, job, cfg: MockerPrefillWorkerConf
 
 
 async def pull_loop(engine: EngineChild, nc, queue, cfg: MockerPrefillWorkerConfig, model: str,
-                    worker_id: int, metrics: MockerPrefillMetrics,
+                    worker_id: int, metrics: PrefillMetrics,
                     stopping: asyncio.Event) -> None:
     """Keep up to ``max_concurrent_jobs`` jobs running until stopping, then drain."""
     running: set[asyncio.Task] = set()
@@ -155,7 +139,7 @@ async def run_mocker_prefill_worker(ctx: ComponentContext, cfg: MockerPrefillWor
     try:
         endpoint = ctx.endpoint(component, "generate")
         worker_id = endpoint.connection_id()
-        metrics = MockerPrefillMetrics()
+        metrics = PrefillMetrics(CollectorRegistry())
         ctx.serve_metrics(metrics.registry)
         queue = await PrefillQueue.connect(os.environ["NATS_SERVER"], ns, ctx.run.common.model,
                                            cfg.prefill_queue, client_name="mocker-prefill")

@@ -24,3 +24,21 @@ class DisaggMetrics:
         self.remote_wait = Histogram(f"{PREFIX}_disagg_remote_prefill_seconds",
                                      "From enqueue to KV arrival", buckets=latency_buckets(),
                                      registry=registry)
+
+
+class PrefillMetrics:
+    """A prefill worker's job metrics, whatever its engine (on a mocker fleet the
+    transfer time is the engine's simulated one and no bytes are counted)."""
+
+    def __init__(self, registry) -> None:
+        self.registry = registry
+        self.jobs = Counter(f"{PREFIX}_prefill_jobs_total", "Prefill jobs by outcome",
+                            ["outcome"], registry=registry)
+        self.compute = Histogram(f"{PREFIX}_prefill_compute_seconds",
+                                 "Prompt KV computation per job", buckets=latency_buckets(),
+                                 registry=registry)
+        self.transfer = Histogram(f"{PREFIX}_prefill_transfer_seconds",
+                                  "KV write into the decode worker per job",
+                                  buckets=latency_buckets(), registry=registry)
+        self.transfer_bytes = Counter(f"{PREFIX}_prefill_transfer_bytes_total",
+                                      "KV bytes written to decode workers", registry=registry)

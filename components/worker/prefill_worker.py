@@ -15,30 +15,14 @@ import json
 import logging
 import os
 
-from prometheus_client import Counter, Histogram
-
-from splitserve.common.metrics import PREFIX, latency_buckets
 from splitserve.components.engines.torch_cpu import Request
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from .disagg_config import PrefillWorkerConfig
+from .disagg_metrics import PrefillMetrics
 from .torch_worker import TorchWorker, start_torch_worker
 
 log = logging.getLogger("splitserve.prefill")
-
-
-class PrefillMetrics:
-    def __init__(self, registry) -> None:
-        self.jobs = Counter(f"{PREFIX}_prefill_jobs_total", "Prefill jobs by outcome",
-                            ["outcome"], registry=registry)
-        self.compute = Histogram(f"{PREFIX}_prefill_compute_seconds",
-                                 "Prompt KV computation per job", buckets=latency_buckets(),
-                                 registry=registry)
-        self.transfer = Histogram(f"{PREFIX}_prefill_transfer_seconds",
-                                  "KV write into the decode worker per job",
-                                  buckets=latency_buckets(), registry=registry)
-        self.transfer_bytes = Counter(f"{PREFIX}_prefill_transfer_bytes_total",
-                                      "KV bytes written to decode workers", registry=registry)
 
 
 async def prefill_one(w: TorchWorker, agent, job, metrics: PrefillMetrics,
@@ -61,7 +45,7 @@ async def prefill_one(w: TorchWorker, agent, job, metrics: PrefillMetrics,
                 # Heartbeat while computing: a prefill longer than the queue's ack_wait
                 # would otherwise be redelivered and computed (and written) twice.
                 out = await asyncio.wait_for(q.get(), heartbeat_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await job.in_progress()
                 continue
             if isinstance(out, BaseException):
@@ -85,8 +69,8 @@ async def prefill_one(w: TorchWorker, agent, job, metrics: PrefillMetrics,
         metrics.jobs.labels("failed").inc()
         try:
             await job.nak(delay_s=0.1)
-        except Exception:  # noqa: BLE001 - redelivery after ack_wait covers this too
-            pass
+        except Exception as nak_exc:  # noqa: BLE001 - redelivery after ack_wait covers it
+            log.debug("nak of %s failed: %s", req.request_id, nak_exc)
     finally:
         if held:
             await w.runner.call(w.core.release_kv, eid)

@@ -14,25 +14,11 @@ If triton was already imported in compiled mode (a GPU run that collected
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-
 import pytest
 
-if "triton" not in sys.modules:
-    _previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        # the first import of triton fixes the mode; the kernels are decorated under it
-        for module in ("triton", "splitserve.kernels.kv_pack", "splitserve.kernels.kv_layout",
-                       "splitserve.kernels.kv_fp8"):
-            importlib.import_module(module)
-    finally:
-        if _previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = _previous
+from tests.triton_mode import import_triton_interpreted
+
+import_triton_interpreted()
 
 
 @pytest.fixture(autouse=True)

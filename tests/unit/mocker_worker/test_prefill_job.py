@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import nats.errors
 import pytest
+from prometheus_client import CollectorRegistry
 
 from splitserve.components.mocker_worker.disagg_config import MockerPrefillWorkerConfig
-from splitserve.components.mocker_worker.disagg_prefill import MockerPrefillMetrics, prefill_one
+from splitserve.components.mocker_worker.disagg_prefill import prefill_one
 from splitserve.components.mocker_worker.handoff import HandoffInbox, PrefillHandoff
+from splitserve.components.worker.disagg_metrics import PrefillMetrics
 from tests.unit.prefill_queue.factories import make_request
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
@@ -68,13 +70,13 @@ class FakeJob:
         pass
 
 
-def outcome(metrics: MockerPrefillMetrics) -> dict[str, float]:
+def outcome(metrics: PrefillMetrics) -> dict[str, float]:
     return {s.labels["outcome"]: s.value for m in metrics.jobs.collect()
             for s in m.samples if s.name.endswith("_total")}
 
 
 async def run_one(job: FakeJob, nc: FakeNats, engine: PrefillEngine | None = None):
-    metrics = MockerPrefillMetrics()
+    metrics = PrefillMetrics(CollectorRegistry())
     await prefill_one(engine or PrefillEngine(), nc, job, MockerPrefillWorkerConfig(), "m",
                       0xBEEF, metrics)
     return outcome(metrics)
