@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from splitserve import __version__
-from splitserve.cli import infra_cmd, route_cmd, serve_cmd, status_cmd
+from splitserve.cli import bench_cmd, infra_cmd, route_cmd, serve_cmd, status_cmd
 from splitserve.planner import cli as planner_cli
 from splitserve.policy import cli as policy_cli
 
@@ -22,6 +22,7 @@ app.add_typer(infra_cmd.app, name="infra")
 app.add_typer(route_cmd.app, name="route")
 app.add_typer(policy_cli.app, name="policy")
 app.add_typer(planner_cli.app, name="planner")
+app.add_typer(bench_cmd.app, name="bench")
 
 
 @app.command()

@@ -1,0 +1,469 @@
+"""This project against Dynamo's own frontend (and sglang-router) on the same mocker fleet.
+
+One command, one machine, one configuration after another, each over the **same fleet
+settings** (simulated SGLang engines — Dynamo's mocker, ``engine_type: sglang`` — N
+workers, the same speedup, block size and KV capacity), the **same trace window**, the
+**same token/time scaling**, the **same load points** and the **same SLOs**:
+
+- ``splitserve-agg-kv``: ``graphs.agg_router:Frontend`` with ``configs/mocker_agg_router.yaml``
+  (this project's frontend and KV-aware router, N agg workers);
+- ``splitserve-disagg``: ``graphs.disagg:Frontend`` with ``configs/mocker_disagg.yaml``
+  (this project's frontend, router, score-based offload decider and prefill queue;
+  N/2 decode + N/2 prefill workers);
+- ``dynamo-round-robin`` / ``dynamo-kv``: only the workers of ``graphs.agg_router``
+  (``dynamo serve graphs.agg_router:Worker``, N agg workers with embedded etcd/NATS),
+  and ``python -m dynamo.frontend --router-mode round-robin|kv`` pointed at that run's
+  etcd and NATS: it discovers the model card the mocker workers register and routes to
+  them over Dynamo's TCP request plane;
+- ``sglang-router-cache-aware``: sglang-router drives SGLang HTTP servers (``/generate``,
+  ``/health``, ``/server_info`` ...) or SGLang/vLLM gRPC schedulers.  The mocker workers
+  serve neither — only Dynamo's msgpack-over-TCP request plane — so this row is a probe,
+  run against the dynamo-kv fleet: it records what sglang-router does when given the
+  workers' addresses (it cannot register them) instead of a measurement.
+
+For each configuration: start it on free loopback ports, wait until a run of warm-up
+requests succeeds, then for each load (``--rate-scales``: multipliers of the trace's
+request rate) replay the window open loop (``splitserve.bench.replay``) with the block
+token seed ``seed + i`` for the i-th load (fresh prefixes per load, so one load cannot
+hit the previous load's cached prefixes; within a load the trace's prefix sharing is
+kept), pause, and finally stop everything it started (by process group and pid).
+
+    python benchmarks/compare.py                 # defaults: see --help; ~10-15 minutes
+    python benchmarks/compare.py --configs dynamo-kv --rate-scales 4   # one piece
+
+Writes ``benchmarks/results/compare.json`` and PNGs ``benchmarks/results/compare_*.png``
+and prints the per-point table and the ratio table (this project ÷ the best other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata as md
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from graphrun import GraphRun
+
+from splitserve.bench import replay as rp
+from splitserve.bench import sweep as sw
+
+OURS = ["splitserve-agg-kv", "splitserve-disagg"]
+OTHERS = ["dynamo-round-robin", "dynamo-kv"]
+SGLANG = "sglang-router-cache-aware"
+ALL = [*OURS, *OTHERS, SGLANG]
+HOST = "127.0.0.1"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+# ---- deployments ------------------------------------------------------------------------
+class WorkersRun(GraphRun):
+    """``dynamo serve graphs.agg_router:Worker``: mocker workers and embedded etcd/NATS,
+    no frontend.  ``etcd`` / ``nats`` are that run's endpoints."""
+
+    def start(self) -> WorkersRun:
+        ready = self.tmp / "ready.json"
+        env = {k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")}
+        env.setdefault("DYN_LOG", "error")
+        self._log = open(self.tmp / "serve.log", "wb")  # noqa: SIM115 - closed in stop()
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "splitserve.cli.main", "serve", self.graph, "-f", self.config,
+             *self.overrides, f"--Common.log_level={self.log_level}", "--no-status",
+             "--ready-file", str(ready), "--state-dir", str(self.tmp / "state")],
+            cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = t0 + self.startup_timeout_s
+            while not ready.exists():
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"workers exited {self.proc.returncode}:\n{self.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"workers not ready in {self.startup_timeout_s:.0f}s")
+                time.sleep(0.2)
+            time.sleep(0.05)
+            rows = json.loads(ready.read_text())["rows"]
+            self.seen_pids |= {r["pid"] for r in rows if r.get("pid")}
+            info = self.info()
+            self.control = info["control"]
+            infra = json.loads((Path(info["run_dir"]) / "infra" / "infra.json").read_text())
+            self.etcd, self.nats = infra["endpoints"]["etcd"], infra["endpoints"]["nats"]
+            self.seen_pids |= set(infra.get("pids", {}).values())
+            self.status()
+            self._note_descendants()
+            self.startup_s = time.monotonic() - t0
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def instances(self) -> list[dict]:
+        """The workers' registrations in etcd (``v1/instances/<ns>/worker/generate``)."""
+        etcdctl = shutil.which("etcdctl") or str(Path(sys.executable).parent / "etcdctl")
+        out = subprocess.run([etcdctl, f"--endpoints={self.etcd}", "get", "--prefix",
+                              "v1/instances/dynamo/worker/generate", "--print-value-only"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+class Proc:
+    """A subprocess in its own process group, stopped by group (TERM, then KILL)."""
+
+    def __init__(self, argv: list[str], env: dict, log: Path) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 15) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self._log.close()
+
+    def tail(self, n: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-n:]
+        return ""
+
+
+def dynamo_frontend(workers: WorkersRun, mode: str) -> tuple[Proc, str]:
+    port = free_port()
+    env = {**os.environ, "ETCD_ENDPOINTS": workers.etcd, "NATS_SERVER": workers.nats,
+           "DYN_LOG": "error", "DYN_TCP_RPC_HOST": HOST, "DYN_HTTP_RPC_HOST": HOST,
+           "DYN_SYSTEM_HOST": HOST}
+    proc = Proc([sys.executable, "-m", "dynamo.frontend", "--http-host", HOST, "--http-port",
+                 str(port), "--router-mode", mode, "--namespace", "dynamo",
+                 "--discovery-backend", "etcd", "--request-plane", "tcp", "--event-plane", "nats"],
+                env, workers.tmp / f"frontend-{mode}.log")
+    return proc, f"http://{HOST}:{port}"
+
+
+def wait_serving(url: str, timeout_s: float, streak_needed: int, proc: Proc | None = None) -> int:
+    """Until ``streak_needed`` requests in a row succeed (blocks of their own); returns how
+    many were sent."""
+    import httpx
+
+    streak, sent, deadline = 0, 0, time.monotonic() + timeout_s
+    while streak < streak_needed:
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"frontend exited:\n{proc.tail()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} not serving within {timeout_s:.0f}s")
+        body = {"model": MODEL, "prompt": [1000 + sent, 2000 + sent, 3000 + sent, 4000],
+                "max_tokens": 2}
+        try:
+            ok = httpx.post(f"{url}/v1/completions", json=body, timeout=10).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        sent += 1
+        streak = streak + 1 if ok else 0
+        if not ok:
+            time.sleep(0.5)
+    return sent
+
+
+def probe_sglang_router(workers: WorkersRun, wait_s: float = 45) -> dict:
+    """Point sglang-router (cache_aware) at the mocker workers' request-plane addresses and
+    record what happens.  Never a measurement: see the module docstring."""
+    out: dict = {"config": SGLANG, "measured": False}
+    try:
+        out["sglang_router_version"] = md.version("sglang-router")
+    except md.PackageNotFoundError:
+        out["reason"] = ("sglang-router is not installed (pip install sglang-router); and it "
+                         "could not drive these workers anyway (below)")
+    addrs = []
+    for inst in workers.instances():
+        tcp = inst.get("transport", {}).get("tcp", "")
+        addrs.append(tcp.split("/", 1)[0])
+    out["worker_addresses"] = addrs
+    import httpx
+
+    probes = {}
+    for path in ("/health", "/server_info", "/get_server_info", "/model_info", "/generate",
+                 "/v1/models"):
+        try:
+            r = httpx.get(f"http://{addrs[0]}{path}", timeout=2)  # a TCP port, not HTTP
+            probes[path] = r.status_code
+        except httpx.HTTPError as exc:
+            probes[path] = type(exc).__name__
+    out["http_probe_of_first_worker"] = probes
+    if "sglang_router_version" not in out:
+        return out
+    port = free_port()
+    proc = Proc([sys.executable, "-m", "sglang_router.launch_router", "--host", HOST, "--port",
+                 str(port), "--policy", "cache_aware", "--worker-startup-timeout-secs", "8",
+                 "--log-level", "warn", "--worker-urls", *[f"http://{a}" for a in addrs]],
+                dict(os.environ), workers.tmp / "sglang-router.log")
+    t0 = time.monotonic()
+    failed: list[str] = []
+    try:
+        while time.monotonic() - t0 < wait_s and proc.alive():  # until registration gives up
+            failed = [ANSI.sub("", ln).strip() for ln in proc.tail(50000).splitlines()
+                      if "Failed job" in ln]
+            if len(failed) >= len(addrs):
+                break
+            time.sleep(1)
+        out["waited_s"] = round(time.monotonic() - t0, 1)
+        out["router_log_excerpt"] = failed[:4]
+        try:
+            r = httpx.post(f"http://{HOST}:{port}/v1/completions",
+                           json={"model": MODEL, "prompt": "hello", "max_tokens": 2}, timeout=5)
+            out["completion_via_router"] = f"HTTP {r.status_code}: {r.text[:200]}"
+        except httpx.HTTPError as exc:
+            out["completion_via_router"] = f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        proc.stop()
+    out["reason"] = (
+        "sglang-router registers a worker only after reaching it over HTTP (health check "
+        "/health, metadata /server_info or /get_server_info and /model_info, requests to "
+        "/generate or the OpenAI routes, load from /get_load) or over SGLang/vLLM gRPC. The "
+        "mocker workers serve Dynamo's msgpack request plane over raw TCP and no HTTP "
+        "endpoint, so every worker fails sglang-router's connection-mode detection "
+        "(detect_connection_mode) and the router has no worker to send to.")
+    return out
+
+
+@contextlib.contextmanager
+def deployment(name: str, args, report: dict):
+    """Start configuration ``name``; yields its base URL (and the WorkersRun, if any)."""
+    n, s = args.workers, args.speedup
+    t0 = time.monotonic()
+    if name == "splitserve-agg-kv":
+        g = GraphRun("graphs.agg_router:Frontend", "configs/mocker_agg_router.yaml",
+                     [f"--Worker.replicas={n}", f"--Worker.engine_args.speedup_ratio={s}"],
+                     startup_timeout_s=args.startup_timeout_s)
+        with g:
+            report["startup_s"] = time.monotonic() - t0
+            report["warmup_requests"] = wait_serving(g.url, 60, 2 * n)
+            yield g.url, None
+        return
+    if name == "splitserve-disagg":
+        half = max(1, n // 2)
+        g = GraphRun("graphs.disagg:Frontend", "configs/mocker_disagg.yaml",
+                     [f"--DecodeWorker.replicas={half}", f"--PrefillWorker.replicas={half}",
+                      f"--DecodeWorker.engine_args.speedup_ratio={s}",
+                      f"--PrefillWorker.engine_args.speedup_ratio={s}"],
+                     startup_timeout_s=args.startup_timeout_s)
+        with g:
+            report["startup_s"] = time.monotonic() - t0
+            report["warmup_requests"] = wait_serving(g.url, 60, 2 * n)
+            yield g.url, None
+        return
+    if name in ("dynamo-round-robin", "dynamo-kv"):
+        mode = "round-robin" if name == "dynamo-round-robin" else "kv"
+        w = WorkersRun("graphs.agg_router:Worker", "configs/mocker_agg_router.yaml",
+                       [f"--Worker.replicas={n}", f"--Worker.engine_args.speedup_ratio={s}"],
+                       startup_timeout_s=args.startup_timeout_s)
+        with w:
+            fe, url = dynamo_frontend(w, mode)
+            try:
+                report["startup_s"] = time.monotonic() - t0
+                report["warmup_requests"] = wait_serving(url, 90, 2 * n, fe)
+                yield url, w
+            finally:
+                fe.stop()
+        return
+    raise ValueError(name)
+
+
+# ---- the comparison ---------------------------------------------------------------------
+def slim(records: list[dict]) -> list[dict]:
+    keep = ("index", "outcome", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens", "output_tokens",
+            "scheduled_s", "sent_s")
+    return [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if k in keep}
+            for r in records]
+
+
+def run_config(name: str, args, base: rp.ReplayConfig, prepared: dict) -> dict:
+    report: dict = {"config": name, "points": [], "results": {}}
+    t0 = time.monotonic()
+    try:
+        with deployment(name, args, report) as (url, workers):
+            for i, rs in enumerate(args.rate_scales):
+                cfg = replace(base, rate_scale=rs, seed=base.seed + i)
+                reqs, workload = prepared[rs]
+                deadline = workload["replay_span_s"] + args.drain_s
+                la0 = os.getloadavg()[0]
+                res = rp.run_replay(url, cfg, label=f"{name} x{rs:g}", progress_s=args.progress_s,
+                                    deadline_s=deadline, reqs=reqs, workload=workload)
+                rp.print_summary(res["summary"], f"{name} x{rs:g}")
+                point = sw.point_from_result(res, name, rs)
+                point["loadavg_1m"] = [round(la0, 2), round(os.getloadavg()[0], 2)]
+                report["points"].append(point)
+                report["results"][f"x{rs:g}"] = {"summary": res["summary"],
+                                                 "requests": slim(res["requests"])}
+                time.sleep(args.pause_s)
+            if name == "dynamo-kv" and SGLANG in args.configs and workers is not None:
+                report["sglang_probe"] = probe_sglang_router(workers)
+    except Exception as exc:  # noqa: BLE001 - record it, go on with the next configuration
+        report["error"] = f"{type(exc).__name__}: {exc}"[:3000]
+        print(f"[{name}] FAILED: {report['error']}", flush=True)
+    report["wall_s"] = time.monotonic() - t0
+    return report
+
+
+def machine() -> dict:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpus": os.cpu_count(), "cpu_model": cpu, "gpu": None,
+            "platform": platform.platform(), "python": platform.python_version()}
+
+
+def versions() -> dict:
+    out = {}
+    for pkg in ("splitserve", "ai-dynamo", "ai-dynamo-runtime", "sglang-router", "aiohttp",
+                "matplotlib"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", nargs="+", default=ALL, choices=ALL)
+    p.add_argument("--workers", type=int, default=4, help="mocker workers per configuration")
+    p.add_argument("--speedup", type=float, default=1.0, help="mocker speedup_ratio")
+    p.add_argument("--trace", default=rp.DEFAULT_TRACE)
+    p.add_argument("--start-s", type=float, default=0.0)
+    p.add_argument("--duration-s", type=float, default=120.0)
+    p.add_argument("--rate-scales", type=sw.parse_rate_scales, default=[4.0, 8.0, 16.0, 32.0])
+    p.add_argument("--token-scale", type=int, default=4)
+    p.add_argument("--output-scale", type=float, default=16.0)
+    p.add_argument("--context", type=int, default=rp.DEFAULT_CONTEXT)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo", default="ttft=1000,tpot=50")
+    p.add_argument("--drain-s", type=float, default=40.0,
+                   help="after the last send, cancel what still runs after this long")
+    p.add_argument("--pause-s", type=float, default=3.0)
+    p.add_argument("--progress-s", type=float, default=10.0)
+    p.add_argument("--request-timeout", type=float, default=60.0)
+    p.add_argument("--startup-timeout-s", type=float, default=180.0)
+    p.add_argument("--out", default=str(REPO / "benchmarks/results/compare.json"))
+    p.add_argument("--plots", default=str(REPO / "benchmarks/results"),
+                   help="directory for compare_*.png")
+    args = p.parse_args(argv)
+
+    base = rp.ReplayConfig(trace=args.trace, start_s=args.start_s, duration_s=args.duration_s,
+                           token_scale=args.token_scale, output_scale=args.output_scale,
+                           context=args.context, seed=args.seed, slo=rp.parse_slo(args.slo),
+                           timeout_s=args.request_timeout, model=MODEL)
+    prepared = {}
+    for i, rs in enumerate(args.rate_scales):  # identical requests for every configuration
+        prepared[rs] = rp.prepare(replace(base, rate_scale=rs, seed=base.seed + i))
+    w = prepared[args.rate_scales[0]][1]
+    print(f"window: {w['window_requests']} requests, trace {w['window_trace_s'][0]:.0f}-"
+          f"{w['window_trace_s'][1]:.0f}s; prompt tokens p50 {w['prompt_tokens']['p50']:.0f} "
+          f"p99 {w['prompt_tokens']['p99']:.0f}; loads "
+          + ", ".join(f"x{rs:g} = {prepared[rs][1]['offered_rps']:.1f} req/s"
+                      for rs in args.rate_scales), flush=True)
+
+    t0 = time.monotonic()
+    reports = {}
+    for name in args.configs:
+        if name == SGLANG:
+            continue
+        print(f"==== {name}", flush=True)
+        reports[name] = run_config(name, args, base, prepared)
+    sglang = reports.get("dynamo-kv", {}).pop("sglang_probe", None)
+    if SGLANG in args.configs and sglang is None:
+        sglang = {"config": SGLANG, "measured": False,
+                  "reason": "not probed (needs the dynamo-kv configuration in the same run)"}
+    points = [pt for r in reports.values() for pt in r["points"]]
+    ours = [c for c in OURS if c in reports]
+    others = [c for c in OTHERS if c in reports]
+    table = sw.ratio_table(points, ours, others)
+    peaks = [sw.peak_ratio(points, c, others) for c in ours]
+    sat = {c: sw.saturation_point(ps) for c, ps in sw.by_config(points).items()}
+
+    print("\n" + sw.markdown_points(points))
+    if table:
+        print("\nthis project ÷ best other configuration at the same load:\n"
+              + sw.markdown_ratios(table))
+        for pk in peaks:
+            print(f"peak goodput {pk['config']}: {sw.fmt(pk['peak_goodput_rps'])} req/s vs "
+                  f"{pk['best_other']} {sw.fmt(pk['best_other_peak_goodput_rps'])} req/s -> "
+                  f"ratio {sw.fmt(pk['ratio'])}")
+    if sglang:
+        print(f"\n{SGLANG}: not measured: {sglang.get('reason')}")
+
+    result = {
+        "command": "python " + " ".join([str(Path(__file__).relative_to(REPO)),
+                                         *(sys.argv[1:] if argv is None else argv)]),
+        "machine": machine(), "versions": versions(),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "plots")},
+        "replay_config": asdict(base),
+        "workloads": {f"x{rs:g}": prepared[rs][1] for rs in args.rate_scales},
+        "points": points, "ratios": table, "peak_goodput_ratios": peaks,
+        "saturation": {c: None if p is None else p["rate_scale"] for c, p in sat.items()},
+        "sglang_router": sglang,
+        "configs": {c: {k: v for k, v in r.items() if k != "points"} for c, r in reports.items()},
+        "total_wall_s": time.monotonic() - t0,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out} ({result['total_wall_s']:.0f}s)")
+    try:
+        from splitserve.bench.plots import plot_latency_cdfs, plot_sweep
+    except ImportError as exc:  # matplotlib missing: results are still written
+        print(f"no plots: {exc}")
+        return
+    plots = Path(args.plots)
+    title = (f"{Path(args.trace).name} [{args.start_s:g}, {args.start_s + args.duration_s:g}) s, "
+             f"tokens /{args.token_scale}, outputs /{args.output_scale:g}; {args.workers} mocker "
+             f"workers (sglang, speedup {args.speedup:g})")
+    written = [plot_sweep(points, plots / "compare_sweep.png", title=title, slo=base.slo)]
+    for rs in args.rate_scales:
+        res = {c: r["results"][f"x{rs:g}"] for c, r in reports.items()
+               if f"x{rs:g}" in r.get("results", {})}
+        if res:
+            written.append(plot_latency_cdfs(
+                res, plots / f"compare_cdf_x{rs:g}.png", slo=base.slo,
+                title=f"{title}\nrate x{rs:g} ({prepared[rs][1]['offered_rps']:.1f} req/s offered)"))
+    for w_ in written:
+        print(f"wrote {w_}")
+
+
+if __name__ == "__main__":
+    main()

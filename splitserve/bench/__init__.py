@@ -1,0 +1,1 @@
+"""Benchmarks as a product: trace replay, sweeps, plots (``dynamo bench``)."""
