@@ -83,41 +83,12 @@ class WorkersRun(GraphRun):
     """``dynamo serve graphs.agg_router:Worker``: mocker workers and embedded etcd/NATS,
     no frontend.  ``etcd`` / ``nats`` are that run's endpoints."""
 
-    def start(self) -> WorkersRun:
-        ready = self.tmp / "ready.json"
-        env = {k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")}
-        env.setdefault("DYN_LOG", "error")
-        self._log = open(self.tmp / "serve.log", "wb")  # noqa: SIM115 - closed in stop()
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "splitserve.cli.main", "serve", self.graph, "-f", self.config,
-             *self.overrides, f"--Common.log_level={self.log_level}", "--no-status",
-             "--ready-file", str(ready), "--state-dir", str(self.tmp / "state")],
-            cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            deadline = t0 + self.startup_timeout_s
-            while not ready.exists():
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"workers exited {self.proc.returncode}:\n{self.log_tail()}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"workers not ready in {self.startup_timeout_s:.0f}s")
-                time.sleep(0.2)
-            time.sleep(0.05)
-            rows = json.loads(ready.read_text())["rows"]
-            self.seen_pids |= {r["pid"] for r in rows if r.get("pid")}
-            info = self.info()
-            self.control = info["control"]
-            infra = json.loads((Path(info["run_dir"]) / "infra" / "infra.json").read_text())
-            self.etcd, self.nats = infra["endpoints"]["etcd"], infra["endpoints"]["nats"]
-            self.seen_pids |= set(infra.get("pids", {}).values())
-            self.status()
-            self._note_descendants()
-            self.startup_s = time.monotonic() - t0
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    serves_http = False
+
+    def _after_ready(self) -> None:
+        infra = json.loads((Path(self.info()["run_dir"]) / "infra" / "infra.json").read_text())
+        self.etcd, self.nats = infra["endpoints"]["etcd"], infra["endpoints"]["nats"]
+        self.seen_pids |= set(infra.get("pids", {}).values())
 
     def instances(self) -> list[dict]:
         """The workers' registrations in etcd (``v1/instances/<ns>/worker/generate``)."""

@@ -72,7 +72,12 @@ def _children(pid: int) -> set[int]:
 
 
 class GraphRun:
-    """``dynamo serve GRAPH -f CONFIG OVERRIDES...`` in a scratch directory."""
+    """``dynamo serve GRAPH -f CONFIG OVERRIDES...`` in a scratch directory.
+
+    Subclasses for graphs without a frontend set ``serves_http = False`` and read what
+    they need in ``_after_ready``."""
+
+    serves_http = True
 
     def __init__(self, graph: str, config: str, overrides: list[str] | tuple[str, ...] = (),
                  *, startup_timeout_s: float = 240, stop_timeout_s: float = 60,
@@ -96,8 +101,9 @@ class GraphRun:
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "splitserve.cli.main", "serve", self.graph, "-f", self.config,
-             *self.overrides, "--Frontend.port=0", f"--Common.log_level={self.log_level}",
-             "--no-status", "--ready-file", str(ready), "--state-dir", str(self.tmp / "state")],
+             *self.overrides, *(["--Frontend.port=0"] if self.serves_http else []),
+             f"--Common.log_level={self.log_level}", "--no-status", "--ready-file", str(ready),
+             "--state-dir", str(self.tmp / "state")],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
         try:
@@ -112,8 +118,10 @@ class GraphRun:
             time.sleep(0.05)  # the ready file is written whole, but be kind to slow disks
             rows = json.loads(ready.read_text())["rows"]
             self.seen_pids |= {r["pid"] for r in rows if r.get("pid")}
-            self.url = next(r["endpoint"] for r in rows if r["component"] == "Frontend")
+            if self.serves_http:
+                self.url = next(r["endpoint"] for r in rows if r["component"] == "Frontend")
             self.control = self.info()["control"]
+            self._after_ready()
             self.status()  # records replica pids
             self._note_descendants()
             self.startup_s = time.monotonic() - t0
@@ -121,6 +129,9 @@ class GraphRun:
             self.stop()
             raise
         return self
+
+    def _after_ready(self) -> None:
+        """Called once the graph reported ready, before replica pids are recorded."""
 
     def __enter__(self) -> Self:
         return self.start()
