@@ -167,7 +167,8 @@ async def run_mocker_prefill_worker(ctx: ComponentContext, cfg: MockerPrefillWor
             puller.result()  # the pull loop failed: surface its error
             raise RuntimeError("the pull loop ended while serving")
         died.cancel()
-        serving.result()
+        # Stopping: the pull loop may end before deregistration has finished; wait for it.
+        await serving
         # Deregistered: finish the jobs in hand (the engine is still up) before stopping it.
         await asyncio.wait_for(puller, cfg.drain_timeout_s + 5)
     finally:
