@@ -70,14 +70,7 @@ def plot_latency_cdfs(results: dict[str, dict], path: str | Path, title: str = "
             ax.set_xscale("log")
         ax.legend(fontsize=7, loc="lower right")
         ax.set_title(f"{name} CDF")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title)
 
 
 def plot_sweep(points: list[dict], path: str | Path, title: str = "",
@@ -107,6 +100,16 @@ def plot_sweep(points: list[dict], path: str | Path, title: str = "",
     for ax in (ag, at):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
+    return _save(fig, path, title)
+
+
+def _slo_text(slo: dict[str, float]) -> str:
+    return ", ".join(f"{k.removesuffix('_ms')} <= {v:g} ms" for k, v in slo.items())
+
+
+def _save(fig, path, title: str | None) -> Path:
+    """Title, lay out and write a figure as PNG (creating its folder); returns the path."""
+    plt = _plt()
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -115,7 +118,3 @@ def plot_sweep(points: list[dict], path: str | Path, title: str = "",
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _slo_text(slo: dict[str, float]) -> str:
-    return ", ".join(f"{k.removesuffix('_ms')} <= {v:g} ms" for k, v in slo.items())
