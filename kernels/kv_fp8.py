@@ -37,6 +37,9 @@ import triton.language as tl
 from .dispatch import LAUNCH_OPTIONS, Backend, launchable, resolve_backend
 
 FP8_MAX = 448.0
+# Largest scale group (elements) a program holds in registers to read it only once; the
+# served model's (block, layer, K/V) slab is 16*3*64 = 3072 elements.
+SINGLE_PASS_MAX = 4096
 _OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -49,40 +52,61 @@ class Fp8Payload(NamedTuple):
 
 
 @triton.jit
+def e4m3_bits(y):
+    """e4m3fn bit patterns (int32, 0..255) of fp32 values ``y`` already divided by their
+    scale; round to nearest even and saturate at +-448, as ``tensor.to(float8_e4m3fn)``
+    after a clamp.  Shared by the compress and the fused pack+compress kernels."""
+    sign = (y.to(tl.int32, bitcast=True) >> 24) & 0x80
+    bits = tl.minimum(tl.abs(y), 448.0).to(tl.int32, bitcast=True)
+    exp = (bits >> 23) - 127                       # unbiased fp32 exponent
+    man = (bits & 0x7FFFFF) | 0x800000             # 24-bit significand
+    # e4m3 keeps 3 fraction bits for exp >= -6, and steps of 2**-9 below (subnormals)
+    shift = tl.minimum(tl.maximum(14 - exp, 20), 25)
+    q = man >> shift
+    rem = man & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
+    # a rounding carry (q == 16) lands on the next exponent by itself
+    return (tl.maximum(exp + 6, 0) * 8 + q) | sign
+
+
+@triton.jit
+def group_scale(amax):
+    """``amax / 448`` correctly rounded (``div_rn``: Triton's ``/`` is approximate on
+    CUDA), or 1.0 for an all-zero group."""
+    scale = tl.div_rn(amax, 448.0)
+    return tl.where(scale > 0, scale, 1.0)
+
+
+@triton.jit
 def _compress_kernel(
     x_ptr,          # *T   [G, S]: payload, one scale group per row
     q_ptr,          # *u8  [G, S]: e4m3fn bit patterns
     scale_ptr,      # *f32 [G]: amax / 448 of the group (1.0 if the group is all zero)
     group_numel,    # S
-    BLOCK: tl.constexpr,   # elements per inner step
+    BLOCK: tl.constexpr,   # elements per inner step; >= S means one pass from registers
 ):
     base = tl.program_id(0).to(tl.int64) * group_numel
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, group_numel, BLOCK):        # pass 1: amax of the group
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + base + offs, mask=offs < group_numel, other=0).to(tl.float32)
-        acc = tl.maximum(acc, tl.abs(x))
-    scale = tl.div_rn(tl.max(acc, axis=0), 448.0)     # div_rn: IEEE, as torch divides
-    scale = tl.where(scale > 0, scale, 1.0)
-    tl.store(scale_ptr + tl.program_id(0), scale)
-    for start in range(0, group_numel, BLOCK):        # pass 2: quantise
-        offs = start + tl.arange(0, BLOCK)
+    offs = tl.arange(0, BLOCK)
+    if BLOCK >= group_numel:                           # the group fits: read it once
         mask = offs < group_numel
         x = tl.load(x_ptr + base + offs, mask=mask, other=0).to(tl.float32)
-        y = tl.div_rn(x, scale)
-        sign = (y.to(tl.int32, bitcast=True) >> 24) & 0x80
-        bits = tl.minimum(tl.abs(y), 448.0).to(tl.int32, bitcast=True)
-        exp = (bits >> 23) - 127                       # unbiased fp32 exponent
-        man = (bits & 0x7FFFFF) | 0x800000             # 24-bit significand
-        # e4m3 keeps 3 fraction bits for exp >= -6, and steps of 2**-9 below (subnormals)
-        shift = tl.minimum(tl.maximum(14 - exp, 20), 25)
-        q = man >> shift
-        rem = man & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-        q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
-        # a rounding carry (q == 16) lands on the next exponent by itself
-        code = tl.maximum(exp + 6, 0) * 8 + q
-        tl.store(q_ptr + base + offs, (code | sign).to(tl.uint8), mask=mask)
+        scale = group_scale(tl.max(tl.abs(x), axis=0))
+        tl.store(scale_ptr + tl.program_id(0), scale)
+        tl.store(q_ptr + base + offs, e4m3_bits(tl.div_rn(x, scale)).to(tl.uint8), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, group_numel, BLOCK):    # pass 1: amax of the group
+            mask = start + offs < group_numel
+            x = tl.load(x_ptr + base + start + offs, mask=mask, other=0).to(tl.float32)
+            acc = tl.maximum(acc, tl.abs(x))
+        scale = group_scale(tl.max(acc, axis=0))
+        tl.store(scale_ptr + tl.program_id(0), scale)
+        for start in range(0, group_numel, BLOCK):    # pass 2: quantise
+            mask = start + offs < group_numel
+            x = tl.load(x_ptr + base + start + offs, mask=mask, other=0).to(tl.float32)
+            tl.store(q_ptr + base + start + offs,
+                     e4m3_bits(tl.div_rn(x, scale)).to(tl.uint8), mask=mask)
 
 
 @triton.jit
@@ -126,7 +150,11 @@ def compress_ref(payload: torch.Tensor, group_ndim: int = 3) -> Fp8Payload:
     """Torch reference of :func:`compress`."""
     num_groups, group_numel = _groups(payload.shape, group_ndim)
     x = payload.reshape(num_groups, group_numel).float()
-    scale = x.abs().amax(dim=1) / FP8_MAX if group_numel else x.new_zeros(num_groups)
+    amax = x.abs().amax(dim=1) if group_numel else x.new_zeros(num_groups)
+    # Tensor by tensor: torch on CUDA turns a division by a Python number into a
+    # multiplication by its reciprocal, one ulp off in about half the groups; a tensor
+    # divisor is divided correctly rounded on every device, as the kernels' div_rn.
+    scale = amax / torch.full_like(amax, FP8_MAX)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     y = (x / scale[:, None]).clamp(-FP8_MAX, FP8_MAX)
     data = y.to(torch.float8_e4m3fn).view(torch.uint8).reshape(payload.shape)
@@ -153,8 +181,15 @@ def error_bound(scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
 
 # ---------------------------------------------------------------- wrappers
 
+def group_block(group_numel: int) -> int:
+    """Elements a compress program handles per step: the whole group (one read, from
+    registers) up to :data:`SINGLE_PASS_MAX` elements, else 1024 (two reads)."""
+    whole = triton.next_power_of_2(max(group_numel, 16))
+    return whole if whole <= SINGLE_PASS_MAX else 1024
+
+
 def compress(payload: torch.Tensor, *, group_ndim: int = 3, out: Fp8Payload | None = None,
-             block: int = 1024, backend: Backend | None = None) -> Fp8Payload:
+             block: int | None = None, backend: Backend | None = None) -> Fp8Payload:
     """Called by the sender before a compressed transfer; returns the codes (uint8, the
     payload's shape) and one fp32 scale per group (``payload.shape[:group_ndim]``), in
     ``out``'s tensors when given (e.g. registered send buffers)."""
@@ -176,12 +211,13 @@ def compress(payload: torch.Tensor, *, group_ndim: int = 3, out: Fp8Payload | No
         out.scales.copy_(ref.scales)
         return out
     launchable(_compress_kernel, payload.device)[(num_groups,)](
-        payload.contiguous(), out.data, out.scales, group_numel, BLOCK=block, **LAUNCH_OPTIONS)
+        payload.contiguous(), out.data, out.scales, group_numel,
+        BLOCK=block or group_block(group_numel), **LAUNCH_OPTIONS)
     return out
 
 
 def decompress(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32,
-               *, out: torch.Tensor | None = None, block: int = 1024,
+               *, out: torch.Tensor | None = None, block: int | None = None,
                backend: Backend | None = None) -> torch.Tensor:
     """Called by the receiver after a compressed transfer; returns the payload in
     ``dtype`` (``out`` when given, e.g. a buffer about to be unpacked into the pool)."""
@@ -198,6 +234,7 @@ def decompress(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = to
     num_groups, group_numel = _groups(data.shape, group_ndim)
     if resolve_backend(data, backend) == "torch" or not group_numel:
         return out.copy_(decompress_ref(data, scales, dtype))
+    block = block or min(triton.next_power_of_2(max(group_numel, 16)), SINGLE_PASS_MAX)
     grid = (num_groups, triton.cdiv(group_numel, block))
     launchable(_decompress_kernel, data.device)[grid](
         data.contiguous(), scales.contiguous(), out, group_numel,
