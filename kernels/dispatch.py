@@ -14,6 +14,8 @@ launch, that a CPU tensor meets an interpreted kernel, and says what to do other
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 from collections.abc import Sequence
 from typing import Literal
@@ -30,6 +32,18 @@ BACKENDS: tuple[Backend, ...] = ("triton", "torch")
 # is about to change.  The interpreter ignores it.
 LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 
+# Whole-block pack/unpack on CUDA below this many payload bytes runs torch's
+# ``index_select`` / ``index_copy_`` instead of the Triton kernel.  Below it a copy lasts
+# a few microseconds and Triton's Python-side launch (~10-20 us) outweighs the kernel;
+# torch's launch is cheaper.  On an H100 the previous kernel only matched index_select at
+# 180 MiB and above; this value is a first guess for the rewritten kernel, to be set from
+# ``benchmarks/bench_kernels.py --device cuda`` (rows ``pack`` vs ``pack_triton``).
+TRITON_MIN_BYTES = 64 << 20
+
+# Persistent copy kernels launch this many programs per multiprocessor (each of 4 warps),
+# enough resident threads to keep the memory system busy while each loops over tiles.
+PROGRAMS_PER_SM = 8
+
 
 def select_backend(device: torch.device, interpret: bool) -> Backend:
     """Pure dispatch rule; called by :func:`resolve_backend`.
@@ -42,6 +56,28 @@ def select_backend(device: torch.device, interpret: bool) -> Backend:
     if device.type == "cpu" and interpret:
         return "triton"
     return "torch"
+
+
+def select_copy_backend(device: torch.device, interpret: bool, nbytes: int,
+                        min_bytes: int = TRITON_MIN_BYTES) -> Backend:
+    """Pure rule for whole-block pack/unpack, which have a one-call torch equivalent.
+
+    As :func:`select_backend`, except that on CUDA a payload under ``min_bytes`` goes to
+    torch (the faster of the two there).  The interpreter always gets Triton: it exists
+    to test the kernels.
+    """
+    if device.type == "cuda" and nbytes < min_bytes:
+        return "torch"
+    return select_backend(device, interpret)
+
+
+def resolve_copy_backend(tensor: torch.Tensor, backend: Backend | None,
+                         nbytes: int) -> Backend:
+    """Called by kv_pack/kv_unpack: :func:`resolve_backend` with the size rule of
+    :func:`select_copy_backend` when the choice is automatic."""
+    if backend is None:
+        return select_copy_backend(tensor.device, interpret_requested(), nbytes)
+    return resolve_backend(tensor, backend)
 
 
 def interpret_requested() -> bool:
@@ -105,3 +141,45 @@ def as_index_tensor(ids: Sequence[int] | torch.Tensor, limit: int,
     if bad:
         raise IndexError(f"block ids {bad[:5]} outside [0, {limit})")
     return torch.tensor(ids, dtype=torch.int64, device=device)
+
+
+# ---------------------------------------------------------------- wide copies
+
+def copy_unit(byte_counts: Sequence[int], tensors: Sequence[torch.Tensor]
+              ) -> tuple[torch.dtype, int]:
+    """Called by the copy kernels' wrappers: the element type to move bytes as, and how
+    many consecutive units form an aligned 16-byte vector (the ``VEC`` hint).
+
+    Every length and offset the kernel uses (``byte_counts``) and every tensor's address
+    must be a multiple of the unit.  Returns int32 with VEC 4 (16 bytes) when all are
+    multiples of 16, VEC 2 or 1 for 8 or 4; int16 or uint8 (VEC 1) when 4 bytes do not
+    divide them.  A copy of any float dtype is then a copy of 32-bit words, which the
+    compiler turns into 16-byte loads and stores.
+    """
+    common = 16
+    for n in [*byte_counts, *(t.data_ptr() for t in tensors)]:
+        common = math.gcd(common, n)
+    if common >= 4:
+        return torch.int32, common // 4
+    return (torch.int16 if common == 2 else torch.uint8), 1
+
+
+def as_units(t: torch.Tensor, unit: torch.dtype) -> torch.Tensor:
+    """A contiguous tensor's bytes seen as a flat tensor of ``unit`` (no copy)."""
+    return t.reshape(-1).view(torch.uint8).view(unit)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def persistent_grid(device: torch.device, tiles: int) -> int:
+    """Programs of a persistent copy launch: :data:`PROGRAMS_PER_SM` per multiprocessor
+    (4 when interpreted: it runs programs one after another), never more than ``tiles``."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        limit = PROGRAMS_PER_SM * _multiprocessors(index)
+    else:
+        limit = 4
+    return max(1, min(tiles, limit))

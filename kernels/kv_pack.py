@@ -22,39 +22,57 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import LAUNCH_OPTIONS, Backend, as_index_tensor, launchable, resolve_backend
+from .dispatch import (
+    LAUNCH_OPTIONS,
+    Backend,
+    as_index_tensor,
+    as_units,
+    copy_unit,
+    launchable,
+    persistent_grid,
+    resolve_backend,
+    resolve_copy_backend,
+)
 
 BlockIds = Sequence[int] | torch.Tensor
 
 
 @triton.jit
 def _blocks_kernel(
-    pool_ptr,        # *T   [num_blocks, block_numel]: the pool, one block per row
-    payload_ptr,     # *T   [n, block_numel]: the contiguous payload
+    pool_ptr,        # *U   [num_blocks, row_units]: the pool's bytes as units, a block a row
+    payload_ptr,     # *U   [n, row_units]: the contiguous payload
     ids_ptr,         # *i64 [n]: payload row i <-> pool row ids[i]
-    block_numel,     # elements in one block, L*2*B*H*D
+    num_rows,        # n
+    row_units,       # units in one block
     GATHER: tl.constexpr,  # True: pool -> payload (pack); False: payload -> pool (unpack)
-    BLOCK: tl.constexpr,   # elements one program copies
+    VEC: tl.constexpr,     # row_units and both base addresses are multiples of VEC units
+    BLOCK: tl.constexpr,   # units per tile
 ):
-    row = tl.program_id(0)                       # payload block
-    chunk = tl.program_id(1)                     # BLOCK-sized piece of that block
-    offs = chunk * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < block_numel
-    blk = tl.load(ids_ptr + row)                 # int64: pool offsets can pass 2**31
-    pool_offs = blk * block_numel + offs
-    payload_offs = row.to(tl.int64) * block_numel + offs
-    if GATHER:
-        vals = tl.load(pool_ptr + pool_offs, mask=mask)
-        tl.store(payload_ptr + payload_offs, vals, mask=mask)
-    else:
-        vals = tl.load(payload_ptr + payload_offs, mask=mask)
-        tl.store(pool_ptr + pool_offs, vals, mask=mask)
+    # Persistent: program p copies tiles p, p + P, ... of the (row, chunk) tiles, so a
+    # launch has a few programs per SM whatever the payload, each with many 16-byte
+    # accesses in flight; a block id is one scalar load per tile.
+    row_units = tl.multiple_of(row_units, VEC)   # lets masks keep VEC-wide accesses
+    chunks = tl.cdiv(row_units, BLOCK)
+    cols = tl.arange(0, BLOCK)
+    for tile in range(tl.program_id(0), num_rows * chunks, tl.num_programs(0)):
+        row = tile // chunks
+        offs = (tile - row * chunks) * BLOCK + cols
+        mask = offs < row_units
+        blk = tl.load(ids_ptr + row)                        # int64: offsets can pass 2**31
+        pool_at = tl.multiple_of(blk * row_units, VEC)
+        payload_at = tl.multiple_of(row.to(tl.int64) * row_units, VEC)
+        if GATHER:
+            vals = tl.load(pool_ptr + pool_at + offs, mask=mask)
+            tl.store(payload_ptr + payload_at + offs, vals, mask=mask)
+        else:
+            vals = tl.load(payload_ptr + payload_at + offs, mask=mask)
+            tl.store(pool_ptr + pool_at + offs, vals, mask=mask)
 
 
 @triton.jit
 def _tokens_kernel(
-    pool_ptr,        # *T   pool seen as rows of H*D: [num_blocks*L*2*B, H*D]
-    payload_ptr,     # *T   [L'*2*T, H*D]: rows ordered (layer', k/v, token)
+    pool_ptr,        # *U   pool as rows of one token's heads: [num_blocks*L*2*B, row_units]
+    payload_ptr,     # *U   [L'*2*T, row_units]: rows ordered (layer', k/v, token)
     ids_ptr,         # *i64 block table of the request
     num_rows,        # L'*2*T
     num_tokens,      # T
@@ -62,22 +80,26 @@ def _tokens_kernel(
     layer_start,     # first layer of the range
     num_layers,      # L of the pool
     block_size,      # B
-    row_numel,       # H*D
+    row_units,       # H*D elements as units
     GATHER: tl.constexpr,   # True: pool -> payload; False: payload -> pool
+    VEC: tl.constexpr,      # row_units and both base addresses are multiples of VEC units
     BLOCK_R: tl.constexpr,  # rows per program
-    BLOCK_C: tl.constexpr,  # columns per program (power of two >= 16)
+    BLOCK_C: tl.constexpr,  # units per program along a row (power of two >= 16)
 ):
+    row_units = tl.multiple_of(row_units, VEC)   # lets masks keep VEC-wide accesses
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)   # [BLOCK_R] payload rows
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)   # [BLOCK_C] columns
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)   # [BLOCK_C] units
     row_ok = r < num_rows
     tok = r % num_tokens
     lk = r // num_tokens                                     # layer' * 2 + kv
     pos = token_start + tok
     blk = tl.load(ids_ptr + pos // block_size, mask=row_ok, other=0)   # [BLOCK_R] int64
     pool_row = (blk * num_layers * 2 + layer_start * 2 + lk) * block_size + pos % block_size
-    mask = row_ok[:, None] & (c < row_numel)[None, :]
-    pool_offs = pool_row[:, None] * row_numel + c[None, :]             # [BLOCK_R, BLOCK_C]
-    payload_offs = r.to(tl.int64)[:, None] * row_numel + c[None, :]
+    mask = row_ok[:, None] & (c < row_units)[None, :]
+    pool_at = tl.multiple_of(pool_row * row_units, VEC)
+    payload_at = tl.multiple_of(r.to(tl.int64) * row_units, VEC)
+    pool_offs = pool_at[:, None] + c[None, :]                # [BLOCK_R, BLOCK_C]
+    payload_offs = payload_at[:, None] + c[None, :]
     if GATHER:
         vals = tl.load(pool_ptr + pool_offs, mask=mask)
         tl.store(payload_ptr + payload_offs, vals, mask=mask)
@@ -125,32 +147,51 @@ def kv_unpack_tokens_ref(payload, pool, block_ids, token_start, layer_start=0) -
 
 # ---------------------------------------------------------------- wrappers
 
-def _check_pool(pool: torch.Tensor) -> None:
+def check_pool(pool: torch.Tensor) -> None:
+    """Called by every wrapper taking a pool: refuses anything but a contiguous
+    ``[num_blocks, L, 2, B, H, D]``."""
     if pool.dim() != 6 or pool.shape[2] != 2:
         raise ValueError(f"pool must be [num_blocks, L, 2, B, H, D], got {tuple(pool.shape)}")
     if not pool.is_contiguous():
         raise ValueError("pool must be contiguous: a block is one contiguous region")
 
 
-def _launch_blocks(pool, payload, ids, gather: bool, block: int) -> None:
-    block_numel = pool[0].numel()
-    grid = (ids.numel(), triton.cdiv(block_numel, block))
+# Units per tile of the whole-block kernel: 16 KiB, 32 words (8 x 16 bytes) per thread.
+TILE_UNITS = 4096
+
+
+def _launch_blocks(pool, payload, ids, gather: bool, block: int | None) -> None:
+    block_bytes = pool[0].numel() * pool.element_size()
+    unit, vec = copy_unit([block_bytes], [pool, payload])
+    row_units = block_bytes // torch.tensor([], dtype=unit).element_size()
+    block = block or min(TILE_UNITS, triton.next_power_of_2(max(row_units, 16)))
+    tiles = ids.numel() * triton.cdiv(row_units, block)
+    grid = (persistent_grid(pool.device, tiles),)
     launchable(_blocks_kernel, pool.device)[grid](
-        pool, payload, ids, block_numel, GATHER=gather, BLOCK=block, **LAUNCH_OPTIONS)
+        as_units(pool, unit), as_units(payload, unit), ids, ids.numel(), row_units,
+        GATHER=gather, VEC=vec, BLOCK=block, **LAUNCH_OPTIONS)
+
+
+def pack_backend(pool: torch.Tensor, num_blocks: int, backend: Backend | None = None) -> Backend:
+    """Which path :func:`kv_pack` / :func:`kv_unpack` take for ``num_blocks`` blocks of
+    ``pool``: on CUDA torch below ``dispatch.TRITON_MIN_BYTES``, the kernel above."""
+    nbytes = num_blocks * pool[0].numel() * pool.element_size() if pool.shape[0] else 0
+    return resolve_copy_backend(pool, backend, nbytes)
 
 
 def kv_pack(pool: torch.Tensor, block_ids: BlockIds, *, out: torch.Tensor | None = None,
-            backend: Backend | None = None, block: int = 2048) -> torch.Tensor:
+            backend: Backend | None = None, block: int | None = None) -> torch.Tensor:
     """Called by the prefill side before a transfer; returns the payload
-    ``[len(block_ids), L, 2, B, H, D]`` (``out`` when given, e.g. a registered buffer)."""
-    _check_pool(pool)
+    ``[len(block_ids), L, 2, B, H, D]`` (``out`` when given, e.g. a registered buffer).
+    ``block``: units (see ``dispatch.copy_unit``) per tile, for tests."""
+    check_pool(pool)
     ids = as_index_tensor(block_ids, pool.shape[0], pool.device)
     shape = (ids.numel(), *pool.shape[1:])
     if out is None:
         out = torch.empty(shape, dtype=pool.dtype, device=pool.device)
     elif tuple(out.shape) != shape or out.dtype != pool.dtype or not out.is_contiguous():
         raise ValueError(f"out must be contiguous {shape} {pool.dtype}")
-    if resolve_backend(pool, backend) == "torch":
+    if pack_backend(pool, ids.numel(), backend) == "torch":
         return torch.index_select(pool, 0, ids, out=out)
     if ids.numel():
         _launch_blocks(pool, out, ids, True, block)
@@ -158,15 +199,15 @@ def kv_pack(pool: torch.Tensor, block_ids: BlockIds, *, out: torch.Tensor | None
 
 
 def kv_unpack(payload: torch.Tensor, pool: torch.Tensor, block_ids: BlockIds, *,
-              backend: Backend | None = None, block: int = 2048) -> torch.Tensor:
+              backend: Backend | None = None, block: int | None = None) -> torch.Tensor:
     """Called by the decode side when a payload lands; writes ``payload[i]`` into block
     ``block_ids[i]`` of ``pool`` (ids must be distinct) and returns ``pool``."""
-    _check_pool(pool)
+    check_pool(pool)
     ids = as_index_tensor(block_ids, pool.shape[0], pool.device)
     if tuple(payload.shape) != (ids.numel(), *pool.shape[1:]) or payload.dtype != pool.dtype:
         raise ValueError(f"payload {tuple(payload.shape)} {payload.dtype} does not fit "
                          f"{ids.numel()} blocks of {tuple(pool.shape[1:])} {pool.dtype}")
-    if resolve_backend(pool, backend) == "torch":
+    if pack_backend(pool, ids.numel(), backend) == "torch":
         return pool.index_copy_(0, ids, payload)
     if ids.numel():
         _launch_blocks(pool, payload.contiguous(), ids, False, block)
@@ -175,15 +216,17 @@ def kv_unpack(payload: torch.Tensor, pool: torch.Tensor, block_ids: BlockIds, *,
 
 def _launch_tokens(pool, payload, ids, token_start, layer_start, gather: bool) -> None:
     num_layers_out, _, num_tokens, heads, head_dim = payload.shape
-    row_numel = heads * head_dim
-    block_c = min(max(triton.next_power_of_2(row_numel), 16), 1024)
-    block_r = max(1, 4096 // block_c)
+    row_bytes = heads * head_dim * pool.element_size()
+    unit, vec = copy_unit([row_bytes], [pool, payload])
+    row_units = row_bytes // torch.tensor([], dtype=unit).element_size()
+    block_c = min(max(triton.next_power_of_2(row_units), 16), TILE_UNITS)
+    block_r = max(1, TILE_UNITS // block_c)
     num_rows = num_layers_out * 2 * num_tokens
-    grid = (triton.cdiv(num_rows, block_r), triton.cdiv(row_numel, block_c))
+    grid = (triton.cdiv(num_rows, block_r), triton.cdiv(row_units, block_c))
     launchable(_tokens_kernel, pool.device)[grid](
-        pool, payload, ids, num_rows, num_tokens, token_start, layer_start, pool.shape[1],
-        pool.shape[3], row_numel, GATHER=gather, BLOCK_R=block_r, BLOCK_C=block_c,
-        **LAUNCH_OPTIONS)
+        as_units(pool, unit), as_units(payload, unit), ids, num_rows, num_tokens, token_start,
+        layer_start, pool.shape[1], pool.shape[3], row_units, GATHER=gather, VEC=vec,
+        BLOCK_R=block_r, BLOCK_C=block_c, **LAUNCH_OPTIONS)
 
 
 def _check_range(pool, n_ids, token_start, token_end, l0, l1) -> None:
@@ -200,7 +243,7 @@ def kv_pack_tokens(pool: torch.Tensor, block_ids: BlockIds, token_start: int, to
     """Called to send part of a request's KV: tokens ``[token_start, token_end)`` (counted
     from the request's first token) of layers ``[l0, l1)`` (all by default).  Returns
     ``[l1 - l0, 2, token_end - token_start, H, D]``."""
-    _check_pool(pool)
+    check_pool(pool)
     l0, l1 = layers or (0, pool.shape[1])
     ids = as_index_tensor(block_ids, pool.shape[0], pool.device)
     _check_range(pool, ids.numel(), token_start, token_end, l0, l1)
@@ -222,7 +265,7 @@ def kv_unpack_tokens(payload: torch.Tensor, pool: torch.Tensor, block_ids: Block
     """Called when a token-range payload ``[L', 2, T, H, D]`` lands: writes it at tokens
     ``[token_start, token_start + T)`` and layers ``[layer_start, layer_start + L')``
     of the request's blocks; returns ``pool``."""
-    _check_pool(pool)
+    check_pool(pool)
     ids = as_index_tensor(block_ids, pool.shape[0], pool.device)
     n_layers, _, n_tokens = payload.shape[:3]
     _check_range(pool, ids.numel(), token_start, token_start + n_tokens, layer_start,

@@ -12,7 +12,7 @@ import os
 import sys
 
 KERNEL_MODULES = ("triton", "splitserve.kernels.kv_pack", "splitserve.kernels.kv_layout",
-                  "splitserve.kernels.kv_fp8")
+                  "splitserve.kernels.kv_fp8", "splitserve.kernels.kv_pack_fp8")
 
 
 def import_triton_interpreted() -> None:
