@@ -10,7 +10,8 @@ Payloads are ``[n, L, 2, B, H, D]`` as produced by ``kv_pack``.  Two mismatches 
 * **Block size.**  :func:`rechunk_blocks` re-cuts the token axis from ``B_a`` to ``B_b``
   tokens per block, zero-filling the slots past the request's last token.
 
-Both are copies of ``H*D``-element rows, so each kernel moves a tile of rows per program.
+Both are copies of ``H*D``-element rows, so each kernel moves a tile of rows per program,
+as 32-bit words with 16-byte vector hints when the geometry allows (``dispatch.copy_unit``).
 """
 
 from __future__ import annotations
@@ -22,60 +23,72 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import LAUNCH_OPTIONS, Backend, launchable, resolve_backend
+from .dispatch import LAUNCH_OPTIONS, Backend, as_units, copy_unit, launchable, resolve_backend
 
 
 @triton.jit
 def _head_copy_kernel(
-    src_ptr,          # *T [rows, src_row_numel]: source payload, rows = n*L*2*B
-    dst_ptr,          # *T [rows, dst_row_numel]: destination payload
+    src_ptr,          # *U [rows, src_row_units]: source payload as units, rows = n*L*2*B
+    dst_ptr,          # *U [rows, dst_row_units]: destination payload as units
     num_rows,         # n*L*2*B
-    src_row_numel,    # H_src * D
-    dst_row_numel,    # H_dst * D
-    src_col0,         # first source element of the segment, head * D
+    src_row_units,    # H_src * D elements, as units
+    dst_row_units,    # H_dst * D elements, as units
+    src_col0,         # first source unit of the segment
     dst_col0,         # where the segment lands in a destination row
-    num_cols,         # segment length, heads * D
+    num_cols,         # segment length in units
+    VEC: tl.constexpr,      # every length and offset above is a multiple of VEC units
     BLOCK_R: tl.constexpr,  # rows per program
-    BLOCK_C: tl.constexpr,  # columns per program (power of two >= 16)
+    BLOCK_C: tl.constexpr,  # units per program along a row (power of two >= 16)
 ):
+    num_cols = tl.multiple_of(num_cols, VEC)     # lets masks keep VEC-wide accesses
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)   # [BLOCK_R]
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)                  # [BLOCK_C]
     mask = (r < num_rows)[:, None] & (c < num_cols)[None, :]
-    vals = tl.load(src_ptr + r[:, None] * src_row_numel + src_col0 + c[None, :], mask=mask)
-    tl.store(dst_ptr + r[:, None] * dst_row_numel + dst_col0 + c[None, :], vals, mask=mask)
+    src_at = tl.multiple_of(r * src_row_units + src_col0, VEC)
+    dst_at = tl.multiple_of(r * dst_row_units + dst_col0, VEC)
+    vals = tl.load(src_ptr + src_at[:, None] + c[None, :], mask=mask)
+    tl.store(dst_ptr + dst_at[:, None] + c[None, :], vals, mask=mask)
 
 
 @triton.jit
 def _rechunk_kernel(
-    src_ptr,          # *T [n_a*L*2*B_a, H*D]: source payload as rows
-    dst_ptr,          # *T [n_b*L*2*B_b, H*D]: destination payload as rows
+    src_ptr,          # *U [n_a*L*2*B_a, row_units]: source payload as rows of units
+    dst_ptr,          # *U [n_b*L*2*B_b, row_units]: destination payload as rows
     num_rows,         # n_b*L*2*B_b
     num_tokens,       # T: tokens of the request; later slots are zero-filled
     num_lk,           # 2*L: (layer, k/v) pairs per block
     bs_in,            # B_a
     bs_out,           # B_b
-    row_numel,        # H*D
+    row_units,        # H*D elements, as units
+    VEC: tl.constexpr,      # row_units is a multiple of VEC units
     BLOCK_R: tl.constexpr,  # rows per program
-    BLOCK_C: tl.constexpr,  # columns per program (power of two >= 16)
+    BLOCK_C: tl.constexpr,  # units per program along a row (power of two >= 16)
 ):
+    row_units = tl.multiple_of(row_units, VEC)   # lets masks keep VEC-wide accesses
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)   # [BLOCK_R]
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)                  # [BLOCK_C]
     slot = r % bs_out
     lk = (r // bs_out) % num_lk
     tok = (r // (bs_out * num_lk)) * bs_out + slot           # request token of the row
     src_row = ((tok // bs_in) * num_lk + lk) * bs_in + tok % bs_in
-    col_ok = (c < row_numel)[None, :]
+    col_ok = (c < row_units)[None, :]
     row_ok = r < num_rows
     load_mask = (row_ok & (tok < num_tokens))[:, None] & col_ok
-    vals = tl.load(src_ptr + src_row[:, None] * row_numel + c[None, :], mask=load_mask, other=0)
-    tl.store(dst_ptr + r[:, None] * row_numel + c[None, :], vals,
-             mask=row_ok[:, None] & col_ok)
+    src_at = tl.multiple_of(src_row * row_units, VEC)
+    dst_at = tl.multiple_of(r * row_units, VEC)
+    vals = tl.load(src_ptr + src_at[:, None] + c[None, :], mask=load_mask, other=0)
+    tl.store(dst_ptr + dst_at[:, None] + c[None, :], vals, mask=row_ok[:, None] & col_ok)
 
 
-def _tiles(row_numel: int) -> tuple[int, int]:
-    """Tile shape for row copies: whole rows up to 1024 columns, ~4096 elements a tile."""
-    block_c = min(max(triton.next_power_of_2(row_numel), 16), 1024)
+def _tiles(row_units: int) -> tuple[int, int]:
+    """Tile shape for row copies: whole rows up to 4096 units, ~4096 units (16 KiB of
+    32-bit words) a tile."""
+    block_c = min(max(triton.next_power_of_2(row_units), 16), 4096)
     return max(1, 4096 // block_c), block_c
+
+
+def _unit_size(unit: torch.dtype) -> int:
+    return torch.tensor([], dtype=unit).element_size()
 
 
 # ---------------------------------------------------------------- head sharding
@@ -166,17 +179,21 @@ def reshard_heads(shards: Sequence[torch.Tensor], num_kv_heads: int, dst_tp: int
         raise ValueError(f"out must be contiguous {shape} {first.dtype}")
     if resolve_backend(first, backend) == "torch":
         return out.copy_(reshard_heads_ref(shards, num_kv_heads, dst_tp, dst_rank))
-    head_dim, num_rows = first.shape[5], first[..., 0, 0].numel()
+    head_bytes, num_rows = first.shape[5] * first.element_size(), first[..., 0, 0].numel()
     kernel = launchable(_head_copy_kernel, first.device)
     srcs = [shard.contiguous() for shard in shards]
+    # One unit for every segment: head-sized offsets, whole rows and all tensors' addresses.
+    unit, vec = copy_unit([head_bytes], [*srcs, out])
+    per_head = head_bytes // _unit_size(unit)
+    dst_units, src_units = as_units(out, unit), [as_units(t, unit) for t in srcs]
     for seg in plan:
-        num_cols = seg.count * head_dim
+        num_cols = seg.count * per_head
         block_r, block_c = _tiles(num_cols)
         grid = (triton.cdiv(num_rows, block_r), triton.cdiv(num_cols, block_c))
         if num_rows:
-            kernel[grid](srcs[seg.src_rank], out, num_rows, h_src * head_dim,
-                         shape[4] * head_dim, seg.src_head * head_dim, seg.dst_head * head_dim,
-                         num_cols, BLOCK_R=block_r, BLOCK_C=block_c, **LAUNCH_OPTIONS)
+            kernel[grid](src_units[seg.src_rank], dst_units, num_rows, h_src * per_head,
+                         shape[4] * per_head, seg.src_head * per_head, seg.dst_head * per_head,
+                         num_cols, VEC=vec, BLOCK_R=block_r, BLOCK_C=block_c, **LAUNCH_OPTIONS)
     return out
 
 
@@ -218,11 +235,15 @@ def rechunk_blocks(payload: torch.Tensor, block_size_out: int, *,
         raise ValueError(f"out must be contiguous {shape} {payload.dtype}")
     if resolve_backend(payload, backend) == "torch":
         return out.copy_(rechunk_blocks_ref(payload, block_size_out, num_tokens))
-    num_rows, row_numel = out[..., 0, 0].numel(), heads * head_dim
-    block_r, block_c = _tiles(row_numel)
+    src = payload.contiguous()
+    unit, vec = copy_unit([heads * head_dim * payload.element_size()], [src, out])
+    num_rows, row_units = out[..., 0, 0].numel(), heads * head_dim * payload.element_size()
+    row_units //= _unit_size(unit)
+    block_r, block_c = _tiles(row_units)
     if num_rows:
-        grid = (triton.cdiv(num_rows, block_r), triton.cdiv(row_numel, block_c))
+        grid = (triton.cdiv(num_rows, block_r), triton.cdiv(row_units, block_c))
         launchable(_rechunk_kernel, payload.device)[grid](
-            payload.contiguous(), out, num_rows, num_tokens, 2 * layers, bs_in, block_size_out,
-            row_numel, BLOCK_R=block_r, BLOCK_C=block_c, **LAUNCH_OPTIONS)
+            as_units(src, unit), as_units(out, unit), num_rows, num_tokens, 2 * layers, bs_in,
+            block_size_out, row_units, VEC=vec, BLOCK_R=block_r, BLOCK_C=block_c,
+            **LAUNCH_OPTIONS)
     return out

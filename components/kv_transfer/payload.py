@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from splitserve.kernels.kv_fp8 import Fp8Payload, compress, decompress
+from splitserve.kernels.kv_fp8 import Fp8Payload, decompress
 from splitserve.kernels.kv_layout import rechunk_blocks, reshard_heads
-from splitserve.kernels.kv_pack import kv_pack, kv_unpack
+from splitserve.kernels.kv_pack import kv_unpack
+from splitserve.kernels.kv_pack_fp8 import pack_compress
 
 from .layout import PoolLayout, dst_blocks_needed, plan_transform
 from .messages import StagedInfo
 
-_SCALE_GROUP_NDIM = 3   # one scale per (block, layer, K/V), see kernels.kv_fp8
 
 
 def _fp8_parts(layout: PoolLayout, n: int) -> tuple[int, int, int]:
@@ -40,13 +40,13 @@ def staged_nbytes(layout: PoolLayout, n: int, fp8: bool) -> int:
 def build_fp8(pool: torch.Tensor, src_ids: Sequence[int], layout: PoolLayout,
               region: torch.Tensor) -> int:
     """Sender, FP8 option: pack and compress ``src_ids`` into ``region`` (uint8, at least
-    :func:`staged_nbytes` long, 8-byte aligned); returns the bytes to send."""
+    :func:`staged_nbytes` long, 8-byte aligned) in one pass; returns the bytes to send."""
     n = len(src_ids)
     codes, scales_at, scales = _fp8_parts(layout, n)
     out = Fp8Payload(region[:codes].view(n, *layout.block_shape),
                      region[scales_at:scales_at + scales].view(torch.float32)
                      .view(n, layout.num_layers, 2))
-    compress(kv_pack(pool, list(src_ids)), group_ndim=_SCALE_GROUP_NDIM, out=out)
+    pack_compress(pool, list(src_ids), out=out)   # one scale per (block, layer, K/V)
     return scales_at + scales
 
 
