@@ -94,3 +94,21 @@ def test_rechunk_matches_reference_and_inverts(bs_in, bs_out, n, tokens):
 def test_rechunk_refuses_bad_arguments(bs_out, tokens):
     with pytest.raises(ValueError, match="block_size_out"):
         kv_layout.rechunk_blocks(randn(2, 1, 2, 4, 1, 8, seed=2), bs_out, num_tokens=tokens)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [5, 8])                 # 10-byte heads: int16 units
+def test_half_precision_layouts_with_odd_head_bytes(dtype, head_dim):
+    full = randn(3, 2, 2, 5, 6, head_dim, seed=head_dim, dtype=dtype)
+    src = _shards(full, 6, 2)
+    for rank in range(3):
+        want = kv_layout.reshard_heads_ref([full], 6, 3, rank)
+        out = nan_like(want.shape, dtype)
+        kv_layout.reshard_heads(src, 6, 3, rank, out=out, backend="triton")
+        assert_written(out)
+        assert torch.equal(out, want)
+    out = nan_like((4, 2, 2, 4, 6, head_dim), dtype)
+    kv_layout.rechunk_blocks(full, 4, num_tokens=13, out=out, backend="triton")
+    assert_written(out)
+    assert torch.equal(out, kv_layout.rechunk_blocks_ref(full, 4, 13))

@@ -124,3 +124,43 @@ def test_bad_shapes_and_ranges_are_refused(backend):
         kv_pack.kv_pack_tokens(src, ids, 0, len(ids) * src.shape[3] + 1, backend=backend)
     with pytest.raises(ValueError, match="contiguous"):
         kv_pack.kv_pack(src.transpose(0, 1), ids, backend=backend)
+
+
+def _misaligned_pool(geometry, dtype, seed):
+    """A pool starting one element past a 16-byte boundary: the kernels must fall back to
+    narrower units (int16 for 2-byte dtypes) and still copy every element."""
+    src = pool(*geometry[:5], seed=seed, dtype=dtype)
+    flat = torch.empty(src.numel() + 16, dtype=dtype)
+    skip = (-flat.data_ptr() // src.element_size()) % (16 // src.element_size()) + 1
+    moved = flat[skip:skip + src.numel()].view(src.shape)
+    moved.copy_(src)
+    return moved
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("geometry", [GEOMETRIES[1], GEOMETRIES[3]])
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_pack_unpack_every_dtype_and_alignment(dtype, geometry, misaligned):
+    src = (_misaligned_pool(geometry, dtype, seed=80) if misaligned
+           else pool(*geometry[:5], seed=80, dtype=dtype))
+    ids = block_ids(geometry[0], geometry[5], seed=81)
+    out = nan_like((len(ids), *src.shape[1:]), dtype)
+    kv_pack.kv_pack(src, ids, out=out, backend="triton")
+    assert_written(out)
+    assert torch.equal(out, kv_pack.kv_pack_ref(src, ids))
+    dst = _misaligned_pool(geometry, dtype, seed=82) if misaligned else pool(
+        *geometry[:5], seed=82, dtype=dtype)
+    want = kv_pack.kv_unpack_ref(out, dst.clone(), ids)
+    assert torch.equal(kv_pack.kv_unpack(out, dst, ids, backend="triton"), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tokens_with_odd_row_bytes(dtype):
+    geometry = (11, 2, 5, 1, 7, 4)                           # a row is 14 bytes: int16 units
+    src, ids = _request(geometry, seed=90, dtype=dtype)
+    out = nan_like((1, 2, 13, 1, 7), dtype)
+    kv_pack.kv_pack_tokens(src, ids, 4, 17, layers=(1, 2), out=out, backend="triton")
+    assert_written(out)
+    assert torch.equal(out, kv_pack.kv_pack_tokens_ref(src, ids, 4, 17, (1, 2)))
+    want = kv_pack.kv_unpack_tokens_ref(out, src.clone(), ids, 2, 0)
+    assert torch.equal(kv_pack.kv_unpack_tokens(out, src, ids, 2, backend="triton"), want)
