@@ -133,7 +133,9 @@ class Graph:
             rows = json.loads(ready.read_text())["rows"]
             self.url = next(r["endpoint"] for r in rows if r["component"] == "Frontend")
             info = json.loads(next((self.tmp / "state/supervisors").glob("*.json")).read_text())
-            status = fetch_json(f"{info['control']}/v1/status")
+            from splitserve.serve.control import supervisor_status
+
+            status = supervisor_status(info, timeout_s=10)
             self.metrics = {r["component"]: r["metrics"] for r in status["replicas"]}
             self.configs = {c["name"]: c["config"] for c in status["plan"]["components"]}
         except BaseException:

@@ -202,7 +202,9 @@ class GraphRun:
         return json.loads(files[0].read_text())
 
     def status(self) -> dict:
-        data = fetch_json(f"{self.control}/v1/status")
+        from splitserve.serve.control import supervisor_status
+
+        data = supervisor_status(self.info(), timeout_s=10) or {}
         self.seen_pids |= {r["pid"] for r in data.get("replicas", []) if r.get("pid")}
         return data
 

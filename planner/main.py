@@ -24,9 +24,9 @@ from .sources import MetricsSource
 log = logging.getLogger("splitserve.planner")
 
 
-def _connector(cfg: PlannerComponentConfig, control_url: str):
+def _connector(cfg: PlannerComponentConfig, control_url: str, token: str | None):
     if cfg.connector == "local":
-        return LocalConnector(control_url, cfg.components)
+        return LocalConnector(control_url, cfg.components, token=token)
     if cfg.connector == "kubernetes":
         from .connectors.kubernetes import KubernetesConnector
 
@@ -39,6 +39,9 @@ async def main(ctx: ComponentContext) -> None:
     policy = (parse_planner_policy(cfg.policy, "Planner.policy") if isinstance(cfg.policy, dict)
               else load_planner_policy(cfg.policy))
     control_url = os.environ["SPLITSERVE_CONTROL_URL"]
+    from splitserve.serve.credentials import read_secret
+
+    token = read_secret(os.environ["SPLITSERVE_CONTROL_TOKEN_FILE"])
     from splitserve.components.prefill_queue import PrefillQueue
 
     queue = await PrefillQueue.connect(os.environ["NATS_SERVER"], ctx.namespace,
@@ -47,10 +50,10 @@ async def main(ctx: ComponentContext) -> None:
     depth = queue.depth_monitor()
     await depth.start()
     source = MetricsSource(control_url, components=cfg.components,
-                           queue_depth=lambda: depth.depth)
+                           queue_depth=lambda: depth.depth, control_token=token)
     metrics = PlannerMetrics()
     ctx.serve_metrics(metrics.registry)
-    planner = Planner(policy, source, _connector(cfg, control_url), metrics)
+    planner = Planner(policy, source, _connector(cfg, control_url, token), metrics)
 
     def apply_policy(doc, version: int) -> None:
         if doc.autoscale is not None:

@@ -125,8 +125,11 @@ class MetricsSource:
                  DEFAULT_COMPONENTS, frontend: str = "Frontend",
                  queue_depth: Callable[[], int | None] | None = None,
                  gpu_metric: str | None = None, client: httpx.AsyncClient | None = None,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, control_token: str | None = None) -> None:
         self.control_url = control_url.rstrip("/")
+        # The supervisor's bearer token goes to the control endpoint only, not to scrapes.
+        self._control_headers = ({"Authorization": f"Bearer {control_token}"}
+                                 if control_token else {})
         self.components = dict(components)
         self.frontend = frontend
         self.queue_depth = queue_depth
@@ -147,7 +150,8 @@ class MetricsSource:
 
     async def observe(self, now: float) -> Observation:
         """One round of readings; ``now`` is the caller's clock (monotonic seconds)."""
-        reply = await self._client.get(f"{self.control_url}/v1/status")
+        reply = await self._client.get(f"{self.control_url}/v1/status",
+                                       headers=self._control_headers)
         reply.raise_for_status()
         status = reply.json()
         rows = status.get("replicas", [])

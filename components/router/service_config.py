@@ -29,5 +29,22 @@ class RouterComponentConfig(ComponentConfig):
                                        "counts as 'recent' for the latency-cost scorer.")
     inflight_ttl_s: float = Field(600.0, gt=0, description="An unreleased placement stops "
                                   "counting as load after this long.")
+    down_ttl_s: float = Field(30.0, gt=0, description="A worker a frontend could not "
+                              "reach is not routed to until it reports its load again, "
+                              "leaves discovery, or this long has passed.")
     qos: QosConfig = Field(default_factory=QosConfig, description="Priority classes, "
                            "admission control and graceful degradation (see docs/qos.md).")
+
+    def preflight(self) -> list[str]:
+        """Build the routing policy once (reading a policy file it names), so a missing or
+        invalid file fails `dynamo serve` validation instead of crash-looping the router."""
+        from splitserve.components.router.service import load_policy
+
+        try:
+            load_policy(self)
+        except FileNotFoundError:
+            return [f"policy: {self.policy!r} is not a built-in policy (round_robin, "
+                    "kv_aware, latency_cost) and no such file exists"]
+        except Exception as exc:  # noqa: BLE001 - any failure to build is a config error
+            return [f"policy: {' '.join(str(exc).split())}"]
+        return []

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
 from splitserve.cli.paths import new_run_dir, registry_dir, state_root
+from splitserve.common.connect import EtcdAccess, NatsAccess
 from splitserve.infra.embedded import resolve_endpoints
 from splitserve.serve.config import ConfigError
 from splitserve.serve.graph import GraphError, load_graph
@@ -30,9 +32,19 @@ def print_plan(plan: ServePlan, console: Console) -> None:
         console.print(f"  [bold cyan]{comp.name}[/] x{comp.replicas}  python -m {comp.entrypoint}"
                       f"  links: {links}{pruned}  shutdown rank {comp.shutdown_rank}")
         cfg = comp.config.model_dump(mode="json", exclude={"replicas"})
-        console.print(f"      {json.dumps(cfg, sort_keys=True)}", highlight=False)
+        console.print(f"      {json.dumps(cfg, sort_keys=True)}", highlight=False, markup=False)
     for name in plan.ignored_sections:
         console.print(f"  [dim]{name}: section present but not in this graph; not started[/]")
+
+
+def external_access(etcd: str | None, nats: str | None
+                    ) -> tuple[EtcdAccess, NatsAccess] | None:
+    """Credentials and TLS of external etcd and NATS, from their URLs and the ETCD_AUTH_*,
+    NATS_AUTH_* and NATS_TLS_* variables; None unless both servers are given.  Raises
+    ValueError (AccessError) for inconsistent settings, never drops a credential."""
+    if not (etcd and nats):
+        return None
+    return EtcdAccess.from_env(os.environ, etcd), NatsAccess.from_env(os.environ, nats)
 
 
 def serve(
@@ -58,6 +70,10 @@ def serve(
                                          help="Root for run directories and the registry."),
     ready_file: Path | None = typer.Option(None, "--ready-file", help="Write this file once "
                                            "every replica reports ready (for scripts)."),
+    policy_key_file: Path | None = typer.Option(
+        None, "--policy-key-file", envvar="SPLITSERVE_POLICY_KEY_FILE",
+        help="Secret that signs policy versions (keep it 0600); default: a new key per run, "
+             "in the run directory."),
 ) -> None:
     """Bring a graph up: validate the config, start infrastructure and every component.
 
@@ -70,9 +86,15 @@ def serve(
     try:
         g = load_graph(graph)
         plan = load_plan(g, graph, config, ctx.args, g.defined)
-        external = resolve_endpoints(etcd, nats)
+        access = external_access(etcd, nats)
+        if access:  # the credential-free URLs: they are logged and shown by status
+            external = resolve_endpoints(access[0].endpoints, access[1].server)
+        else:
+            external = resolve_endpoints(etcd, nats)
     except (GraphError, ConfigError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        # Printed without markup: messages quote patterns and paths with [brackets].
+        err.print("[red]error:[/] ", end="")
+        err.print(str(exc), markup=False, highlight=False)
         raise typer.Exit(2) from None
     if dry_run:
         if json_out:
@@ -87,7 +109,9 @@ def serve(
 
     root = state_root(state_dir)
     run_dir = new_run_dir(root)
+    access_env = {**access[0].env(), **access[1].env()} if access else {}
     code = asyncio.run(run_serve(plan, run_dir, external, control_port=control_port,
                                  live_status=status, registry_dir=registry_dir(root),
-                                 console=console, ready_file=ready_file))
+                                 console=console, ready_file=ready_file,
+                                 access_env=access_env, policy_key_file=policy_key_file))
     raise typer.Exit(code)

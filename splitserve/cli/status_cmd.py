@@ -14,6 +14,7 @@ from rich.table import Table
 from splitserve.cli.paths import dev_infra_dir, registry_dir, state_root
 from splitserve.common.etcd import get_prefix
 from splitserve.infra.procs import pid_alive
+from splitserve.serve.control import supervisor_status
 
 INSTANCES = "v1/instances/"
 
@@ -87,7 +88,7 @@ def status(
         except Exception as exc:  # noqa: BLE001 - any client error means unreachable
             unreachable.append(f"{ep}: {exc.__class__.__name__}")
     for s in sups:
-        st = fetch_json(f"{s['control']}/v1/status")
+        st = supervisor_status(s)
         report["supervisors"].append({**s, "replicas": st["replicas"] if st else None})
     degraded = any(r["state"] != "ready" for s in report["supervisors"]
                    for r in (s["replicas"] or []))

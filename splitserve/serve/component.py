@@ -58,7 +58,7 @@ class ComponentContext:
         return self.runtime.endpoint(endpoint_path(self.namespace, component, name))
 
     def serve_metrics(self, registry) -> str | None:
-        """Expose ``registry`` at http://127.0.0.1:<port>/metrics; returns the URL.
+        """Expose ``registry`` at http://<Common.bind_host>:<port>/metrics; returns the URL.
 
         The port comes from the section's ``metrics_port`` (0 = free port, None = off);
         the URL is added to every later ``report`` so `dynamo status` can show it.
@@ -68,8 +68,10 @@ class ComponentContext:
             return None
         from prometheus_client import start_http_server
 
-        server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
-        self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
+        host = self.run.common.bind_host
+        server, _ = start_http_server(port, addr=host, registry=registry)
+        shown = f"[{host}]" if ":" in host else host
+        self.metrics_url = f"http://{shown}:{server.server_port}/metrics"
         return self.metrics_url
 
     def report(self, state: str, **extra: Any) -> None:
@@ -116,7 +118,10 @@ def make_runtime(loop: asyncio.AbstractEventLoop, request_plane: str):
     """Create Dynamo's DistributedRuntime from ETCD_ENDPOINTS / NATS_SERVER in the env."""
     from dynamo.runtime import DistributedRuntime
 
-    os.environ.setdefault("DYN_TCP_RPC_HOST", "127.0.0.1")
+    from splitserve.serve.listeners import listener_env
+
+    for name, value in listener_env("127.0.0.1").items():  # loopback unless told otherwise
+        os.environ.setdefault(name, value)
     return DistributedRuntime(loop, "etcd", request_plane, event_plane="nats")
 
 

@@ -7,15 +7,21 @@ the component and the field path.  Nothing is started before this succeeds.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from splitserve.common.models import StrictModel
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
+# Models this distribution can serve: the engines load SmolLM2 (real on CPU, simulated by
+# the mocker).  A name outside this list would start a graph whose frontend answers 400
+# to every request, so it is refused before anything starts.
+SERVED_MODELS = ("SmolLM2-135M-Instruct",)
+LOOPBACK = "127.0.0.1"
 
 
 class RestartPolicy(StrictModel):
@@ -35,7 +41,14 @@ class CommonConfig(StrictModel):
                            description="Dynamo namespace: prefixes etcd keys, endpoints, "
                                        "NATS subjects and the prefill queue's stream.")
     model: str = Field("SmolLM2-135M-Instruct", min_length=1,
-                       description="Model name clients put in the OpenAI `model` field.")
+                       description="Model name clients put in the OpenAI `model` field; "
+                                   "one of " + ", ".join(SERVED_MODELS) + ".")
+    bind_host: str = Field(LOOPBACK, description="Address every listener of the graph's "
+                           "processes binds: Dynamo's request plane, response streams, "
+                           "system and event-plane servers, NIXL/UCX and the components' "
+                           "metrics servers.  Loopback by default; set it to this machine's "
+                           "address on the network the other nodes use to open the graph "
+                           "for multi-node serving.")
     request_plane: Literal["tcp", "nats"] = Field(
         "tcp", description="Transport of Dynamo's request plane between components.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(
@@ -46,6 +59,28 @@ class CommonConfig(StrictModel):
                                       "shutdown; replicas still alive then are killed.")
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
 
+    @field_validator("model")
+    @classmethod
+    def _served(cls, v: str) -> str:
+        if v not in SERVED_MODELS:
+            raise ValueError(f"unknown model {v!r}; this distribution serves: "
+                             + ", ".join(SERVED_MODELS))
+        return v
+
+    @field_validator("bind_host")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        try:
+            addr = ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address") from None
+        if addr.is_unspecified:
+            # Dynamo advertises the bound address to its peers: a wildcard cannot be
+            # reached, and it would also expose every listener on every interface.
+            raise ValueError("give this machine's address on the network the other nodes "
+                             "use, not a wildcard address")
+        return v
+
 
 class ComponentConfig(StrictModel):
     """Fields every component section accepts; components subclass it with their own."""
@@ -54,9 +89,18 @@ class ComponentConfig(StrictModel):
     env: dict[str, str] = Field(default_factory=dict,
                                 description="Extra environment variables for each replica.")
     metrics_port: int | None = Field(0, ge=0, le=65535, description="Port of this replica's "
-                                     "Prometheus /metrics on 127.0.0.1 (0 = a free port, "
+                                     "Prometheus /metrics on Common.bind_host (0 = a free port, "
                                      "null = none; components with an HTTP API serve it "
                                      "there instead).")
+
+    def preflight(self) -> list[str]:
+        """Checks that need more than the section itself (files it names, say).
+
+        Called by ``build_plan`` after validation, so ``--dry-run`` catches what would
+        otherwise only fail inside a started replica (and crash-loop there).  Returns
+        lines of ``field: message``; components override it, the base has none.
+        """
+        return []
 
 
 class ConfigError(ValueError):
@@ -77,16 +121,51 @@ def format_validation_error(prefix: str, exc: ValidationError) -> list[str]:
     return lines
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML says keys are
+    unique; PyYAML silently keeps the last, which hides a half-edited config)."""
+
+
+def _unique_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key '{key}' given twice (lines {seen[key]} and {line})",
+                key_node.start_mark)
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_yaml_text(text: str) -> Any:
+    """Parse YAML, refusing duplicate keys; raises yaml.YAMLError."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping; raise ConfigError naming the file on a parse error."""
+    """Read a YAML mapping; raise ConfigError naming the file on a parse error.
+
+    An empty file (or one with only comments) is refused: it is almost always a wrong
+    path or a truncated write, and running the defaults instead would hide it.  Serving
+    the defaults is done by giving no ``-f`` at all.
+    """
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = load_yaml_text(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError(str(path), ["file not found"]) from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), ["is a directory, not a config file"]) from None
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
     if data is None:
-        return {}
+        raise ConfigError(str(path), ["file is empty; give at least one section, or no "
+                                      "config file to run the defaults"])
     if not isinstance(data, dict):
         raise ConfigError(str(path), ["top level must be a mapping of sections"])
     return data

@@ -127,6 +127,10 @@ def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
         except ValidationError as exc:
             errors += format_validation_error(name, exc)
             continue
+        problems = cfg.preflight()
+        if problems:
+            errors += [f"{name}.{p}" for p in problems]
+            continue
         comps.append(ComponentPlan(name=name, entrypoint=spec.entrypoint, config=cfg,
                                    links=graph.links_of(name), pruned=graph.pruned_of(name),
                                    shutdown_rank=spec.shutdown_rank))

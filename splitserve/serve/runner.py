@@ -16,6 +16,13 @@ from rich.table import Table
 
 from splitserve.infra.embedded import EmbeddedInfra, InfraEndpoints
 from splitserve.serve.control import ControlServer, supervisor_handler
+from splitserve.serve.credentials import (
+    CONTROL_TOKEN_FILE,
+    POLICY_KEY_FILE,
+    read_secret,
+    write_secret,
+)
+from splitserve.serve.listeners import listener_env
 from splitserve.serve.plan import ServePlan
 from splitserve.serve.supervisor import Supervisor
 
@@ -39,11 +46,21 @@ def status_table(rows: list[dict], title: str) -> Table:
 async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
                 control_port: int = 0, live_status: bool | None = None,
                 registry_dir: Path | None = None, console: Console | None = None,
-                ready_file: Path | None = None) -> int:
-    """Run the plan until SIGINT/SIGTERM or a permanent failure; return the exit code."""
+                ready_file: Path | None = None, access_env: dict[str, str] | None = None,
+                policy_key_file: Path | None = None) -> int:
+    """Run the plan until SIGINT/SIGTERM or a permanent failure; return the exit code.
+
+    ``access_env`` holds the credentials/TLS variables of external etcd and NATS;
+    ``policy_key_file`` the operator's policy signing key (default: a new one per run).
+    """
     console = console or Console()
     live_status = console.is_terminal if live_status is None else live_status
     started = time.monotonic()
+    token = write_secret(run_dir / CONTROL_TOKEN_FILE)
+    if policy_key_file is None:
+        policy_key_file = run_dir / POLICY_KEY_FILE
+        write_secret(policy_key_file)
+    read_secret(policy_key_file)  # fail now, not in every replica, if it is unusable
     infra = None
     if external is None:
         infra = EmbeddedInfra(run_dir / "infra")
@@ -53,14 +70,16 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
     else:
         endpoints = external
         console.print(f"[bold]infra[/] external etcd {endpoints.etcd}, NATS {endpoints.nats}")
-    env = {**endpoints.env(), "DYN_TCP_RPC_HOST": "127.0.0.1",
+    env = {**endpoints.env(), **(access_env or {}), **listener_env(plan.common.bind_host),
+           "SPLITSERVE_POLICY_KEY_FILE": str(Path(policy_key_file).resolve()),
+           "SPLITSERVE_CONTROL_TOKEN_FILE": str(run_dir / CONTROL_TOKEN_FILE),
            "DYN_LOG": os.environ.get("DYN_LOG", "warn")}
 
     def printer(prefix: str, line: str) -> None:
         console.out(f"{prefix:>14} | {line}", highlight=False)
 
     sup = Supervisor(plan, run_dir, env, printer=printer)
-    control = ControlServer(supervisor_handler(sup, plan.to_dict()), port=control_port)
+    control = ControlServer(supervisor_handler(sup, plan.to_dict()), token, port=control_port)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, sup.stop_requested.set)
@@ -70,7 +89,10 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
         sup.env["SPLITSERVE_CONTROL_URL"] = control.url  # the planner's local connector
         info = {"pid": os.getpid(), "control": control.url, "graph": plan.graph_ref,
                 "config": plan.source, "namespace": plan.common.namespace,
-                "etcd": endpoints.etcd, "nats": endpoints.nats, "run_dir": str(run_dir)}
+                "etcd": endpoints.etcd, "nats": endpoints.nats, "run_dir": str(run_dir),
+                "token_file": str(run_dir / CONTROL_TOKEN_FILE),
+                "policy_key_file": str(Path(policy_key_file).resolve()),
+                "bind_host": plan.common.bind_host}
         (run_dir / "control.json").write_text(json.dumps(info, indent=2))
         if registry_dir:
             registry_dir.mkdir(parents=True, exist_ok=True)

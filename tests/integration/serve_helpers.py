@@ -66,8 +66,14 @@ class ServeRun:
         files = list((self.state / "supervisors").glob("*.json"))
         return json.loads(files[0].read_text())
 
+    def token(self) -> str:
+        """The control endpoint's bearer token, from the run directory (0600)."""
+        return Path(self.info()["token_file"]).read_text().strip()
+
     def status(self) -> dict:
-        with urllib.request.urlopen(self.control() + "/v1/status", timeout=5) as r:
+        req = urllib.request.Request(self.control() + "/v1/status",
+                                     headers={"Authorization": f"Bearer {self.token()}"})
+        with urllib.request.urlopen(req, timeout=5) as r:
             data = json.loads(r.read())
         self.seen_pids |= {r["pid"] for r in data["replicas"] if r["pid"]}
         return data
@@ -100,17 +106,24 @@ class ServeRun:
         self.log.close()
 
 
-def http_get_json(url: str, timeout_s: float = 10) -> tuple[int, dict]:
+def http_get_json(url: str, timeout_s: float = 10, token: str | None = None
+                  ) -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=timeout_s) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
 
 
-def http_post_json(url: str, body: dict, timeout_s: float = 10) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+def http_post_json(url: str, body: dict, timeout_s: float = 10, token: str | None = None
+                   ) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers,
+                                 method="POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             return r.status, json.loads(r.read())

@@ -13,6 +13,7 @@ import pytest
 from splitserve.common.etcd import get_prefix
 from splitserve.infra.embedded import EmbeddedInfra
 from splitserve.infra.procs import pid_alive
+from tests.fixtures.echo_front import ECHO_TOKEN
 from tests.integration.serve_helpers import (
     REPO,
     ServeRun,
@@ -32,7 +33,7 @@ def front_url(run: ServeRun) -> str:
 
 
 def echo(run: ServeRun, text: str) -> tuple[int, dict]:
-    return http_get_json(f"{front_url(run)}/echo/{text}")
+    return http_get_json(f"{front_url(run)}/echo/{text}", token=ECHO_TOKEN)
 
 
 def test_comes_up_answers_restarts_and_shuts_down_clean(tmp_path):
@@ -96,20 +97,20 @@ def test_two_runs_do_not_collide_and_scale_via_control(tmp_path):
         assert echo(a, "one")[1]["text"] == "one" and echo(b, "two")[1]["text"] == "two"
 
         code, body = http_post_json(a.control() + "/v1/components/EchoWorker/replicas",
-                                    {"replicas": 2})
+                                    {"replicas": 2}, token=a.token())
         assert code == 200, body
         wait_until(lambda: sum(r["state"] == "ready" for r in a.replicas("EchoWorker")) == 2,
                    20, what="scale up to 2")
         a.status()
         code, body = http_post_json(a.control() + "/v1/components/EchoWorker/replicas",
-                                    {"replicas": 1})
+                                    {"replicas": 1}, token=a.token())
         assert code == 200
         wait_until(lambda: len(a.replicas("EchoWorker")) == 1, 20, what="scale down to 1")
         assert echo(a, "still")[1]["text"] == "still"
         assert http_post_json(a.control() + "/v1/components/Nope/replicas",
-                              {"replicas": 1})[0] == 404
+                              {"replicas": 1}, token=a.token())[0] == 404
         assert http_post_json(a.control() + "/v1/components/EchoWorker/replicas",
-                              {"replicas": "two"})[0] == 400
+                              {"replicas": "two"}, token=a.token())[0] == 400
         assert a.stop() == 0 and b.stop() == 0
     finally:
         a.kill_all()

@@ -1,0 +1,35 @@
+"""Where the graph's processes listen: one address for every listener.
+
+Dynamo's runtime and UCX pick the machine's external address unless told otherwise,
+so the supervisor gives every replica the variables below, all derived from
+``Common.bind_host`` (127.0.0.1 by default).  Checked on a running disaggregated graph
+with ``ss -ltnp``: with these set, every socket of every replica is on loopback.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+# Dynamo 1.6.1 runtime: request-plane server, response-stream server (every client
+# process has one), system status/metrics server, ZMQ event plane, HTTP request plane.
+DYNAMO_HOST_VARS = ("DYN_TCP_RPC_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_SYSTEM_HOST",
+                    "DYN_EVENT_PLANE_HOST", "DYN_HTTP_RPC_HOST")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8 or ::1)."""
+    return ipaddress.ip_address(host).is_loopback
+
+
+def listener_env(bind_host: str) -> dict[str, str]:
+    """Environment that makes a replica's listeners bind ``bind_host``.
+
+    On loopback, UCX (NIXL's transport) is limited to the ``lo`` device: its TCP
+    transport otherwise listens on every interface's address.  On another address UCX
+    keeps all devices (RDMA included); restrict them with ``UCX_NET_DEVICES`` in the
+    component's ``env`` if needed.
+    """
+    env = {name: bind_host for name in DYNAMO_HOST_VARS}
+    if is_loopback(bind_host):
+        env["UCX_NET_DEVICES"] = "lo"
+    return env
