@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from starlette.routing import Route
 from splitserve.components.protocol import worker_request
 
 from .backend import Backend, StreamMeta
-from .errors import APIError, bad_request, overloaded, upstream_error
+from .errors import APIError, bad_request, overloaded, service_unavailable, upstream_error
 from .metrics import FrontendMetrics
 from .openai_types import ChatCompletionRequest, CompletionRequest, parse_json, validate
 from .textcodec import TextCodec
@@ -50,8 +50,20 @@ class FrontendState:
     inflight: int = 0
     loading_detail: str = "loading tokenizer"
 
+    # Names of the graph's dependencies (etcd, NATS) unreachable now; set by main.
+    dependencies_down: Callable[[], list[str]] = field(default=lambda: [])
+
     def is_ready(self) -> bool:
-        return self.codec is not None and self.backend.ready()
+        return self.codec is not None and self.backend.ready() and not self.dependencies_down()
+
+    def outage(self, err: APIError) -> APIError:
+        """A 503 answered while etcd or NATS is down says so (service_unavailable)."""
+        down = self.dependencies_down() if err.status == 503 else []
+        if not down:
+            return err
+        return service_unavailable(f"the service is unavailable: {', '.join(down)} is down "
+                                   f"({err.message}); retry later",
+                                   retry_after_s=max(2.0, err.retry_after_s or 0))
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -194,6 +206,7 @@ async def handle(request: Request, kind: str) -> Response:
             raise overloaded(f"server is at its limit of {state.max_inflight} concurrent "
                              "requests; retry later", retry_after_s=1)
     except APIError as err:
+        err = state.outage(err)
         state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else
                                       "invalid", str(err.status)).inc()
         return error_response(err)
@@ -209,6 +222,7 @@ async def handle(request: Request, kind: str) -> Response:
         try:
             first = await events.__anext__()
         except APIError as err:
+            err = state.outage(err)
             state.inflight -= 1
             state.metrics.inflight.dec()
             state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else
@@ -226,6 +240,7 @@ async def handle(request: Request, kind: str) -> Response:
             parts.append(text)
             finish = fin or finish
     except APIError as err:
+        err = state.outage(err)
         state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else "error",
                                       str(err.status)).inc()
         return error_response(err)
@@ -313,7 +328,9 @@ async def live(request: Request) -> Response:
 async def ready(request: Request) -> Response:
     state: FrontendState = request.app.state.frontend
     ok = state.is_ready()
+    down = state.dependencies_down()
     detail = "ready" if ok else (state.loading_detail if state.codec is None
+                                 else f"{', '.join(down)} down" if down
                                  else "waiting for workers")
     return JSONResponse({"status": "ready" if ok else "not ready", "detail": detail,
                          "inflight": state.inflight}, status_code=200 if ok else 503)

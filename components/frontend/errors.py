@@ -43,5 +43,12 @@ def overloaded(message: str, retry_after_s: float, code: str = "overloaded") -> 
                     retry_after_s=retry_after_s)
 
 
+def service_unavailable(message: str, retry_after_s: float = 2,
+                        code: str = "dependency_unavailable") -> APIError:
+    """503 while a dependency of the graph (etcd, NATS) is down: not an overload."""
+    return APIError(503, message, type_="service_unavailable", code=code,
+                    retry_after_s=retry_after_s)
+
+
 def upstream_error(message: str, status: int = 502, code: str = "worker_error") -> APIError:
     return APIError(status, message, type_="server_error", code=code)

@@ -54,7 +54,8 @@ async def main(ctx: ComponentContext) -> None:
                           first_token_timeout_s=cfg.first_token_timeout_s,
                           inter_token_timeout_s=cfg.inter_token_timeout_s,
                           priority_header=cfg.priority_header.lower(),
-                          context_factory=_context_factory())
+                          context_factory=_context_factory(),
+                          dependencies_down=ctx.watch_dependencies())
     server = _Server(uvicorn.Config(build_app(state), host=cfg.host, port=cfg.port,
                                     log_level="warning", access_log=False, lifespan="off",
                                     log_config=None))

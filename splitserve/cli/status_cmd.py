@@ -13,6 +13,7 @@ from rich.table import Table
 
 from splitserve.cli.paths import dev_infra_dir, registry_dir, state_root
 from splitserve.common.etcd import get_prefix
+from splitserve.infra.health import probe
 from splitserve.infra.procs import pid_alive
 from splitserve.serve.control import supervisor_status
 
@@ -59,6 +60,17 @@ async def registered_instances(etcd: str, namespace: str | None) -> list[dict]:
     return rows
 
 
+def dependencies_down(supervisor: dict, reported: list[dict] | None) -> list[str]:
+    """etcd / NATS of a local graph that are down: by its supervisor's report or by a probe.
+
+    The probe covers a supervisor whose control endpoint did not answer.
+    """
+    down = {d["name"] for d in reported or [] if d.get("state") == "down"}
+    if supervisor.get("etcd") and supervisor.get("nats"):
+        down |= {n for n, ok in probe(supervisor["etcd"], supervisor["nats"]).items() if not ok}
+    return sorted(down)
+
+
 def status(
     etcd: str | None = typer.Option(None, "--etcd", envvar="ETCD_ENDPOINTS",
                                     help="etcd to inspect (default: local graphs' own)."),
@@ -71,7 +83,7 @@ def status(
     """Show registered component instances and local `dynamo serve` replicas.
 
     Exit codes: 0 all healthy; 1 nothing found or etcd unreachable; 3 some replica is
-    not ready (starting, restarting, failed).
+    not ready (starting, restarting, failed) or a local graph's etcd or NATS is down.
     """
     root = state_root(state_dir)
     sups = local_supervisors(root)
@@ -89,7 +101,10 @@ def status(
             unreachable.append(f"{ep}: {exc.__class__.__name__}")
     for s in sups:
         st = supervisor_status(s)
-        report["supervisors"].append({**s, "replicas": st["replicas"] if st else None})
+        report["supervisors"].append({**s, "replicas": st["replicas"] if st else None,
+                                      "dependencies_down": dependencies_down(
+                                          s, st.get("dependencies") if st else None)})
+    deps_down = sorted({d for s in report["supervisors"] for d in s["dependencies_down"]})
     degraded = any(r["state"] != "ready" for s in report["supervisors"]
                    for r in (s["replicas"] or []))
     found = any(report["etcd"].values()) or report["supervisors"]
@@ -97,6 +112,8 @@ def status(
         typer.echo(json.dumps({**report, "unreachable": unreachable}, indent=2))
     else:
         _print(report, unreachable)
+    if deps_down:
+        raise typer.Exit(3)
     if unreachable or not found:
         raise typer.Exit(1)
     if degraded:
@@ -122,6 +139,10 @@ def _print(report: dict, unreachable: list[str]) -> None:
             t.add_row(r["namespace"], r["component"], r["endpoint"],
                       f"{iid:x}" if isinstance(iid, int) else str(iid), r["address"])
         console.print(t)
+    for s in report["supervisors"]:
+        for dep in s["dependencies_down"]:
+            console.print(f"[red]dependency down[/] {dep} ({s.get(dep, '?')}) of dynamo serve "
+                          f"pid {s['pid']}: requests are refused until it is back")
     for u in unreachable:
         console.print(f"[red]unreachable[/] etcd {u}")
     if not report["supervisors"] and not any(report["etcd"].values()) and not unreachable:

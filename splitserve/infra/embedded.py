@@ -162,6 +162,40 @@ class EmbeddedInfra:
         """Pid of each running server by name."""
         return {s.name: s.proc.pid for s in self._servers if s.proc is not None}
 
+    def exited(self) -> dict[str, int]:
+        """Servers whose process has exited, with their exit code.
+
+        Polling reaps the child, so a killed server never lingers as a zombie.  Called by
+        the supervisor's dependency watch a few times a second.
+        """
+        return {s.name: s.proc.returncode for s in self._servers
+                if s.proc is not None and s.proc.poll() is not None}
+
+    def restart(self, name: str, timeout_s: float | None = None) -> int:
+        """Start server ``name`` again with its original arguments and wait for health.
+
+        Same ports and data directory as before, so clients reconnect to the address they
+        know and etcd keeps its keys and leases, JetStream its streams.  Returns the new
+        pid; raises InfraStartError (with the log tail) if it does not become healthy.
+        """
+        srv = next(s for s in self._servers if s.name == name)
+        if srv.proc is not None and srv.proc.poll() is None:
+            terminate(srv.proc, 2.0)
+        with open(srv.log_path, "ab") as logf:
+            srv.proc = spawn(srv.argv, stdout=logf, stderr=logf,
+                             die_with_parent=not self.detached)
+        deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
+        while not srv.healthy():
+            if srv.proc.poll() is not None:
+                raise InfraStartError(f"{name} exited with {srv.proc.returncode} on restart:\n"
+                                      f"{srv.log_tail()}")
+            if time.monotonic() > deadline:
+                raise InfraStartError(f"{name} not healthy after restart:\n{srv.log_tail()}")
+            time.sleep(0.05)
+        self.write_state(self.run_dir / "infra.json")
+        log.info("restarted %s pid=%s", name, srv.proc.pid)
+        return srv.proc.pid
+
     def write_state(self, path: Path) -> None:
         """Record endpoints, ports and pids so `dynamo infra down|status` can find them."""
         state = {"endpoints": asdict(self.endpoints), "ports": self.ports, "pids": self.pids(),
@@ -185,22 +219,7 @@ class EmbeddedInfra:
 
 
 def check_health(endpoints: InfraEndpoints, timeout_s: float = 1.0) -> dict[str, bool]:
-    """Probe an etcd endpoint's /health and a NATS server's TCP port; used by status commands."""
-    import socket
-    from urllib.parse import urlparse
+    """Probe etcd's /health and the NATS server's greeting; used by status commands."""
+    from splitserve.infra.health import probe
 
-    result = {}
-    try:
-        with urllib.request.urlopen(f"{endpoints.etcd.split(',')[0]}/health",
-                                    timeout=timeout_s) as r:
-            result["etcd"] = '"health":"true"' in r.read().decode()
-    except (urllib.error.URLError, OSError, ValueError):
-        result["etcd"] = False
-    u = urlparse(endpoints.nats.split(",")[0])
-    try:
-        with socket.create_connection((u.hostname or HOST, u.port or 4222), timeout=timeout_s) as s:
-            s.settimeout(timeout_s)
-            result["nats"] = s.recv(4).startswith(b"INFO")
-    except OSError:
-        result["nats"] = False
-    return result
+    return probe(endpoints.etcd, endpoints.nats, timeout_s)

@@ -44,6 +44,18 @@ class ComponentContext:
     stopping: asyncio.Event
     started_at: float = field(default_factory=time.time)
     metrics_url: str | None = None
+    dependencies: Any = None  # DependencyMonitor of etcd and NATS (None without them)
+
+    def watch_dependencies(self) -> Callable[[], list[str]]:
+        """Start probing etcd and NATS; returns a cheap ``down()`` naming those unreachable.
+
+        Called by components that answer readiness (the frontend): a graph whose
+        discovery or messaging is gone would not serve a request now.
+        """
+        if self.dependencies is None:
+            return lambda: []
+        self.dependencies.start()
+        return self.dependencies.down
 
     @property
     def namespace(self) -> str:
@@ -125,6 +137,20 @@ def make_runtime(loop: asyncio.AbstractEventLoop, request_plane: str):
     return DistributedRuntime(loop, "etcd", request_plane, event_plane="nats")
 
 
+def dependency_monitor(run_cfg: ComponentRunConfig, environ) -> Any:
+    """A monitor of the etcd and NATS this process uses, from the supervisor's variables.
+
+    The supervisor hands every replica ETCD_ENDPOINTS and NATS_SERVER (Dynamo's runtime
+    reads the same two); returns None when either is missing.
+    """
+    from splitserve.infra.health import DependencyMonitor
+
+    etcd, nats = environ.get("ETCD_ENDPOINTS"), environ.get("NATS_SERVER")
+    if not (etcd and nats):
+        return None
+    return DependencyMonitor(etcd, nats, interval_s=run_cfg.common.infra.probe_interval_s)
+
+
 async def _amain(main: Callable[[ComponentContext], Awaitable[None]],
                  run_cfg: ComponentRunConfig) -> None:
     loop = asyncio.get_running_loop()
@@ -132,11 +158,14 @@ async def _amain(main: Callable[[ComponentContext], Awaitable[None]],
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     runtime = make_runtime(loop, run_cfg.common.request_plane)
-    ctx = ComponentContext(run=run_cfg, runtime=runtime, stopping=stopping)
+    ctx = ComponentContext(run=run_cfg, runtime=runtime, stopping=stopping,
+                           dependencies=dependency_monitor(run_cfg, os.environ))
     ctx.report("starting")
     try:
         await main(ctx)
     finally:
+        if ctx.dependencies is not None:
+            await ctx.dependencies.stop()
         ctx.report("stopped")
         runtime.shutdown()
         # Give the runtime a moment to revoke its lease (deregistration) before exit.

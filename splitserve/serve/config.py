@@ -34,6 +34,20 @@ class RestartPolicy(StrictModel):
     backoff_max_s: float = Field(10.0, gt=0, description="Upper bound of the doubling delay.")
 
 
+class InfraPolicy(StrictModel):
+    """How the supervisor watches etcd and NATS (and restarts the embedded ones)."""
+
+    probe_interval_s: float = Field(0.5, gt=0, le=10, description="Seconds between health "
+                                    "probes of etcd and NATS.")
+    restart_delay_s: float = Field(0.5, ge=0, le=60, description="Delay before an embedded "
+                                   "server that exited is started again (same ports and "
+                                   "data directory).")
+    lease_outage_s: float = Field(5.0, gt=0, description="An etcd outage at least this long "
+                                  "may have expired the components' leases (registrations); "
+                                  "once etcd is back the supervisor restarts every replica "
+                                  "except the HTTP frontend so all register again.")
+
+
 class CommonConfig(StrictModel):
     """Settings every component of the graph shares."""
 
@@ -58,6 +72,7 @@ class CommonConfig(StrictModel):
     shutdown_timeout_s: float = Field(20.0, gt=0, description="Deadline for the ordered "
                                       "shutdown; replicas still alive then are killed.")
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    infra: InfraPolicy = Field(default_factory=InfraPolicy)
 
     @field_validator("model")
     @classmethod

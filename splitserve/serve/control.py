@@ -133,6 +133,7 @@ def supervisor_handler(sup, plan_dict: dict) -> Handler:
                 return 405, {"error": "use GET"}
             return 200, {"plan": plan_dict, "replicas": sup.snapshot(),
                          "dependencies": sup.dependency_rows(),
+                         "dependencies": sup.dependency_rows(),
                          "shutting_down": sup.shutting_down}
         m = _SCALE.match(path)
         if m:

@@ -78,7 +78,7 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
     def printer(prefix: str, line: str) -> None:
         console.out(f"{prefix:>14} | {line}", highlight=False)
 
-    sup = Supervisor(plan, run_dir, env, printer=printer)
+    sup = Supervisor(plan, run_dir, env, printer=printer, infra=infra, endpoints=endpoints)
     control = ControlServer(supervisor_handler(sup, plan.to_dict()), token, port=control_port)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from splitserve.infra.health import DependencyTracker, probe
 from splitserve.infra.procs import _die_with_parent
 from splitserve.serve.plan import ComponentPlan, ServePlan
 
@@ -54,6 +55,7 @@ class Replica:
     metrics: str = ""
     restarts: deque = field(default_factory=deque)
     retiring: bool = False
+    recycling: bool = False  # stopped on purpose to register again: respawn at once
     killed: bool = False
     exit_code: int | None = None
     log_task: asyncio.Task | None = None
@@ -77,7 +79,8 @@ class Supervisor:
     """Executes a plan.  ``run()`` returns the process exit code for `dynamo serve`."""
 
     def __init__(self, plan: ServePlan, run_dir: Path, env: dict[str, str],
-                 printer: Callable[[str, str], None] | None = None) -> None:
+                 printer: Callable[[str, str], None] | None = None, *,
+                 infra=None, endpoints=None) -> None:
         self.plan = plan
         self.run_dir = Path(run_dir)
         self.env = env
@@ -88,6 +91,13 @@ class Supervisor:
         self.shutting_down = False
         self._watchers: set[asyncio.Task] = set()
         self._next_index: dict[str, int] = {c.name: 0 for c in plan.components}
+        # Dependencies: ``infra`` is the EmbeddedInfra this supervisor may restart (None
+        # for external servers, which are only watched); ``endpoints`` what to probe.
+        self.infra = infra
+        self.endpoints = endpoints
+        self.deps = DependencyTracker()
+        self.deps_up = asyncio.Event()
+        self.deps_up.set()
         (self.run_dir / "status").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "configs").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -141,6 +151,12 @@ class Supervisor:
             return
         rep.state = "exited"
         self.printer("supervisor", f"{rep.name} (pid {proc.pid}) exited with code {code}")
+        if rep.recycling:
+            rep.recycling = False
+            await self._spawn(rep)
+            return
+        if await self._hold_for_dependencies(rep):
+            return
         policy = self.plan.common.restart
         now = time.monotonic()
         while rep.restarts and now - rep.restarts[0] > policy.window_s:
@@ -161,6 +177,100 @@ class Supervisor:
         await asyncio.sleep(delay)
         if not (self.shutting_down or rep.retiring):
             await self._spawn(rep)
+
+    async def _hold_for_dependencies(self, rep: Replica) -> bool:
+        """While etcd or NATS is down, restart ``rep`` only once they are back.
+
+        A replica that exits because its dependency went away (Dynamo's runtime ends the
+        process when its etcd lease is lost) would otherwise burn its restart budget and
+        shut the graph down, or start against a dead server and hang in "starting".  Such
+        restarts do not count against the budget.  Returns True when it respawned ``rep``
+        (or gave up because the graph is stopping).
+        """
+        await asyncio.sleep(0)  # let a concurrent probe round record the outage first
+        if self.deps_up.is_set():
+            return False
+        rep.state, rep.detail = "waiting", "for " + ", ".join(self.deps.down())
+        self.printer("supervisor", f"{rep.name} waits for {', '.join(self.deps.down())} "
+                     "before restarting")
+        await self.deps_up.wait()
+        if not (self.shutting_down or rep.retiring):
+            await self._spawn(rep)
+        return True
+
+    def _recycle_registered(self, outage_s: float) -> None:
+        """Restart every running replica except the HTTP frontend after a long etcd outage.
+
+        Dynamo's runtime keeps serving when its etcd lease expires but does not register
+        again, so a router or worker would stay invisible to the others.  A restart
+        registers it anew; the frontend keeps its listening port (and its clients) and
+        its discovery watches see the new registrations.
+        """
+        reps = [r for c in self.plan.components if not c.entrypoint.endswith("frontend.main")
+                for r in self.replicas[c.name]
+                if not r.retiring and r.proc and r.proc.returncode is None]
+        if not reps:
+            return
+        self.printer("supervisor", f"etcd was down {outage_s:.1f}s (leases may have expired); "
+                     "restarting " + ", ".join(r.name for r in reps) + " to register again")
+        for r in reps:
+            r.recycling = True
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.send_signal(signal.SIGTERM)
+
+    async def watch_dependencies(self, interval_s: float, restart_delay_s: float,
+                                 lease_outage_s: float = 5.0) -> None:
+        """Watch etcd and NATS until shutdown: reap, restart (embedded), report.
+
+        Runs as a task for the life of the graph.  An embedded server that exited is
+        reaped at once (no zombie), marked down, and started again on the same ports
+        and data directory after ``restart_delay_s``; components reconnect to the same
+        address.  External servers are probed only: their outage is reported (status,
+        readiness) and replicas waiting for them restart when they answer again.
+        """
+        if self.endpoints is None:
+            return
+        down_since: dict[str, float] = {}
+        while not self.shutting_down:
+            now = time.monotonic()
+            exited = self.infra.exited() if self.infra is not None else {}
+            for name, code in exited.items():
+                if self.deps.mark_down(name, now):
+                    self.printer("supervisor", f"embedded {name} exited with code {code}; "
+                                 f"restarting it in {restart_delay_s:.1f}s")
+                down_since.setdefault(name, now)
+            results = await asyncio.to_thread(probe, self.endpoints.etcd, self.endpoints.nats,
+                                              min(1.0, max(0.2, interval_s)))
+            results.update({name: False for name in exited})
+            for name in self.deps.update(results):
+                up = results[name]
+                self.printer("supervisor", f"dependency {name} is {'up again' if up else 'down'}")
+                if not up:
+                    down_since.setdefault(name, now)
+                elif name == "etcd" and now - down_since.get(name, now) >= lease_outage_s:
+                    self._recycle_registered(now - down_since[name])
+            for name in list(exited):
+                if self.shutting_down or time.monotonic() - down_since[name] < restart_delay_s:
+                    continue
+                try:
+                    pid = await asyncio.to_thread(self.infra.restart, name)
+                except Exception as exc:  # noqa: BLE001 - report and try again next round
+                    self.printer("supervisor", f"restarting embedded {name} failed: {exc}")
+                    continue
+                self.deps.states[name].restarts += 1
+                self.printer("supervisor", f"embedded {name} restarted (pid {pid})")
+            for name in [n for n in down_since if self.deps.states[n].up]:
+                down_since.pop(name)
+            if self.deps.down():
+                self.deps_up.clear()
+            else:
+                self.deps_up.set()
+            await asyncio.sleep(interval_s)
+
+    def dependency_rows(self) -> list[dict]:
+        """Rows of etcd/NATS health for the control endpoint and `dynamo status`."""
+        embedded = self.infra is not None
+        return [{**row, "embedded": embedded} for row in self.deps.rows()]
 
     def refresh_states(self) -> None:
         """Read the state files the replicas write (cheap: a few small files)."""
@@ -213,6 +323,10 @@ class Supervisor:
         for comp in self.plan.components:
             for _ in range(comp.replicas):
                 await self._spawn(self._new_replica(comp))
+        infra_policy = self.plan.common.infra
+        self._track(asyncio.create_task(self.watch_dependencies(
+            infra_policy.probe_interval_s, infra_policy.restart_delay_s,
+            infra_policy.lease_outage_s)))
 
     async def _stop_replicas(self, reps: list[Replica], grace_s: float) -> None:
         live = [r for r in reps if r.proc and r.proc.returncode is None]
