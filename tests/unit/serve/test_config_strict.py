@@ -1,0 +1,137 @@
+"""Config problems that must stop `dynamo serve` before anything starts (exit 2)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from splitserve.cli.main import app
+from splitserve.serve.config import SERVED_MODELS, CommonConfig, ConfigError, read_yaml
+from splitserve.serve.graph import load_graph
+from splitserve.serve.plan import load_plan
+
+pytestmark = pytest.mark.unit
+
+GRAPH = "tests.fixtures.echo_graph:EchoFront"
+DISAGG = "graphs.disagg:Frontend"
+
+
+def write(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def dry_run(*args: str):
+    return CliRunner().invoke(app, ["serve", *args, "--dry-run"])
+
+
+def test_duplicate_keys_are_refused_with_file_and_lines(tmp_path):
+    p = write(tmp_path, """
+        Common:
+          namespace: a
+        EchoWorker: {replicas: 1}
+        Common:
+          namespace: b
+        """)
+    with pytest.raises(ConfigError) as exc:
+        read_yaml(p)
+    assert exc.value.source == str(p)
+    assert "key 'Common' given twice (lines 2 and 5)" in str(exc.value)
+
+
+def test_duplicate_nested_keys_are_refused(tmp_path):
+    p = write(tmp_path, """
+        EchoWorker:
+          replicas: 1
+          replicas: 3
+        """)
+    with pytest.raises(ConfigError, match="key 'replicas' given twice"):
+        read_yaml(p)
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n", "---\n"])
+def test_an_empty_config_file_is_refused(tmp_path, text):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError, match="file is empty") as exc:
+        read_yaml(p)
+    assert exc.value.source == str(p)
+
+
+def test_an_unknown_model_is_refused():
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        CommonConfig(model="nope")
+    assert CommonConfig().model in SERVED_MODELS
+
+
+def test_served_models_match_what_the_engines_load():
+    from splitserve.components.engines.model_dir import served_model_name
+
+    assert served_model_name() in SERVED_MODELS
+
+
+@pytest.mark.parametrize("host,ok", [("127.0.0.1", True), ("::1", True), ("10.1.2.3", True),
+                                     ("0.0.0.0", False), ("::", False), ("localhost", False),
+                                     ("10.1.2", False)])
+def test_bind_host_must_be_a_specific_address(host, ok):
+    if ok:
+        assert CommonConfig(bind_host=host).bind_host == host
+    else:
+        with pytest.raises(ValueError, match="bind_host"):
+            CommonConfig(bind_host=host)
+
+
+def test_bind_host_defaults_to_loopback():
+    assert CommonConfig().bind_host == "127.0.0.1"
+
+
+def test_a_missing_router_policy_file_fails_the_plan(tmp_path):
+    g = load_graph(DISAGG)
+    cfg = write(tmp_path, "Router: {policy: /missing/policy.yaml}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_plan(g, DISAGG, cfg, [], g.defined)
+    assert exc.value.source == str(cfg)
+    assert any(e.startswith("Router.policy: '/missing/policy.yaml'") for e in exc.value.errors)
+
+
+def test_an_invalid_router_policy_file_fails_the_plan(tmp_path):
+    bad = write(tmp_path, "plugins: [{name: x, type: no-such-plugin}]\n", "router.yaml")
+    g = load_graph(DISAGG)
+    with pytest.raises(ConfigError) as exc:
+        load_plan(g, DISAGG, None, [f"--Router.policy={bad}"], g.defined)
+    assert any(e.startswith("Router.policy:") and str(bad) in e for e in exc.value.errors)
+
+
+def test_built_in_router_policies_still_pass(tmp_path):
+    g = load_graph(DISAGG)
+    plan = load_plan(g, DISAGG, Path("configs/disagg.yaml"),
+                     ["--Router.policy=kv_aware", "--Frontend.port=0"], g.defined)
+    assert plan.component("Router").config.policy == "kv_aware"
+
+
+@pytest.mark.parametrize("override,field", [
+    ("--Router.policy=/missing.yaml", "Router.policy"),
+    ("--Common.model=not-a-model", "Common.model"),
+])
+def test_dry_run_exits_2_naming_file_and_field(override, field):
+    res = dry_run(DISAGG, "-f", "configs/disagg.yaml", override)
+    assert res.exit_code == 2, res.output
+    assert "configs/disagg.yaml" in res.output and field in res.output
+
+
+def test_dry_run_refuses_duplicate_keys_and_empty_files(tmp_path):
+    dup = write(tmp_path, "Common: {namespace: a}\nCommon: {namespace: b}\n", "dup.yaml")
+    empty = write(tmp_path, "", "empty.yaml")
+    for path in (dup, empty):
+        res = dry_run(GRAPH, "-f", str(path))
+        assert res.exit_code == 2, res.output
+        assert str(path) in res.output
+
+
+def test_error_messages_keep_their_brackets():
+    res = dry_run(GRAPH, "--Common.namespace=Bad")
+    assert res.exit_code == 2
+    assert "^[a-z][a-z0-9_-]{0,62}$" in res.output
