@@ -202,8 +202,7 @@ async def run_mocker_decode_worker(ctx: ComponentContext, cfg: MockerDecodeWorke
                                    ) -> None:
     """Component main of DecodeWorker with ``engine: mocker``; exits non-zero if an
     engine dies (the supervisor then restarts the replica)."""
-    import nats
-
+    from splitserve.common.connect import connect_nats
     from splitserve.components.prefill_queue import PrefillQueue
 
     decider = build_decider(cfg.disaggregated_router)
@@ -224,7 +223,7 @@ async def run_mocker_decode_worker(ctx: ComponentContext, cfg: MockerDecodeWorke
         cleanup.append(depth.stop)
         inbox = HandoffInbox()
         subject = handoff_subject(ns, component, worker_id)
-        nc = await nats.connect(os.environ["NATS_SERVER"], name="mocker-decode-handoff")
+        nc = await connect_nats(os.environ["NATS_SERVER"], name="mocker-decode-handoff")
         cleanup.append(nc.drain)
         await nc.subscribe(subject, cb=inbox.on_message)
         prefill_client = await ctx.endpoint("PrefillWorker", "generate").client()

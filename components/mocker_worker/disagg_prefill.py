@@ -127,8 +127,7 @@ async def run_mocker_prefill_worker(ctx: ComponentContext, cfg: MockerPrefillWor
                                     ) -> None:
     """Component main of PrefillWorker with ``engine: mocker``; exits non-zero if its
     engine dies."""
-    import nats
-
+    from splitserve.common.connect import connect_nats
     from splitserve.components.prefill_queue import PrefillQueue
 
     children = await start_engines(ctx, cfg.engine_args, ROLES)
@@ -143,7 +142,7 @@ async def run_mocker_prefill_worker(ctx: ComponentContext, cfg: MockerPrefillWor
         ctx.serve_metrics(metrics.registry)
         queue = await PrefillQueue.connect(os.environ["NATS_SERVER"], ns, ctx.run.common.model,
                                            cfg.prefill_queue, client_name="mocker-prefill")
-        nc = await nats.connect(os.environ["NATS_SERVER"], name="mocker-prefill-handoff")
+        nc = await connect_nats(os.environ["NATS_SERVER"], name="mocker-prefill-handoff")
         puller = asyncio.create_task(pull_loop(children[0], nc, queue, cfg,
                                                ctx.run.common.model, worker_id, metrics,
                                                ctx.stopping))

@@ -72,7 +72,9 @@ class PrefillQueue:
                       client_name: str | None = None) -> PrefillQueue:
         """Open a NATS connection the queue owns (``close()`` closes it) and ``ensure()``."""
         cfg = config or PrefillQueueConfig()
-        nc = await nats.connect(url, name=client_name,
+        from splitserve.common.connect import connect_nats
+
+        nc = await connect_nats(url, name=client_name,
                                 connect_timeout=max(1, int(cfg.request_timeout_s * 2)))
         queue = cls(nc, namespace, model, cfg, owns_connection=True)
         try:

@@ -29,9 +29,9 @@ class KvEventIndex:
 
     async def start(self, nats_url: str) -> None:
         """Subscribe to the workers' KV events (call once at startup)."""
-        import nats
+        from splitserve.common.connect import connect_nats
 
-        self._nc = await nats.connect(nats_url, name="splitserve-router-kv",
+        self._nc = await connect_nats(nats_url, name="splitserve-router-kv",
                                       max_reconnect_attempts=-1)
         await self._nc.subscribe(self.subject, cb=self._on_msg)
 

@@ -160,9 +160,9 @@ class RouterService:
 async def watch_loads(nats_url: str, subject: str, service: RouterService,
                       stopping: asyncio.Event) -> None:
     """Subscribe to WorkerLoad reports until stopping; reconnects are nats-py's job."""
-    import nats
+    from splitserve.common.connect import connect_nats
 
-    nc = await nats.connect(nats_url, name="splitserve-router", max_reconnect_attempts=-1)
+    nc = await connect_nats(nats_url, name="splitserve-router", max_reconnect_attempts=-1)
 
     async def on_msg(msg) -> None:
         service.on_load(msg.data)

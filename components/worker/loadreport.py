@@ -15,9 +15,9 @@ log = logging.getLogger("splitserve.worker")
 async def publish_load(nats_url: str, subject: str, sample: Callable[[], WorkerLoad],
                        interval_s: float, stopping: asyncio.Event) -> None:
     """Send ``sample()`` every ``interval_s`` until stopping; a last report says draining."""
-    import nats
+    from splitserve.common.connect import connect_nats
 
-    nc = await nats.connect(nats_url, name="splitserve-worker-load",
+    nc = await connect_nats(nats_url, name="splitserve-worker-load",
                             max_reconnect_attempts=-1)
     try:
         while not stopping.is_set():

@@ -58,8 +58,8 @@ def _read(path: str | None) -> bytes | None:
 def make_client(access: EtcdAccess, timeout_s: int = 5) -> aetcd.Client:
     """An unconnected aetcd client for ``access`` (credentials and TLS applied)."""
     host, port = access.first_host_port()
-    kwargs = dict(host=host, port=port, timeout=timeout_s, username=access.username,
-                  password=access.password)
+    kwargs = {"host": host, "port": port, "timeout": timeout_s, "username": access.username,
+              "password": access.password}
     if access.secure:
         creds = grpc.ssl_channel_credentials(root_certificates=_read(access.tls.ca),
                                              private_key=_read(access.tls.key),

@@ -160,7 +160,7 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _u
 
 def load_yaml_text(text: str) -> Any:
     """Parse YAML, refusing duplicate keys; raises yaml.YAMLError."""
-    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -179,8 +179,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
     if data is None:
-        raise ConfigError(str(path), ["file is empty; give at least one section, or no "
-                                      "config file to run the defaults"])
+        raise ConfigError(str(path), [("file is empty; give at least one section, or no "
+                                       "config file to run the defaults")])
     if not isinstance(data, dict):
         raise ConfigError(str(path), ["top level must be a mapping of sections"])
     return data

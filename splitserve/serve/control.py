@@ -106,7 +106,7 @@ class ControlServer:
                     status, payload = await self.handler(method, path, body)
                 except json.JSONDecodeError:
                     status, payload = 400, {"error": "body is not valid JSON"}
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
                 ValueError):
             status, payload = 400, {"error": "malformed request"}
         except Exception as exc:  # noqa: BLE001 - report, keep serving
@@ -132,7 +132,6 @@ def supervisor_handler(sup, plan_dict: dict) -> Handler:
             if method != "GET":
                 return 405, {"error": "use GET"}
             return 200, {"plan": plan_dict, "replicas": sup.snapshot(),
-                         "dependencies": sup.dependency_rows(),
                          "dependencies": sup.dependency_rows(),
                          "shutting_down": sup.shutting_down}
         m = _SCALE.match(path)
