@@ -116,6 +116,8 @@ class RouteCall(BaseModel):
     max_tokens: int = 1
     explain: bool = False
     record: bool = True
+    failed_workers: list[int] = []
+    """Workers this request could not reach (a retry): the router marks them down."""
 
 
 class RouteReply(BaseModel):
@@ -136,6 +138,17 @@ class RouteReply(BaseModel):
     qos: dict[str, Any] | None = None
 
 
+class RouterStatus(BaseModel):
+    """Router → frontend (its `status` endpoint): the workers it would route to now."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int = PROTOCOL_VERSION
+    workers: list[int]
+    """Live, reachable, not draining: a request routed now goes to one of these."""
+    endpoint: str = ""
+    """Endpoint path of those workers (``ns.component.generate``)."""
+
+
 class ReleaseCall(BaseModel):
     """Frontend → router: the request finished; its load leaves the worker."""
 
@@ -144,6 +157,8 @@ class ReleaseCall(BaseModel):
     request_id: str
     worker_id: int
     outcome: str = "ok"
+    """ok, cancelled, error, or unreachable (the worker could not be reached: the router
+    marks it down)."""
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0

@@ -4,6 +4,15 @@
 Router in the graph, the frontend asks the router for a worker (one small RPC), streams
 from that worker directly (tokens never pass through the router), and tells the router
 when the request is over so it can account load and latency.
+
+A worker that cannot be reached, or whose stream breaks before it produced any output,
+is taken out of the candidates at once (discovery keeps a dead worker for seconds, until
+its lease expires), and the request is sent to another worker, at most
+``migration_limit`` times (Dynamo's ``--migration-limit``).  A request that already
+streamed output is never resent: the client would see text twice.
+
+Readiness is truthful: with a router, ``ready()`` is true only while the router's last
+status names a worker it would route to and this frontend's discovery knows it too.
 """
 
 from __future__ import annotations
@@ -15,7 +24,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply
+from prometheus_client import CollectorRegistry, Counter
+
+from splitserve.common.metrics import PREFIX
+from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply, RouterStatus
 
 from .errors import APIError, overloaded, upstream_error
 
@@ -45,6 +57,56 @@ def chunk_data(item: Any) -> dict[str, Any]:
     return data() if callable(data) else data
 
 
+class BackendMetrics:
+    """Worker failures seen by the frontend and the retries they caused."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.retries = Counter(f"{PREFIX}_frontend_request_retries_total",
+                               "Requests sent to another worker because theirs failed "
+                               "before producing output", registry=r)
+        self.worker_failures = Counter(f"{PREFIX}_frontend_worker_failures_total",
+                                       "Worker connections or streams that failed, by "
+                                       "whether output had been streamed already",
+                                       ["stage"], registry=r)
+
+
+class WorkerUnreachable(Exception):
+    """The worker could not be reached or its stream broke; ``produced``: output had
+    already gone to the client (so the request must not be resent)."""
+
+    def __init__(self, worker_id: int, cause: object, produced: bool = False) -> None:
+        super().__init__(f"worker {worker_id:x} failed: {cause}")
+        self.worker_id = worker_id
+        self.produced = produced
+
+
+async def stream_from_worker(client, request: dict, worker_id: int, context,
+                             meta_out: dict) -> AsyncIterator[dict]:
+    """Chunks of ``request`` served by ``worker_id``; raises WorkerUnreachable when the
+    connection fails, the stream breaks, or it ends before any output.
+
+    Sets ``meta_out["finished"]`` once a final chunk (finish reason, no error) passed.
+    """
+    try:
+        stream = await client.direct(request, worker_id, context=context)
+    except Exception as exc:  # noqa: BLE001 - connection refused, instance gone, ...
+        raise WorkerUnreachable(worker_id, exc) from None
+    produced = False
+    try:
+        async for item in stream:
+            chunk = chunk_data(item)
+            # The consumer may close us right after the last chunk: remember that the
+            # request finished so the release reports it as ok, not cancelled.
+            meta_out["finished"] = bool(chunk.get("finish_reason")) and not chunk.get("error")
+            produced = True
+            yield chunk
+    except Exception as exc:  # noqa: BLE001 - the stream broke (worker died)
+        raise WorkerUnreachable(worker_id, exc, produced) from None
+    if not produced:
+        raise WorkerUnreachable(worker_id, "stream ended before any output")
+
+
 class Backend(Protocol):
     def ready(self) -> bool: ...
 
@@ -52,43 +114,122 @@ class Backend(Protocol):
 
 
 class DirectBackend:
-    """Frontend → Worker without a router: Dynamo's round-robin over worker instances."""
+    """Frontend → Worker without a router: round-robin over the worker instances that are
+    not marked down (a failed connection marks one down until it leaves discovery or
+    ``down_ttl_s`` passed)."""
 
-    def __init__(self, worker_client) -> None:
+    def __init__(self, worker_client, migration_limit: int = 1, down_ttl_s: float = 30.0,
+                 metrics: BackendMetrics | None = None) -> None:
         self.client = worker_client
+        self.migration_limit = migration_limit
+        self.down_ttl_s = down_ttl_s
+        self.metrics = metrics or BackendMetrics()
+        self.down: dict[int, float] = {}
+        self._next = 0
+
+    def candidates(self) -> list[int]:
+        """Instances in discovery that did not fail recently."""
+        now = time.monotonic()
+        live = sorted(self.client.instance_ids())
+        self.down = {w: t for w, t in self.down.items()
+                     if w in live and now - t <= self.down_ttl_s}
+        return [w for w in live if w not in self.down]
 
     def ready(self) -> bool:
-        return bool(self.client.instance_ids())
+        return bool(self.candidates())
 
     async def stream(self, request: dict, meta: StreamMeta, context) -> AsyncIterator[dict]:
-        if not self.ready():
-            raise overloaded("no worker is available yet", retry_after_s=2, code="no_workers")
-        try:
-            stream = await self.client.round_robin(request, context=context)
-        except Exception as exc:  # noqa: BLE001 - transport errors become HTTP errors
-            raise upstream_error(f"could not reach a worker: {exc}", 503) from None
-        async for item in stream:
-            yield chunk_data(item)
+        attempt = 0
+        while True:
+            workers = self.candidates()
+            if not workers:
+                if attempt:
+                    raise upstream_error("the worker failed and no other worker is "
+                                         "available", 503, "no_workers")
+                raise overloaded("no worker is available yet", retry_after_s=2,
+                                 code="no_workers")
+            wid = workers[self._next % len(workers)]
+            self._next += 1
+            meta.worker_id = wid
+            try:
+                async for chunk in stream_from_worker(self.client, request, wid, context, {}):
+                    yield chunk
+                return
+            except WorkerUnreachable as exc:
+                self.down[wid] = time.monotonic()
+                retry = not exc.produced and attempt < self.migration_limit
+                self.metrics.worker_failures.labels(
+                    "after_output" if exc.produced else "before_output").inc()
+                log.warning("%s%s", exc, "; retrying on another worker" if retry else "")
+                if not retry:
+                    raise upstream_error(str(exc), 503 if not exc.produced else 502) from None
+                attempt += 1
+                self.metrics.retries.inc()
 
 
 class RoutedBackend:
     """Frontend → Router (choose) → Worker (stream) → Router (release).
 
     Worker clients are opened per endpoint the router names (``connect(path)``), so the
-    frontend needs no knowledge of which component the router routes to.
+    frontend needs no knowledge of which component the router routes to.  ``watch``
+    polls the router's status (the workers it would route to) for ``ready``.
     """
 
-    def __init__(self, router_client, connect, route_timeout_s: float = 5.0) -> None:
+    def __init__(self, router_client, connect, route_timeout_s: float = 5.0,
+                 migration_limit: int = 1, status_client=None,
+                 metrics: BackendMetrics | None = None,
+                 status_interval_s: float = 0.25) -> None:
         self.router = router_client
         self.release_client = None
+        self.status_client = status_client
         self.connect = connect
         self.clients: dict[str, Any] = {}
         self.route_timeout_s = route_timeout_s
+        self.migration_limit = migration_limit
+        self.metrics = metrics or BackendMetrics()
+        self.status_interval_s = status_interval_s
+        self.status: RouterStatus | None = None
+        self.status_at = 0.0
         self._release_tasks: set[asyncio.Task] = set()
 
     def ready(self) -> bool:
-        return bool(self.router.instance_ids()) and (
-            not self.clients or any(c.instance_ids() for c in self.clients.values()))
+        """True while a request would be served now: the router's recent status names a
+        worker it would route to, and this process's discovery knows that worker."""
+        st = self.status
+        if (st is None or not self.router.instance_ids()
+                or time.monotonic() - self.status_at > max(2.0, 4 * self.status_interval_s)):
+            return False
+        client = self.clients.get(st.endpoint)
+        known = set(client.instance_ids()) if client is not None else set()
+        return any(w in known for w in st.workers)
+
+    async def refresh_status(self) -> RouterStatus | None:
+        """Ask the router which workers it would route to; called by ``watch``."""
+        try:
+            stream = await asyncio.wait_for(self.status_client.round_robin({}),
+                                            self.route_timeout_s)
+            async for item in stream:
+                st = RouterStatus.model_validate(chunk_data(item))
+                if st.endpoint and st.endpoint not in self.clients:
+                    self.clients[st.endpoint] = await self.connect(st.endpoint)
+                self.status, self.status_at = st, time.monotonic()
+                return st
+        except Exception as exc:  # noqa: BLE001 - not ready until the router answers
+            log.debug("router status failed: %s", exc)
+        self.status = None
+        return None
+
+    async def watch(self, stopping: asyncio.Event) -> None:
+        """Keep ``status`` fresh until ``stopping`` is set (a task of the frontend)."""
+        while not stopping.is_set():
+            if self.router.instance_ids():
+                await self.refresh_status()
+            else:
+                self.status = None
+            try:
+                await asyncio.wait_for(stopping.wait(), self.status_interval_s)
+            except asyncio.TimeoutError:
+                pass
 
     async def worker_client(self, endpoint: str, instance_id: int, wait_s: float = 3.0):
         """The client for ``endpoint``, once its discovery knows ``instance_id``.
@@ -125,11 +266,30 @@ class RoutedBackend:
             raise overloaded("the router is not available yet", retry_after_s=2,
                              code="no_router")
         max_tokens = request["stop_conditions"]["max_tokens"]
-        reply = await self.route(RouteCall(
-            request_id=meta.request_id, token_ids=request["token_ids"], priority=meta.priority,
-            user=meta.user, metadata=meta.metadata, max_tokens=max_tokens))
-        meta.route_reason = reply.reason
-        meta.class_name = reply.class_name
+        failed: list[int] = []
+        while True:
+            reply = await self.route(RouteCall(
+                request_id=meta.request_id, token_ids=request["token_ids"],
+                priority=meta.priority, user=meta.user, metadata=meta.metadata,
+                max_tokens=max_tokens, failed_workers=failed))
+            self._check_reply(reply, failed)
+            self._apply_reply(request, reply, meta, max_tokens)
+            try:
+                async for chunk in self._stream_placed(request, reply, meta, context):
+                    yield chunk
+                return
+            except WorkerUnreachable as exc:
+                retry = not exc.produced and len(failed) < self.migration_limit
+                self.metrics.worker_failures.labels(
+                    "after_output" if exc.produced else "before_output").inc()
+                log.warning("%s%s", exc, "; retrying on another worker" if retry else "")
+                if not retry:
+                    raise upstream_error(str(exc), 502 if exc.produced else 503) from None
+                failed.append(reply.worker_id)
+                self.metrics.retries.inc()
+
+    def _check_reply(self, reply: RouteReply, failed: list[int]) -> None:
+        """Raise the HTTP error for a rejection or for no worker at all."""
         if reply.retry_after_s is not None:
             est = (reply.qos or {}).get("est_ttft_ms")
             detail = f" (estimated time to first token {est:.0f} ms)" if est else ""
@@ -137,30 +297,42 @@ class RoutedBackend:
                              f"'{reply.class_name}': {reply.reason}{detail}; retry later",
                              retry_after_s=reply.retry_after_s, code=reply.reason)
         if reply.worker_id is None:
-            raise overloaded(f"no worker can take the request ({reply.reason})",
-                             retry_after_s=2, code=reply.reason)
+            what = "no other worker can take the request after worker " + \
+                ", ".join(f"{w:x}" for w in failed) + " failed" if failed else \
+                "no worker can take the request"
+            raise overloaded(f"{what} ({reply.reason})", retry_after_s=2, code=reply.reason)
+
+    @staticmethod
+    def _apply_reply(request: dict, reply: RouteReply, meta: StreamMeta,
+                     max_tokens: int) -> None:
+        meta.route_reason = reply.reason
+        meta.class_name = reply.class_name
+        meta.worker_id = reply.worker_id
         own = request["extra_args"]["splitserve"]
         own["priority"] = reply.class_name
-        if reply.max_tokens is not None and reply.max_tokens < max_tokens:
-            request["stop_conditions"]["max_tokens"] = reply.max_tokens
+        capped = reply.max_tokens if reply.max_tokens is not None else max_tokens
+        request["stop_conditions"]["max_tokens"] = min(capped, max_tokens)
+        own.pop("prefill_locally", None)
         if reply.prefill_locally:
             own["prefill_locally"] = True
-        meta.worker_id = reply.worker_id
+
+    async def _stream_placed(self, request: dict, reply: RouteReply, meta: StreamMeta,
+                             context) -> AsyncIterator[dict]:
+        """Stream from the worker the router chose; always releases the placement."""
         started = time.monotonic()
         outcome = "error"
-        finished = False
+        state: dict = {}
         try:
             client = await self.worker_client(reply.endpoint, reply.worker_id)
-            stream = await client.direct(request, reply.worker_id, context=context)
-            async for item in stream:
-                chunk = chunk_data(item)
-                # The consumer may close us right after the last chunk: remember that the
-                # request finished so the release reports it as ok, not cancelled.
-                finished = bool(chunk.get("finish_reason")) and not chunk.get("error")
+            async for chunk in stream_from_worker(client, request, reply.worker_id, context,
+                                                  state):
                 yield chunk
             outcome = "ok"
         except GeneratorExit:
-            outcome = "ok" if finished else "cancelled"
+            outcome = "ok" if state.get("finished") else "cancelled"
+            raise
+        except WorkerUnreachable:
+            outcome = "unreachable"
             raise
         except Exception as exc:  # noqa: BLE001
             raise upstream_error(f"worker {reply.worker_id:x} failed: {exc}") from None

@@ -23,5 +23,8 @@ class FrontendConfig(ComponentConfig):
     inter_token_timeout_s: float = Field(30.0, gt=0, description="A stream silent for this "
                                          "long fails (a worker died or stalled).")
     route_timeout_s: float = Field(5.0, gt=0, description="Deadline of the router call.")
+    migration_limit: int = Field(1, ge=0, le=8, description="How many times a request whose "
+                                 "worker failed before producing output is sent to another "
+                                 "worker (0: never).")
     priority_header: str = Field("x-priority", min_length=1,
                                  description="Request header naming the priority class.")

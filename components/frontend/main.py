@@ -12,8 +12,9 @@ import uvicorn
 from splitserve.serve.component import ComponentContext, run
 
 from .app import FrontendState, build_app
-from .backend import DirectBackend, RoutedBackend
+from .backend import BackendMetrics, DirectBackend, RoutedBackend
 from .config import FrontendConfig
+from .metrics import FrontendMetrics
 from .textcodec import TextCodec
 
 log = logging.getLogger("splitserve.frontend")
@@ -37,18 +38,26 @@ async def main(ctx: ComponentContext) -> None:
     cfg = ctx.config(FrontendConfig)
     links = ctx.run.links
     ns = ctx.namespace
+    metrics = FrontendMetrics()
+    backend_metrics = BackendMetrics(metrics.registry)
     if "Router" in links:
         router_client = await ctx.endpoint("Router", "route").client()
 
         async def connect(path: str):
             return await ctx.runtime.endpoint(path).client()
 
-        backend = RoutedBackend(router_client, connect, cfg.route_timeout_s)
+        backend = RoutedBackend(router_client, connect, cfg.route_timeout_s,
+                                migration_limit=cfg.migration_limit,
+                                status_client=await ctx.endpoint("Router", "status").client(),
+                                metrics=backend_metrics)
         backend.release_client = await ctx.endpoint("Router", "release").client()
+        status_watch = asyncio.create_task(backend.watch(ctx.stopping))  # noqa: F841 - held until exit
     else:
         target = next((n for n in links if n.endswith("Worker")), "Worker")
-        backend = DirectBackend(await ctx.endpoint(target, "generate").client())
+        backend = DirectBackend(await ctx.endpoint(target, "generate").client(),
+                                migration_limit=cfg.migration_limit, metrics=backend_metrics)
     state = FrontendState(model_name=ctx.run.common.model, codec=None, backend=backend,
+                          metrics=metrics,
                           max_inflight=cfg.max_inflight,
                           default_max_tokens=cfg.default_max_tokens,
                           first_token_timeout_s=cfg.first_token_timeout_s,

@@ -5,6 +5,13 @@ load each worker reports, and the requests this router placed and has not seen r
 Router-side in-flight counts make load visible immediately (reports lag) and work for
 engines that report nothing (Dynamo's mocker); an unreleased request expires after a TTL
 so a lost release (frontend crash) cannot pin load on a worker forever.
+
+A worker a frontend could not reach is marked down at once: discovery keeps a dead
+worker's instance until its lease expires (seconds), and every request routed there
+meanwhile would fail.  The mark lifts when the worker is seen alive again (a load report
+received at least ``down_grace_s`` after the mark, so a report already in flight when it
+died does not count), when it leaves discovery, or after ``down_ttl_s`` for engines that
+send no reports.
 """
 
 from __future__ import annotations
@@ -25,8 +32,12 @@ class _Placed:
 class FleetState:
     """Live workers, their reported load and this router's in-flight placements."""
 
-    def __init__(self, inflight_ttl_s: float = 600.0) -> None:
+    def __init__(self, inflight_ttl_s: float = 600.0, down_ttl_s: float = 30.0,
+                 down_grace_s: float = 1.0) -> None:
         self.inflight_ttl_s = inflight_ttl_s
+        self.down_ttl_s = down_ttl_s
+        self.down_grace_s = down_grace_s
+        self.down: dict[int, float] = {}
         self.live: set[int] = set()
         self.reports: dict[int, tuple[WorkerLoad, float]] = {}
         self.placed: dict[str, _Placed] = {}
@@ -37,10 +48,32 @@ class FleetState:
         self.live = set(worker_ids)
         for gone in [w for w in self.reports if w not in self.live]:
             del self.reports[gone]
+        for gone in [w for w in self.down if w not in self.live]:
+            del self.down[gone]
 
     def report(self, load: WorkerLoad, now: float) -> None:
-        """Called for every WorkerLoad message."""
+        """Called for every WorkerLoad message; a report lifts a down mark (see above)."""
         self.reports[load.worker_id] = (load, now)
+        marked = self.down.get(load.worker_id)
+        if marked is not None and now - marked >= self.down_grace_s:
+            del self.down[load.worker_id]
+
+    def mark_down(self, worker_id: int, now: float) -> bool:
+        """Called when a frontend could not reach ``worker_id``: stop offering it.
+        Returns True if it was not marked already."""
+        fresh = worker_id not in self.down
+        self.down[worker_id] = now
+        return fresh
+
+    def candidates(self, now: float) -> list[int]:
+        """Live workers a request may be routed to now (not down, not draining)."""
+        self._lift_old_marks(now)
+        out = []
+        for wid in sorted(self.live):
+            load = self.reports.get(wid, (None, None))[0]
+            if wid not in self.down and not (load is not None and load.draining):
+                out.append(wid)
+        return out
 
     def place(self, request_id: str, worker_id: int, now: float) -> None:
         """Called after a decision: the request now loads ``worker_id``."""
@@ -60,12 +93,20 @@ class FleetState:
         old = [rid for rid, p in self.placed.items() if now - p.at > self.inflight_ttl_s]
         for rid in old:
             self.release(rid)
+        self._lift_old_marks(now)
         return len(old)
 
+    def _lift_old_marks(self, now: float) -> None:
+        for wid in [w for w, at in self.down.items() if now - at > self.down_ttl_s]:
+            del self.down[wid]
+
     def workers(self, now: float) -> tuple[WorkerState, ...]:
-        """WorkerState of every live worker: in-flight from here, KV and queue reported."""
+        """WorkerState of every live worker not marked down: in-flight from here, KV and
+        queue reported."""
         out = []
         for wid in sorted(self.live):
+            if wid in self.down:
+                continue
             load, at = self.reports.get(wid, (None, None))
             inflight = self.inflight.get(wid, 0)
             if load is None:

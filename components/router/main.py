@@ -40,8 +40,10 @@ async def main(ctx: ComponentContext) -> None:
         ctx.stopping))
     route_ep = ctx.endpoint("Router", "route")
     release_ep = ctx.endpoint("Router", "release")
+    status_ep = ctx.endpoint("Router", "status")
     serving = [asyncio.ensure_future(route_ep.serve_endpoint(service.route)),
-               asyncio.ensure_future(release_ep.serve_endpoint(service.release))]
+               asyncio.ensure_future(release_ep.serve_endpoint(service.release)),
+               asyncio.ensure_future(status_ep.serve_endpoint(service.status_handler))]
     def apply_policy(policy, version: int) -> None:
         # Build everything first, then swap: a failure leaves the running policy intact.
         router_core = service.router
@@ -61,7 +63,7 @@ async def main(ctx: ComponentContext) -> None:
              router.profile_names)
     await ctx.stopping.wait()
     ctx.report("stopping")
-    for ep in (route_ep, release_ep):
+    for ep in (route_ep, release_ep, status_ep):
         try:
             await ep.unregister_endpoint_instance()
         except Exception as exc:  # noqa: BLE001

@@ -1,7 +1,10 @@
 """The router process's adapter: discovery, KV events, load reports → Router core.
 
-Handles two endpoints: ``route`` (pick a worker, or with ``explain`` only describe the
-choice without recording it) and ``release`` (a request finished).  Everything else is
+Handles three endpoints: ``route`` (pick a worker, or with ``explain`` only describe the
+choice without recording it), ``release`` (a request finished) and ``status`` (the workers
+it would route to now: the frontend's readiness follows it).  A worker that a frontend
+reports unreachable (a retried request's ``failed_workers``, or a release with outcome
+``unreachable``) is marked down at once instead of waiting for its lease to expire.  Everything else is
 the pure core: ``FleetState`` for bookkeeping and ``Router.route`` for the decision.
 """
 
@@ -16,7 +19,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from splitserve.common.metrics import PREFIX, latency_buckets
-from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply, WorkerLoad
+from splitserve.components.protocol import (
+    ReleaseCall,
+    RouteCall,
+    RouteReply,
+    RouterStatus,
+    WorkerLoad,
+)
 
 from .builtin import BUILTIN_CONFIGS, builtin_config
 from .config import RouterConfig, load_router_config_file, parse_router_config
@@ -63,6 +72,9 @@ class RouterMetrics:
                                       registry=r)
         self.released = Counter(f"{PREFIX}_router_released_total",
                                 "Released requests by outcome", ["outcome"], registry=r)
+        self.marked_down = Counter(f"{PREFIX}_router_workers_marked_down_total",
+                                   "Workers taken out of routing because a frontend could "
+                                   "not reach them", registry=r)
 
 
 class RouterService:
@@ -76,7 +88,7 @@ class RouterService:
         self.router = router
         self.client = worker_client
         self.indexer = indexer
-        self.fleet = FleetState(cfg.inflight_ttl_s)
+        self.fleet = FleetState(cfg.inflight_ttl_s, down_ttl_s=cfg.down_ttl_s)
         self.tracker = RecentPrefixTracker(ttl_s=cfg.recent_prefix_ttl_s)
         self.metrics = metrics or RouterMetrics()
         self.hash_blocks = hash_blocks or (lambda tokens: [])
@@ -89,13 +101,31 @@ class RouterService:
         except ValueError as exc:
             log.debug("bad load report: %s", exc)
 
-    def decide(self, call: RouteCall) -> tuple[RouteReply, Any]:
-        """Build the snapshot and run the core; records the placement unless explaining."""
-        now = time.monotonic()
+    def mark_down(self, worker_id: int, now: float) -> None:
+        """A frontend could not reach ``worker_id``: route nothing more to it for now."""
+        if worker_id in self.fleet.live and self.fleet.mark_down(worker_id, now):
+            self.metrics.marked_down.inc()
+            log.warning("worker %x unreachable: out of routing until seen alive again",
+                        worker_id)
+
+    def _refresh_live(self) -> None:
         live = self.client.instance_ids()
         self.fleet.set_live(live)
         if self.indexer is not None and hasattr(self.indexer, "sync_workers"):
             self.indexer.sync_workers(set(live))
+
+    def status(self) -> RouterStatus:
+        """The workers a request routed now could go to (read by frontends' readiness)."""
+        self._refresh_live()
+        return RouterStatus(workers=self.fleet.candidates(time.monotonic()),
+                            endpoint=self.worker_endpoint)
+
+    def decide(self, call: RouteCall) -> tuple[RouteReply, Any]:
+        """Build the snapshot and run the core; records the placement unless explaining."""
+        now = time.monotonic()
+        self._refresh_live()
+        for wid in call.failed_workers:
+            self.mark_down(wid, now)
         self.fleet.expire(now)
         hashes = self.hash_blocks(call.token_ids)
         overlap: dict[int, int] = {}
@@ -152,9 +182,17 @@ class RouterService:
             return
         self.fleet.release(call.request_id)
         self.metrics.released.labels(call.outcome).inc()
+        if call.outcome == "unreachable":
+            self._refresh_live()
+            self.mark_down(call.worker_id, time.monotonic())
         self.qos.observe(call, time.monotonic(), inflight=len(self.fleet.placed),
                          workers=len(self.fleet.live))
         yield {"ok": True}
+
+
+    async def status_handler(self, request: dict, context=None):
+        """Endpoint handler: one RouterStatus."""
+        yield self.status().model_dump(mode="json")
 
 
 async def watch_loads(nats_url: str, subject: str, service: RouterService,

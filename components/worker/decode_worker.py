@@ -66,6 +66,7 @@ class DecodeCoordinator:
         Used by `dynamo route explain` after the router picked this worker.
         """
         tokens = list(request.get("token_ids") or [])
+        self.w.core.check_token_ids(tokens, "explain")
         cached = await self.w.runner.call(self.w.core.cached_prefix_tokens, tokens) \
             if tokens else 0
         req = OffloadRequest(request_id="explain", prompt_length=len(tokens),
@@ -83,6 +84,7 @@ class DecodeCoordinator:
             meta = wreq.meta()
             rid = meta.request_id or uuid.uuid4().hex
             ereq = engine_request(wreq, rid)
+            self.w.core.check_token_ids(ereq.prompt_token_ids, rid)
         except Exception as exc:  # noqa: BLE001
             self.w.metrics.requests.labels("rejected").inc()
             yield output_chunk([], "error", error=f"request refused: {exc}")

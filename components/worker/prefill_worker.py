@@ -52,6 +52,8 @@ async def prefill_one(w: TorchWorker, agent, job, metrics: PrefillMetrics,
                 raise out
             if out.finished:
                 break
+        if out.finish_reason == "error":
+            raise RuntimeError(out.error)
         held = out.finish_reason != "abort"
         metrics.compute.observe(asyncio.get_running_loop().time() - t0)
         skip = req.num_cached_tokens // req.block_size

@@ -5,6 +5,12 @@ The core (``add_request`` / ``abort`` / ``step`` / ``has_unfinished`` / ``stats`
 applies queued commands between steps (so requests join and leave the running batch
 between decode steps: continuous batching) and hands each step's outputs back to the
 event loop, one asyncio queue per request.
+
+Failures: a request the core refuses gets its error on its own queue; a request that
+fails inside a step comes back from the core as an output with ``finish_reason="error"``.
+Anything that escapes ``step`` means the core's state is unknown: the runner fails
+every waiting request, stops accepting work (``alive`` turns False) and calls
+``on_fatal`` so the process can leave and be restarted instead of serving errors.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ class EngineRunner:
     """Thread owner of an engine core; all methods except ``_loop`` run on the event loop."""
 
     def __init__(self, core, loop: asyncio.AbstractEventLoop,
-                 on_kv_events: Callable[[list], None] | None = None) -> None:
+                 on_kv_events: Callable[[list], None] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.core = core
         self.loop = loop
         self.on_kv_events = on_kv_events
+        self.on_fatal = on_fatal
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.streams: dict[str, asyncio.Queue] = {}
         self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
@@ -41,6 +49,11 @@ class EngineRunner:
     def stop(self, timeout_s: float = 5.0) -> None:
         self.commands.put(_STOP)
         self.thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine thread runs and has not failed (readiness follows this)."""
+        return self.error is None and self.thread.is_alive()
 
     def submit(self, request) -> asyncio.Queue:
         """Queue a request for the engine; its outputs arrive on the returned queue."""
@@ -119,9 +132,27 @@ class EngineRunner:
                 self.last_stats = self.core.stats()
                 self.loop.call_soon_threadsafe(self._deliver, outputs, events)
         except BaseException as exc:  # noqa: BLE001 - surfaced to every waiting request
-            log.exception("engine loop crashed")
+            log.exception("engine loop crashed; the engine cannot continue")
             self.error = exc
-            self.loop.call_soon_threadsafe(self._fail_all, exc)
+            try:
+                self.loop.call_soon_threadsafe(self._fail_all, exc)
+            except RuntimeError:  # the event loop is closed: nobody is waiting any more
+                return
+        self._drain_commands()
+
+    def _drain_commands(self) -> None:
+        """After the loop ended: settle what was queued meanwhile so no caller hangs."""
+        exc = self.error or RuntimeError("engine stopped")
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd is not _STOP and cmd[0] == "call":
+                try:
+                    self.loop.call_soon_threadsafe(_settle, cmd[1][2], None, exc)
+                except RuntimeError:  # the event loop is closed
+                    return
 
     # ---- back on the event loop ---------------------------------------------------------
     def _deliver(self, outputs: list, events: list) -> None:
@@ -144,6 +175,8 @@ class EngineRunner:
         for q in self.streams.values():
             q.put_nowait(exc)
         self.streams.clear()
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
 
 
 def _settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:

@@ -23,6 +23,7 @@ from splitserve.components.protocol import (
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from .config import TorchWorkerConfig
+from .fatal import leave_after_engine_failure
 from .loadreport import publish_load
 from .metrics import WorkerMetrics
 from .runner import EngineRunner
@@ -81,6 +82,10 @@ async def stream_outputs(runner: EngineRunner, q, rid: str, metrics: WorkerMetri
                 yield output_chunk([], "error", error=str(out))
                 return
             finished = out.finished
+            if out.finish_reason == "error":
+                metrics.requests.labels("error").inc()
+                yield output_chunk(list(out.new_token_ids), "error", error=out.error)
+                return
             produced += len(out.new_token_ids)
             reason = FINISH.get(out.finish_reason, "eos") if finished else None
             usage = {}
@@ -104,7 +109,9 @@ def make_handler(runner: EngineRunner, metrics: WorkerMetrics | None = None):
         try:
             wreq = WorkerRequest.model_validate(request)
             rid = wreq.meta().request_id or uuid.uuid4().hex
-            q = runner.submit(engine_request(wreq, rid))
+            ereq = engine_request(wreq, rid)
+            runner.core.check_token_ids(ereq.prompt_token_ids, rid)
+            q = runner.submit(ereq)
         except Exception as exc:  # noqa: BLE001 - bad request, engine gone or refused
             metrics.requests.labels("rejected").inc()
             yield output_chunk([], "error", error=f"request refused: {exc}")
@@ -164,7 +171,13 @@ async def start_torch_worker(ctx: ComponentContext, cfg, publish_kv: bool = True
         publisher = KvEventPublisher(endpoint, kv_block_size=args.block_size)
     loop = asyncio.get_running_loop()
     on_events = (lambda evs: publish_kv_events(publisher, evs)) if publisher else None
-    runner = EngineRunner(core, loop, on_kv_events=on_events)
+    leaving: set[asyncio.Task] = set()
+
+    def on_fatal(exc: BaseException) -> None:
+        leaving.add(asyncio.ensure_future(leave_after_engine_failure(
+            exc, ctx.report, endpoint.unregister_endpoint_instance)))
+
+    runner = EngineRunner(core, loop, on_kv_events=on_events, on_fatal=on_fatal)
     runner.start()
     worker_id = endpoint.connection_id()
     metrics = WorkerMetrics()

@@ -77,11 +77,22 @@ class EngineCore:
         return bool(self.scheduler.waiting or self.scheduler.running or self._pending)
 
     def step(self) -> list[RequestOutput]:
-        """Run one engine iteration and return what each affected request produced."""
+        """Run one engine iteration and return what each affected request produced.
+
+        A forward pass that raises is retried one request at a time; a request that
+        still fails alone finishes with ``finish_reason="error"`` and the others go on.
+        An exception that escapes (bookkeeping or sampling failed, so the engine's state
+        is unknown) means the engine cannot continue.
+        """
         plan = self.scheduler.schedule()
         if not plan.empty:
             self._num_steps += 1
-            self._execute(plan)
+            try:
+                logits, samplers = self._compute(plan)
+            except Exception as exc:  # noqa: BLE001 - isolated below
+                self._run_alone(plan, exc)
+            else:
+                self._apply(plan, logits, samplers)
         outputs, self._pending = self._pending, []
         return outputs
 
@@ -115,6 +126,17 @@ class EngineCore:
     def block_table(self, request_id: str) -> list[int]:
         """Block ids currently holding ``request_id``'s KV, in token order."""
         return self.kv.block_table(request_id)
+
+    def check_token_ids(self, token_ids, request_id: str = "") -> None:
+        """Raise ValueError unless every id is a token of this model's vocabulary.
+
+        Called for every prompt before it touches the engine (an id outside the
+        embedding table would fail inside a step, or wrap around silently)."""
+        vocab = self.model_config.vocab_size
+        for i, t in enumerate(token_ids):
+            if not (isinstance(t, int) and 0 <= t < vocab):
+                raise ValueError(f"request {request_id!r}: token id {t!r} at position {i} is "
+                                 f"outside the vocabulary [0, {vocab})")
 
     # ---- disaggregation ----------------------------------------------------------------
     def cached_prefix_tokens(self, token_ids) -> int:
@@ -172,6 +194,7 @@ class EngineCore:
     def _new_sequence(self, req: Request) -> Sequence:
         if req.request_id in self._seqs or req.request_id in self._held:
             raise ValueError(f"request id {req.request_id!r} is already in use")
+        self.check_token_ids(req.prompt_token_ids, req.request_id)
         n = len(req.prompt_token_ids)
         if n + 1 > self.max_seq_len:
             raise ValueError(
@@ -190,12 +213,40 @@ class EngineCore:
         self._seqs[seq.request_id] = seq
         self.scheduler.add(seq)
 
-    def _execute(self, plan: SchedulerOutput) -> None:
+    def _compute(self, plan: SchedulerOutput) -> tuple[torch.Tensor, list[Sequence]]:
+        """Build the batch and run the forward pass; changes no bookkeeping, so a plan
+        whose computation raised can be run again (its KV slots are simply rewritten)."""
         batch, samplers = self._build_batch(plan)
         with torch.inference_mode():
             logits = forward(
                 self.weights, self.model_config, self.kv.pool(), batch, self.config.attention_tile
             )
+        return logits, samplers
+
+    def _run_alone(self, plan: SchedulerOutput, exc: Exception) -> None:
+        """The batch failed: run each of its requests alone, failing those that still raise."""
+        parts = [SchedulerOutput(prefills=[c]) for c in plan.prefills]
+        parts += [SchedulerOutput(decodes=[s]) for s in plan.decodes]
+        if len(parts) == 1:
+            self.fail(parts[0].prefills[0].seq if parts[0].prefills else parts[0].decodes[0],
+                      exc)
+            return
+        for part in parts:
+            seq = part.prefills[0].seq if part.prefills else part.decodes[0]
+            try:
+                logits, samplers = self._compute(part)
+            except Exception as alone_exc:  # noqa: BLE001 - this request is the bad one
+                self.fail(seq, alone_exc)
+            else:
+                self._apply(part, logits, samplers)
+
+    def fail(self, seq: Sequence, exc: BaseException) -> None:
+        """Finish ``seq`` with ``finish_reason="error"`` (its blocks are freed)."""
+        seq.error = f"engine step failed: {type(exc).__name__}: {exc}"
+        self._finish(seq, "error")
+
+    def _apply(self, plan: SchedulerOutput, logits: torch.Tensor,
+               samplers: list[Sequence]) -> None:
         for chunk in plan.prefills:
             chunk.seq.num_computed = chunk.end
         for seq in plan.decodes:
@@ -228,7 +279,7 @@ class EngineCore:
         seq.status = SeqStatus.FINISHED
         del self._seqs[seq.request_id]
         blocks: tuple[int, ...] = ()
-        if seq.request.prefill_only and reason != "abort":
+        if seq.request.prefill_only and reason not in ("abort", "error"):
             blocks = tuple(self.kv.block_table(seq.request_id))
             self.scheduler.running.remove(seq)
             self._held[seq.request_id] = seq
@@ -247,6 +298,7 @@ class EngineCore:
             num_prompt_tokens=len(seq.request.prompt_token_ids),
             num_cached_tokens=max(seq.num_cached_tokens, 0),
             kv_block_ids=kv_block_ids,
+            error=seq.error,
         )
 
     def _build_batch(self, plan: SchedulerOutput) -> tuple[ForwardBatch, list[Sequence]]:

@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache (at first admission)
     kv_block_ids: tuple[int, ...] = ()  # set when a prefill-only request finishes
+    error: str | None = None  # why the engine failed the request (finish_reason "error")
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class Sequence:
     num_cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
     num_emitted: int = 0  # output tokens already returned to the caller
     finish_reason: FinishReason | None = None
+    error: str | None = None
 
     @property
     def request_id(self) -> str:

@@ -1,0 +1,165 @@
+"""The frontend's backends against fake worker clients and a real router core: retry of a
+request whose worker failed before producing output, and truthful readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from splitserve.components.frontend.backend import (
+    BackendMetrics,
+    DirectBackend,
+    RoutedBackend,
+    StreamMeta,
+)
+from splitserve.components.frontend.errors import APIError
+from splitserve.components.router.service import RouterService, load_policy
+from splitserve.components.router.service_config import RouterComponentConfig
+
+pytestmark = pytest.mark.unit
+
+ENDPOINT = "ns.worker.generate"
+
+
+class Workers:
+    """A worker client: instance ids from discovery; ``dead`` ones refuse connections,
+    ``breaking`` ones send one token and then their stream breaks."""
+
+    def __init__(self, ids, dead=(), breaking=()) -> None:
+        self.ids, self.dead, self.breaking = list(ids), set(dead), set(breaking)
+        self.sent: list[int] = []
+
+    def instance_ids(self):
+        return list(self.ids)
+
+    async def direct(self, request, worker_id, context=None):
+        self.sent.append(worker_id)
+        if worker_id in self.dead:
+            raise ConnectionRefusedError(f"instance {worker_id} unreachable")
+        return self._stream(worker_id)
+
+    async def _stream(self, worker_id):
+        yield {"token_ids": [worker_id], "finish_reason": None}
+        if worker_id in self.breaking:
+            raise ConnectionResetError("stream reset")
+        yield {"token_ids": [0], "finish_reason": "length"}
+
+
+class RouterClient:
+    """Dynamo's client to the router's endpoints, calling a real RouterService."""
+
+    def __init__(self, svc: RouterService, handler) -> None:
+        self.svc, self.handler = svc, handler
+
+    def instance_ids(self):
+        return [99]
+
+    async def round_robin(self, request, context=None):
+        return self.handler(request)
+
+
+def request() -> dict:
+    return {"token_ids": [1, 2, 3], "stop_conditions": {"max_tokens": 2},
+            "extra_args": {"splitserve": {}}}
+
+
+def collect(backend, meta=None) -> list[dict]:
+    async def go():
+        return [c async for c in backend.stream(request(), meta or StreamMeta("r", None), None)]
+    return asyncio.run(go())
+
+
+def routed(workers: Workers, migration_limit=1, router_ids=None):
+    cfg = RouterComponentConfig(policy="round_robin", use_kv_events=False)
+    svc = RouterService(cfg, load_policy(cfg), Workers(router_ids or workers.ids),
+                        worker_endpoint=ENDPOINT)
+
+    async def connect(path):
+        assert path == ENDPOINT
+        return workers
+
+    backend = RoutedBackend(RouterClient(svc, svc.route), connect,
+                            migration_limit=migration_limit,
+                            status_client=RouterClient(svc, svc.status_handler),
+                            metrics=BackendMetrics())
+    return backend, svc
+
+
+def retries(backend) -> float:
+    return backend.metrics.registry.get_sample_value(
+        "splitserve_frontend_request_retries_total") or 0.0
+
+
+@pytest.mark.parametrize("make", ["routed", "direct"])
+def test_a_dead_worker_is_retried_once_and_dropped(make):
+    workers = Workers([1, 2], dead=[1])
+    if make == "routed":
+        backend, svc = routed(workers)
+    else:
+        backend = DirectBackend(workers, metrics=BackendMetrics())
+    outs = [collect(backend) for _ in range(4)]
+    assert all(o[-1]["finish_reason"] == "length" for o in outs)
+    assert workers.sent.count(1) == 1, "the dead worker must get no second request"
+    assert retries(backend) == 1
+    if make == "routed":
+        assert svc.status().workers == [2]
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2])
+def test_migration_limit_bounds_the_retries(limit):
+    workers = Workers([1, 2, 3], dead=[1, 2, 3])
+    backend = DirectBackend(workers, migration_limit=limit, metrics=BackendMetrics())
+    with pytest.raises(APIError) as err:
+        collect(backend)
+    assert err.value.status == 503
+    assert len(workers.sent) == limit + 1 and len(set(workers.sent)) == limit + 1
+    assert retries(backend) == limit
+
+
+@pytest.mark.parametrize("make", ["routed", "direct"])
+def test_a_request_that_streamed_output_is_not_resent(make):
+    workers = Workers([1, 2], breaking=[1, 2])
+    backend = routed(workers)[0] if make == "routed" else DirectBackend(workers)
+    got: list[dict] = []
+
+    async def go():
+        async for c in backend.stream(request(), StreamMeta("r", None), None):
+            got.append(c)
+    with pytest.raises(APIError) as err:
+        asyncio.run(go())
+    assert err.value.status == 502 and len(workers.sent) == 1 and len(got) == 1
+    assert retries(backend) == 0
+
+
+def test_routed_retry_with_no_other_worker_says_so():
+    backend, _ = routed(Workers([1], dead=[1]))
+    with pytest.raises(APIError) as err:
+        collect(backend)
+    assert err.value.status == 503 and "failed" in err.value.message
+
+
+def test_routed_ready_needs_a_worker_the_router_would_route_to():
+    workers = Workers([])
+    backend, svc = routed(workers, router_ids=[])
+    assert not backend.ready(), "no status yet"
+    asyncio.run(backend.refresh_status())
+    assert not backend.ready(), "the router knows no worker"
+    svc.client.ids = [7]
+    asyncio.run(backend.refresh_status())
+    assert not backend.ready(), "this frontend's discovery does not know worker 7 yet"
+    workers.ids = [7]
+    assert backend.ready()
+    svc.mark_down(7, time.monotonic())
+    asyncio.run(backend.refresh_status())
+    assert not backend.ready(), "the only worker was found dead"
+
+
+def test_direct_ready_ignores_workers_found_dead():
+    workers = Workers([1], dead=[1])
+    backend = DirectBackend(workers, migration_limit=0)
+    assert backend.ready()
+    with pytest.raises(APIError):
+        collect(backend)
+    assert not backend.ready()
