@@ -1,7 +1,8 @@
 """Policy files as a product: one strict schema, versions in etcd, hot reload.
 
-``schema`` validates files, ``store`` keeps immutable versions in etcd, ``watch`` lets
-a running component follow the current version, ``cli`` is ``dynamo policy``.
+``schema`` validates files, ``store`` keeps immutable versions in etcd, ``signing``
+authenticates them, ``watch`` lets a running component follow the current version,
+``cli`` is ``dynamo policy``.
 """
 
 from .canonical import canonical_dict, canonical_json, canonical_yaml, policy_sha256, unified_diff
@@ -16,12 +17,13 @@ from .schema import (
     parse_policy,
     policy_schema,
 )
+from .signing import PolicyKey
 from .store import PolicyConflict, PolicyNotFound, PolicyStore
 from .watch import PolicyWatcher
 
 __all__ = [
     "ComponentStatus", "CurrentPointer", "PolicyConflict", "PolicyError", "PolicyFile",
-    "PolicyKeys", "PolicyNotFound", "PolicyRegistries", "PolicyStore", "PolicyVersion",
+    "PolicyKey", "PolicyKeys", "PolicyNotFound", "PolicyRegistries", "PolicyStore", "PolicyVersion",
     "PolicyWatcher", "Step", "StepKind", "WatchState", "after_attempt", "canonical_dict",
     "canonical_json", "canonical_yaml", "decide", "export_schema", "load_policy_file",
     "parse_policy", "policy_schema", "policy_sha256", "status_record", "unified_diff",

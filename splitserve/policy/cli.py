@@ -1,7 +1,7 @@
 """``dynamo policy``: validate, apply, show, diff, list and roll back policy versions.
 
-Exit codes: 0 success; 1 etcd unreachable or no graph found; 2 invalid policy file or
-usage; 3 lost a concurrent apply; 4 no such version (or nothing applied yet); 5 (``show``)
+Exit codes: 0 success; 1 etcd unreachable or no graph found; 2 invalid policy file,
+usage, or no usable signing key (apply, rollback); 3 lost a concurrent apply; 4 no such version (or nothing applied yet); 5 (``show``)
 some component instance refused the current version.  Without ``--etcd`` and
 ``--namespace`` the commands use the local ``dynamo serve`` graph's.
 """
@@ -25,6 +25,7 @@ from splitserve.cli.status_cmd import local_supervisors
 from . import cli_render as render
 from .canonical import canonical_dict, policy_sha256, unified_diff
 from .schema import PolicyError, load_policy_file
+from .signing import PolicyKey
 from .store import PolicyConflict, PolicyNotFound, PolicyStore
 
 app = typer.Typer(help="Validate, apply and roll back routing/offload/QoS policies.",
@@ -41,16 +42,27 @@ StateDir = Annotated[str | None, typer.Option("--state-dir", envvar="SPLITSERVE_
 JsonOut = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 Author = Annotated[str | None, typer.Option("--author", help="Recorded as the version's "
                                             "author (default: the login name).")]
+KeyFile = Annotated[Path | None, typer.Option(
+    "--key-file", envvar="SPLITSERVE_POLICY_KEY_FILE",
+    help="The graph's policy signing key (default: the local graph's policy.key).")]
+EXIT_NO_KEY = 2
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
-def _store(etcd: str | None, namespace: str | None, state_dir: str | None) -> PolicyStore:
-    """Resolve endpoints: flags first, then a local `dynamo serve`, then `dynamo infra`."""
+def _store(etcd: str | None, namespace: str | None, state_dir: str | None,
+           sign: bool = False, key_file: Path | None = None) -> PolicyStore:
+    """Resolve endpoints: flags first, then a local `dynamo serve`, then `dynamo infra`.
+
+    With ``sign`` (apply, rollback) the store also gets the policy key: ``--key-file``
+    (or SPLITSERVE_POLICY_KEY_FILE), else the key of the local graph on the same etcd
+    and namespace; without one the command stops (exit 2) instead of writing a version
+    every component would refuse.
+    """
+    root = state_root(state_dir)
+    sups = local_supervisors(root)
     if not etcd or not namespace:
-        root = state_root(state_dir)
-        sups = local_supervisors(root)
         if sups:
             etcd = etcd or sups[0]["etcd"]
             namespace = namespace or sups[0]["namespace"]
@@ -60,7 +72,25 @@ def _store(etcd: str | None, namespace: str | None, state_dir: str | None) -> Po
         err.print("[red]error:[/] no local `dynamo serve` or `dynamo infra` found; "
                   "pass --etcd and --namespace")
         raise typer.Exit(EXIT_ETCD)
-    return PolicyStore(etcd, namespace or "dynamo")
+    namespace = namespace or "dynamo"
+    key = None
+    if sign:
+        if key_file is None:
+            key_file = next((Path(s["policy_key_file"]) for s in sups
+                             if s.get("policy_key_file") and s["etcd"] == etcd
+                             and s["namespace"] == namespace), None)
+        if key_file is None:
+            err.print("[red]error:[/] no policy signing key: pass --key-file (or set "
+                      "SPLITSERVE_POLICY_KEY_FILE) with the graph's key; components refuse "
+                      "unsigned versions")
+            raise typer.Exit(EXIT_NO_KEY)
+        try:
+            key = PolicyKey.from_file(key_file)
+        except (OSError, ValueError) as exc:
+            err.print(f"[red]error:[/] cannot use policy key {key_file}: {exc}",
+                      highlight=False, markup=False)
+            raise typer.Exit(EXIT_NO_KEY) from None
+    return PolicyStore(etcd, namespace, signing_key=key)
 
 
 def _call(store: PolicyStore, work: Awaitable[T]) -> T:
@@ -124,11 +154,11 @@ def apply(
         "--expect-version", min=0, help="Apply only if the current version is this one "
         "(0: none yet); exit 3 otherwise.")] = None,
     etcd: Etcd = None, namespace: Namespace = None, state_dir: StateDir = None,
-    json_out: JsonOut = False,
+    json_out: JsonOut = False, key_file: KeyFile = None,
 ) -> None:
-    """Validate FILE and make it the current policy (a new version); prints the version."""
+    """Validate FILE and make it the current policy (a new version, signed); prints it."""
     policy = _load(file, json_out)
-    store = _store(etcd, namespace, state_dir)
+    store = _store(etcd, namespace, state_dir, sign=True, key_file=key_file)
 
     async def work() -> tuple[int | None, int]:
         before = await store.current()
@@ -250,10 +280,11 @@ def rollback(
                                            "restore (default: the one before current).")] = None,
     author: Author = None,
     etcd: Etcd = None, namespace: Namespace = None, state_dir: StateDir = None,
-    json_out: JsonOut = False,
+    json_out: JsonOut = False, key_file: KeyFile = None,
 ) -> None:
-    """Restore an older version's content as a new version (history stays append-only)."""
-    store = _store(etcd, namespace, state_dir)
+    """Restore an older version's content as a new, signed version (history stays
+    append-only)."""
+    store = _store(etcd, namespace, state_dir, sign=True, key_file=key_file)
 
     async def work() -> tuple[int, int]:
         before = await store.current()

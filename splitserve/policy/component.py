@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 
+from .signing import PolicyKey
 from .store import PolicyStore
 from .watch import ApplyFn, PolicyWatcher
 
@@ -21,7 +22,17 @@ async def follow_policy(namespace: str, component: str, instance: str,
     `dynamo policy apply`; a version the component cannot apply is refused, the
     previous settings keep running, and the refusal is published for `dynamo policy show`.
     """
-    store = PolicyStore(os.environ["ETCD_ENDPOINTS"], namespace)
+    key_file = os.environ.get("SPLITSERVE_POLICY_KEY_FILE")
+    key = None
+    if key_file:
+        try:
+            key = PolicyKey.from_file(key_file)
+        except (OSError, ValueError) as exc:  # every version is then refused, and reported
+            log.error("%s: cannot read the policy key %s: %s", component, key_file, exc)
+    else:
+        log.warning("%s: no SPLITSERVE_POLICY_KEY_FILE; every policy version is refused",
+                    component)
+    store = PolicyStore(os.environ["ETCD_ENDPOINTS"], namespace, signing_key=key)
 
     def on_status(version: int, ok: bool, reason: str) -> None:
         if ok:

@@ -71,6 +71,9 @@ class PolicyVersion(WireModel):
     rollback_of: int | None = Field(default=None, description="Version whose content this "
                                                               "rollback restored.")
     policy: dict[str, Any] = Field(description="The canonical policy document.")
+    signature: str | None = Field(default=None, description="HMAC of the version's "
+                                  "metadata and hash under the graph's policy key; "
+                                  "components refuse a version without a valid one.")
 
     def summary(self) -> dict[str, Any]:
         """Return the metadata without the policy, for history listings."""

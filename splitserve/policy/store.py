@@ -22,6 +22,7 @@ from splitserve.common.etcd import etcd_client
 from .canonical import canonical_dict, policy_sha256, unified_diff
 from .records import ComponentStatus, CurrentPointer, PolicyKeys, PolicyVersion
 from .schema import PolicyFile, PolicyRegistries, parse_policy
+from .signing import PolicyKey
 
 
 class PolicyConflict(RuntimeError):
@@ -58,10 +59,12 @@ class PolicyStore:
     """
 
     def __init__(self, etcd_endpoints: str, namespace: str,
-                 registries: PolicyRegistries | None = None) -> None:
+                 registries: PolicyRegistries | None = None,
+                 signing_key: PolicyKey | None = None) -> None:
         self.endpoints = etcd_endpoints
         self.keys = PolicyKeys(namespace)
         self.registries = registries
+        self.signing_key = signing_key
 
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[aetcd.Client]:
@@ -76,6 +79,17 @@ class PolicyStore:
         the stored document no longer validates (written by a newer release, say).
         """
         return parse_policy(record.policy, f"version {record.version}", self.registries)
+
+    def authenticity(self, record: PolicyVersion, policy: PolicyFile) -> str | None:
+        """Why a component must refuse ``record`` (unsigned, wrong key, content not
+        matching its hash), or None.  Called by the watcher before applying; needs the
+        store's key (a store without one refuses everything: nothing can be verified)."""
+        if self.signing_key is None:
+            return "no policy key configured in this component (SPLITSERVE_POLICY_KEY_FILE)"
+        problem = self.signing_key.check(self.keys.namespace, record)
+        if problem is None and policy_sha256(policy) != record.sha256:
+            problem = "policy content does not match its signed hash"
+        return problem
 
     async def apply(self, policy: PolicyFile | Mapping[str, Any], source: str, author: str,
                     *, force: bool = False, expect_version: int | None = None) -> int:
@@ -108,6 +122,8 @@ class PolicyStore:
         record = PolicyVersion(version=number, created_at=datetime.now(UTC), source=source,
                                author=author, sha256=sha, rollback_of=rollback_of,
                                policy=canonical_dict(policy))
+        if self.signing_key is not None:
+            record.signature = self.signing_key.sign(self.keys.namespace, record)
         new_pointer = CurrentPointer(version=number, sha256=sha)
         tx = client.transactions
         current_key = self.keys.current.encode()

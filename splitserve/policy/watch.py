@@ -1,8 +1,9 @@
 """Hot reload for components: follow ``current`` in etcd and apply each new version.
 
 A component creates one ``PolicyWatcher`` at start-up with a function that applies a
-policy (rebuild its router, its decider, its admission limits) and raises if it cannot.
-When the function raises, the component keeps running the previous policy; the watcher
+policy (rebuild its router, its decider, its admission limits) and raises if it cannot;
+only versions signed with the graph's key reach it (see ``signing``).  When the function
+raises, the component keeps running the previous policy; the watcher
 reports why through ``on_status`` and publishes it under
 ``splitserve/<ns>/policy/status/<component>/<instance>`` (on a lease, so the entry goes
 away with the instance), which is what ``dynamo policy show`` lists.
@@ -154,6 +155,9 @@ class PolicyWatcher:
             policy = self.store.parse(record)
         except PolicyError as exc:
             return "invalid for this release: " + "; ".join(exc.errors)
+        if problem := self.store.authenticity(record, policy):
+            log.warning("policy: v%d refused: %s", pointer.version, problem)
+            return "refused: " + problem
         try:
             result = self._apply_fn(policy, pointer.version)
             if inspect.isawaitable(result):

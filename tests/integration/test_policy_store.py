@@ -22,11 +22,13 @@ from splitserve.infra.embedded import EmbeddedInfra
 from splitserve.policy import (
     PolicyConflict,
     PolicyError,
+    PolicyKey,
     PolicyNotFound,
     PolicyStore,
     PolicyWatcher,
     parse_policy,
 )
+from splitserve.serve.credentials import write_secret
 from tests.unit.policy.policy_factories import CONFIGS, edited, seed
 
 pytestmark = pytest.mark.integration
@@ -41,10 +43,19 @@ def etcd_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield ep.etcd
 
 
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operator's policy signing key (0600), as `dynamo serve` writes it."""
+    path = tmp_path_factory.mktemp("key") / "policy.key"
+    write_secret(path)
+    return path
+
+
 @pytest.fixture
-def store(etcd_url: str) -> PolicyStore:
+def store(etcd_url: str, key_file: Path) -> PolicyStore:
     """A store on a namespace of its own, so tests never see each other's versions."""
-    return PolicyStore(etcd_url, f"t{uuid.uuid4().hex[:8]}")
+    return PolicyStore(etcd_url, f"t{uuid.uuid4().hex[:8]}",
+                       signing_key=PolicyKey.from_file(key_file))
 
 
 def threshold(n: int) -> dict:
@@ -159,7 +170,8 @@ async def test_watcher_follows_and_keeps_previous_on_failure(store: PolicyStore)
 async def test_watcher_reconnects_and_catches_up(store: PolicyStore) -> None:
     applied: list[int] = []
     async with TcpProxy(store.endpoints) as proxy:
-        via_proxy = PolicyStore(proxy.url, store.keys.namespace)
+        via_proxy = PolicyStore(proxy.url, store.keys.namespace,
+                                signing_key=store.signing_key)
         watcher = PolicyWatcher(via_proxy, lambda p, v: applied.append(v),
                                 component="Router", instance="r0", lease_ttl_s=3)
         await store.apply(seed(), "a", "a")
@@ -232,26 +244,32 @@ class TcpProxy:
         asyncio.get_running_loop().create_task(self._listen())
 
 
-def cli(etcd: str, ns: str, *args: str) -> subprocess.CompletedProcess:
+def cli(etcd: str, ns: str, *args: str, key_file: Path | None = None
+        ) -> subprocess.CompletedProcess:
     """Run `dynamo policy ...` as a separate process, as an operator would."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "SPLITSERVE_HOME")}
+    env = {k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "SPLITSERVE_HOME",
+                                                            "SPLITSERVE_POLICY_KEY_FILE")}
+    if key_file is not None:
+        env["SPLITSERVE_POLICY_KEY_FILE"] = str(key_file)
     return subprocess.run([sys.executable, "-m", "splitserve.cli.main", "policy", *args,
                            "--etcd", etcd, "--namespace", ns],
                           check=False, capture_output=True, text=True, timeout=30, env=env)
 
 
-def cli_in_process(etcd: str, ns: str, *args: str):
+def cli_in_process(etcd: str, ns: str, *args: str, key_file: Path | None = None):
     """The same command in this process: for the cheap checks of messages and exit codes."""
-    return CliRunner().invoke(app, ["policy", *args, "--etcd", etcd, "--namespace", ns])
+    env = {"SPLITSERVE_POLICY_KEY_FILE": str(key_file)} if key_file else None
+    return CliRunner().invoke(app, ["policy", *args, "--etcd", etcd, "--namespace", ns],
+                              env=env)
 
 
-def test_cli_end_to_end(store: PolicyStore, tmp_path: Path) -> None:
+def test_cli_end_to_end(store: PolicyStore, tmp_path: Path, key_file: Path) -> None:
     url, ns = store.endpoints, store.keys.namespace
-    first = cli(url, ns, "apply", str(SEED), "--author", "alice")
+    first = cli(url, ns, "apply", str(SEED), "--author", "alice", key_file=key_file)
     assert first.returncode == 0 and "as v1" in first.stdout, first.stderr
     changed = tmp_path / "bigger.json"
     changed.write_text(json.dumps(threshold(1024)))
-    applied = cli(url, ns, "apply", str(changed), "--json")
+    applied = cli(url, ns, "apply", str(changed), "--json", key_file=key_file)
     assert json.loads(applied.stdout) == {"version": 2, "changed": True, "namespace": ns}
 
     shown = json.loads(cli(url, ns, "show", "--json").stdout)
@@ -261,26 +279,29 @@ def test_cli_end_to_end(store: PolicyStore, tmp_path: Path) -> None:
     assert "-  prompt_length_threshold: 256\n+  prompt_length_threshold: 1024" in \
         cli(url, ns, "diff").stdout
 
-    rolled = cli(url, ns, "rollback", "--json")
+    rolled = cli(url, ns, "rollback", "--json", key_file=key_file)
     assert json.loads(rolled.stdout) == {"version": 3, "restored": 1, "changed": True}
     history = json.loads(cli(url, ns, "history", "--limit", "2", "--json").stdout)
     assert [(h["version"], h["rollback_of"]) for h in history] == [(3, 1), (2, None)]
     assert cli("http://127.0.0.1:1", ns, "history").returncode == 1  # etcd unreachable
 
 
-def test_cli_messages_and_exit_codes(store: PolicyStore, tmp_path: Path) -> None:
+def test_cli_messages_and_exit_codes(store: PolicyStore, tmp_path: Path, key_file: Path
+                                     ) -> None:
     url, ns = store.endpoints, store.keys.namespace
+    k = {"key_file": key_file}
     assert cli_in_process(url, ns, "show").exit_code == 4  # nothing applied yet
-    assert cli_in_process(url, ns, "rollback").exit_code == 4
-    assert cli_in_process(url, ns, "apply", str(SEED)).exit_code == 0
-    again = cli_in_process(url, ns, "apply", str(CONFIGS / "policies" / "seed.json"))
+    assert cli_in_process(url, ns, "rollback", **k).exit_code == 4
+    assert cli_in_process(url, ns, "apply", str(SEED), **k).exit_code == 0
+    again = cli_in_process(url, ns, "apply", str(CONFIGS / "policies" / "seed.json"), **k)
     assert again.exit_code == 0 and "unchanged: " in again.output
-    stale = cli_in_process(url, ns, "apply", str(SEED), "--force", "--expect-version", "0")
+    stale = cli_in_process(url, ns, "apply", str(SEED), "--force", "--expect-version", "0",
+                           **k)
     assert stale.exit_code == 3 and "not the expected v0" in stale.output
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("split_policy: {prompt_length_threshold: -1}\n")
-    refused = cli_in_process(url, ns, "apply", str(bad))
+    refused = cli_in_process(url, ns, "apply", str(bad), **k)
     assert refused.exit_code == 2 and "split_policy.prompt_length_threshold" in refused.output
     preview = cli_in_process(url, ns, "diff", "1", str(SEED))
     assert preview.exit_code == 0 and "no differences" in preview.output
@@ -290,7 +311,7 @@ def test_cli_messages_and_exit_codes(store: PolicyStore, tmp_path: Path) -> None
     assert "prompt_length_threshold: 256" in cli_in_process(url, ns, "show", "--version",
                                                              "1").output
     assert cli_in_process(url, ns, "show", "--version", "9").exit_code == 4
-    assert cli_in_process(url, ns, "rollback", "--to", "9").exit_code == 4
+    assert cli_in_process(url, ns, "rollback", "--to", "9", **k).exit_code == 4
 
 
 @pytest.mark.asyncio
