@@ -169,7 +169,7 @@ def as_units(t: torch.Tensor, unit: torch.dtype) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8).view(unit)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

@@ -40,7 +40,8 @@ def _head_copy_kernel(
     BLOCK_R: tl.constexpr,  # rows per program
     BLOCK_C: tl.constexpr,  # units per program along a row (power of two >= 16)
 ):
-    num_cols = tl.multiple_of(num_cols, VEC)     # lets masks keep VEC-wide accesses
+    if VEC > 1:   # (an argument equal to 1 arrives as a constant)
+        num_cols = tl.multiple_of(num_cols, VEC)   # masks keep VEC-wide accesses
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)   # [BLOCK_R]
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)                  # [BLOCK_C]
     mask = (r < num_rows)[:, None] & (c < num_cols)[None, :]
@@ -64,7 +65,8 @@ def _rechunk_kernel(
     BLOCK_R: tl.constexpr,  # rows per program
     BLOCK_C: tl.constexpr,  # units per program along a row (power of two >= 16)
 ):
-    row_units = tl.multiple_of(row_units, VEC)   # lets masks keep VEC-wide accesses
+    if VEC > 1:   # (an argument equal to 1 arrives as a constant)
+        row_units = tl.multiple_of(row_units, VEC)   # masks keep VEC-wide accesses
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)   # [BLOCK_R]
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)                  # [BLOCK_C]
     slot = r % bs_out

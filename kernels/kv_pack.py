@@ -51,7 +51,8 @@ def _blocks_kernel(
     # Persistent: program p copies tiles p, p + P, ... of the (row, chunk) tiles, so a
     # launch has a few programs per SM whatever the payload, each with many 16-byte
     # accesses in flight; a block id is one scalar load per tile.
-    row_units = tl.multiple_of(row_units, VEC)   # lets masks keep VEC-wide accesses
+    if VEC > 1:   # (an argument equal to 1 arrives as a constant)
+        row_units = tl.multiple_of(row_units, VEC)   # masks keep VEC-wide accesses
     chunks = tl.cdiv(row_units, BLOCK)
     cols = tl.arange(0, BLOCK)
     for tile in range(tl.program_id(0), num_rows * chunks, tl.num_programs(0)):
@@ -86,7 +87,8 @@ def _tokens_kernel(
     BLOCK_R: tl.constexpr,  # rows per program
     BLOCK_C: tl.constexpr,  # units per program along a row (power of two >= 16)
 ):
-    row_units = tl.multiple_of(row_units, VEC)   # lets masks keep VEC-wide accesses
+    if VEC > 1:   # (an argument equal to 1 arrives as a constant)
+        row_units = tl.multiple_of(row_units, VEC)   # masks keep VEC-wide accesses
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)   # [BLOCK_R] payload rows
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)   # [BLOCK_C] units
     row_ok = r < num_rows

@@ -19,8 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import LAUNCH_OPTIONS, Backend, as_index_tensor, launchable, persistent_grid
-from .dispatch import resolve_backend
+from .dispatch import (
+    LAUNCH_OPTIONS,
+    Backend,
+    as_index_tensor,
+    launchable,
+    persistent_grid,
+    resolve_backend,
+)
 from .kv_fp8 import Fp8Payload, compress_ref, e4m3_bits, group_block, group_scale
 from .kv_pack import BlockIds, check_pool, kv_pack_ref
 

@@ -21,7 +21,6 @@ from .layout import PoolLayout, dst_blocks_needed, plan_transform
 from .messages import StagedInfo
 
 
-
 def _fp8_parts(layout: PoolLayout, n: int) -> tuple[int, int, int]:
     """(codes bytes, scales offset, scales bytes) of an FP8 payload of ``n`` blocks."""
     codes = n * math.prod(layout.block_shape)
