@@ -14,6 +14,7 @@ from splitserve.cli.paths import new_run_dir, registry_dir, state_root
 from splitserve.common.connect import EtcdAccess, NatsAccess
 from splitserve.infra.embedded import resolve_endpoints
 from splitserve.serve.config import ConfigError
+from splitserve.serve.credentials import read_secret
 from splitserve.serve.graph import GraphError, load_graph
 from splitserve.serve.plan import ServePlan, load_plan
 
@@ -91,7 +92,9 @@ def serve(
             external = resolve_endpoints(access[0].endpoints, access[1].server)
         else:
             external = resolve_endpoints(etcd, nats)
-    except (GraphError, ConfigError, ValueError) as exc:
+        if policy_key_file is not None:
+            read_secret(policy_key_file)  # exists, private, not empty
+    except (GraphError, ConfigError, ValueError, OSError) as exc:
         # Printed without markup: messages quote patterns and paths with [brackets].
         err.print("[red]error:[/] ", end="")
         err.print(str(exc), markup=False, highlight=False)

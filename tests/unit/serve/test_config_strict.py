@@ -135,3 +135,21 @@ def test_error_messages_keep_their_brackets():
     res = dry_run(GRAPH, "--Common.namespace=Bad")
     assert res.exit_code == 2
     assert "^[a-z][a-z0-9_-]{0,62}$" in res.output
+
+
+def test_an_unusable_policy_key_file_stops_serve(tmp_path):
+    key = tmp_path / "policy.key"
+    key.write_text("s" * 40)
+    key.chmod(0o644)
+    res = dry_run(GRAPH, "--policy-key-file", str(key))
+    assert res.exit_code == 2 and "chmod 600" in res.output
+    missing = dry_run(GRAPH, "--policy-key-file", str(tmp_path / "nope"))
+    assert missing.exit_code == 2
+
+
+def test_credentials_that_conflict_stop_serve(monkeypatch):
+    monkeypatch.setenv("ETCD_AUTH_USERNAME", "a")
+    monkeypatch.setenv("ETCD_AUTH_PASSWORD", "b")
+    res = dry_run(GRAPH, "--etcd", "https://c:d@etcd:2379", "--nats", "nats://n:4222")
+    assert res.exit_code == 2 and "two different credentials" in res.output
+    assert "c:d" not in res.output
