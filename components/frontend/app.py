@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from splitserve.components.protocol import worker_request
 
 from .backend import Backend, StreamMeta
 from .errors import APIError, bad_request, overloaded, service_unavailable, upstream_error
+from .intake import check_content_type, read_body
 from .metrics import FrontendMetrics
 from .openai_types import ChatCompletionRequest, CompletionRequest, parse_json, validate
 from .textcodec import TextCodec
@@ -47,7 +49,15 @@ class FrontendState:
     inter_token_timeout_s: float = 30.0
     priority_header: str = "x-priority"
     context_factory: Any = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout_s: float = 30.0
+    max_pending_prepares: int = 64
+    # Parsing and tokenising run here, never on the event loop: a multi-megabyte prompt
+    # takes seconds to tokenise and would stall every other connection meanwhile.
+    prepare_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        2, thread_name_prefix="frontend-tokenize"))
     inflight: int = 0
+    pending_prepares: int = 0
     loading_detail: str = "loading tokenizer"
 
     # Names of the graph's dependencies (etcd, NATS) unreachable now; set by main.
@@ -82,24 +92,35 @@ class Prepared:
     priority: str
 
 
-def prepare(state: FrontendState, kind: str, data: dict[str, Any], priority: str) -> Prepared:
-    """Validate and tokenise; raises APIError(400) on anything a client got wrong."""
+def prepare(state: FrontendState, kind: str, raw: bytes, priority: str) -> Prepared:
+    """Parse, validate and tokenise a body; raises APIError(400) on any client mistake.
+
+    Runs in ``state.prepare_pool`` (see ``handle``): it may take seconds for a large body.
+    """
     model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-    req = validate(model, data)
+    req = validate(model, parse_json(raw))
     if req.model != state.model_name:
         raise APIError(400, f"model '{req.model}' is not served here; available: "
                        f"{state.model_name}", param="model", code="model_not_found")
     codec = state.codec
     if codec is None:
         raise overloaded("the model is still loading", retry_after_s=5, code="not_ready")
+    where = "messages" if kind == "chat" else "prompt"
     if kind == "chat":
         msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                 for m in req.messages]
+        _check_length(codec, sum(len(m["content"]) for m in msgs), where)
         ids = codec.chat_ids(msgs)
     elif isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
         ids = list(req.prompt)
+        bad = next((t for t in ids if not 0 <= t < codec.vocab_size), None)
+        if bad is not None:
+            raise bad_request(f"token id {bad} is out of range: this model's vocabulary has "
+                              f"ids 0..{codec.vocab_size - 1}", "prompt", "invalid_token_id")
     else:
-        ids = codec.prompt_ids(req.prompt if isinstance(req.prompt, str) else req.prompt[0])
+        text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        _check_length(codec, len(text), where)
+        ids = codec.prompt_ids(text)
     if not ids:
         raise bad_request("prompt is empty after tokenisation", "prompt", "empty_prompt")
     room = codec.context_length - len(ids)
@@ -108,10 +129,30 @@ def prepare(state: FrontendState, kind: str, data: dict[str, Any], priority: str
         need = len(ids) + (asked or 1)
         raise bad_request(f"this model's maximum context length is {codec.context_length} "
                           f"tokens; the request needs {need} ({len(ids)} in the prompt)",
-                          "messages" if kind == "chat" else "prompt",
-                          "context_length_exceeded")
+                          where, "context_length_exceeded")
     max_tokens = asked if asked is not None else min(state.default_max_tokens, room)
     return Prepared(kind, req, ids, max_tokens, f"{kind}-{uuid.uuid4().hex}", priority)
+
+
+def _check_length(codec: TextCodec, chars: int, param: str) -> None:
+    if codec.surely_too_long(chars):
+        raise bad_request(f"this model's maximum context length is {codec.context_length} "
+                          f"tokens; a prompt of {chars} characters cannot fit", param,
+                          "context_length_exceeded")
+
+
+async def prepare_off_loop(state: FrontendState, kind: str, raw: bytes,
+                           priority: str) -> Prepared:
+    """``prepare`` in the bounded tokenizer pool; 503 when too many already wait for it."""
+    if state.pending_prepares >= state.max_pending_prepares:
+        raise overloaded(f"{state.pending_prepares} requests are already being tokenised; "
+                         "retry later", retry_after_s=1)
+    state.pending_prepares += 1
+    try:
+        return await asyncio.get_running_loop().run_in_executor(
+            state.prepare_pool, prepare, state, kind, raw, priority)
+    finally:
+        state.pending_prepares -= 1
 
 
 async def token_events(state: FrontendState, p: Prepared, meta: StreamMeta, started: float
@@ -201,10 +242,12 @@ async def handle(request: Request, kind: str) -> Response:
     started = time.monotonic()
     priority = request.headers.get(state.priority_header)
     try:
-        p = prepare(state, kind, parse_json(await request.body()), priority or "default")
+        check_content_type(request.headers.get("content-type"))
+        raw = await read_body(request, state.max_body_bytes, state.body_timeout_s)
         if state.inflight >= state.max_inflight:
             raise overloaded(f"server is at its limit of {state.max_inflight} concurrent "
                              "requests; retry later", retry_after_s=1)
+        p = await prepare_off_loop(state, kind, raw, priority or "default")
     except APIError as err:
         err = state.outage(err)
         state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else
@@ -316,9 +359,11 @@ async def completions(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    """The served model, listed only once a request for it would be served now."""
     state: FrontendState = request.app.state.frontend
-    return JSONResponse({"object": "list", "data": [
-        {"id": state.model_name, "object": "model", "created": 0, "owned_by": "splitserve"}]})
+    data = ([{"id": state.model_name, "object": "model", "created": 0,
+              "owned_by": "splitserve"}] if state.is_ready() else [])
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def live(request: Request) -> Response:

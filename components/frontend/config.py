@@ -28,3 +28,21 @@ class FrontendConfig(ComponentConfig):
                                  "worker (0: never).")
     priority_header: str = Field("x-priority", min_length=1,
                                  description="Request header naming the priority class.")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body "
+                                "accepted; a larger one is refused with 413 before it is "
+                                "read (Content-Length) or as soon as it passes the limit.")
+    max_header_bytes: int = Field(16 * 1024, ge=1024, description="Largest request line plus "
+                                  "headers; larger ones get 431.")
+    header_timeout_s: float = Field(10.0, gt=0, description="Time a client has to send a "
+                                    "request's headers, from connecting or from the end of "
+                                    "the previous response; then 408 (or a close when idle).")
+    body_timeout_s: float = Field(30.0, gt=0, description="Time a client has to send a "
+                                  "request body once its headers arrived; then 408.")
+    keep_alive_timeout_s: float = Field(5.0, gt=0, description="An idle keep-alive "
+                                        "connection is closed after this long.")
+    max_connections: int = Field(1024, ge=1, description="Open HTTP connections; one more "
+                                 "is answered 503 and closed.")
+    tokenizer_threads: int = Field(2, ge=1, description="Threads that parse and tokenise "
+                                   "requests (never the event loop).")
+    max_pending_tokenizations: int = Field(64, ge=1, description="Requests waiting for or "
+                                           "in tokenisation; more are refused with 503.")

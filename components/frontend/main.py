@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import uvicorn
@@ -15,6 +16,7 @@ from .app import FrontendState, build_app
 from .backend import BackendMetrics, DirectBackend, RoutedBackend
 from .config import FrontendConfig
 from .metrics import FrontendMetrics
+from .http_server import HttpLimits, server_config
 from .textcodec import TextCodec
 
 log = logging.getLogger("splitserve.frontend")
@@ -64,10 +66,17 @@ async def main(ctx: ComponentContext) -> None:
                           inter_token_timeout_s=cfg.inter_token_timeout_s,
                           priority_header=cfg.priority_header.lower(),
                           context_factory=_context_factory(),
+                          max_body_bytes=cfg.max_body_bytes, body_timeout_s=cfg.body_timeout_s,
+                          max_pending_prepares=cfg.max_pending_tokenizations,
+                          prepare_pool=ThreadPoolExecutor(cfg.tokenizer_threads,
+                                                          "frontend-tokenize"),
                           dependencies_down=ctx.watch_dependencies())
-    server = _Server(uvicorn.Config(build_app(state), host=cfg.host, port=cfg.port,
-                                    log_level="warning", access_log=False, lifespan="off",
-                                    log_config=None))
+    limits = HttpLimits(header_timeout_s=cfg.header_timeout_s,
+                        body_timeout_s=cfg.body_timeout_s,
+                        keep_alive_timeout_s=cfg.keep_alive_timeout_s,
+                        max_connections=cfg.max_connections,
+                        max_header_bytes=cfg.max_header_bytes)
+    server = _Server(server_config(build_app(state), cfg.host, cfg.port, limits))
     serve_task = asyncio.create_task(server.serve())
     while not server.started:
         if serve_task.done():

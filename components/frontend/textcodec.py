@@ -4,22 +4,50 @@ One ``TextCodec`` is loaded per frontend process from an HF-style model director
 exported SmolLM2 directory by default).  ``Detokenizer`` is per request: it turns the
 token ids a worker streams into text deltas, holding back bytes of an unfinished UTF-8
 character and any tail that could still become a stop string.
+
+Encoding is thread-safe and releases the GIL (the frontend tokenises in worker threads so
+a long prompt never stalls the event loop).  Chat message content is encoded as plain
+text: a control token such as ``<|im_end|>`` typed by a user becomes ordinary text tokens,
+and only the markers the chat template itself writes are special tokens.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .errors import bad_request
 
 
 class TextCodec:
     """Tokenizer + chat template of the served model."""
 
-    def __init__(self, tokenizer, context_length: int) -> None:
+    def __init__(self, tokenizer, context_length: int, vocab_size: int | None = None) -> None:
         self.tok = tokenizer
         self.context_length = context_length
+        # Ids a client may send: those the tokenizer knows and the model can embed.
+        self.vocab_size = min(len(tokenizer), vocab_size) if vocab_size else len(tokenizer)
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.eos_token_ids = sorted(eos)
+        # Two immutable Rust tokenizers, never reconfigured after this point (changing a
+        # shared one per call would race between threads): one parses special tokens
+        # (template text, raw completion prompts), one treats them as text (chat content).
+        from tokenizers import Tokenizer
+
+        backend = tokenizer.backend_tokenizer
+        self._special = Tokenizer.from_str(backend.to_str())
+        self._plain = Tokenizer.from_str(backend.to_str())
+        self._special.encode_special_tokens = False
+        self._plain.encode_special_tokens = True
+        self.special_tokens = sorted(tokenizer.all_special_tokens)
+        self.special_ids = frozenset(tokenizer.all_special_ids)
+        # Most characters one token can cover; None when a normalizer may shrink text
+        # (then no bound holds).  Lets a prompt far beyond the context window be refused
+        # without tokenising megabytes.
+        self.max_token_chars = (max(map(len, backend.get_vocab())) if
+                                backend.normalizer is None else None)
 
     @classmethod
     def from_dir(cls, model_dir: Path, context_length: int | None = None) -> TextCodec:
@@ -29,22 +57,62 @@ class TextCodec:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(model_dir))
+        cfg_path = Path(model_dir) / "config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
         if context_length is None:
-            cfg = Path(model_dir) / "config.json"
-            context_length = 2048
-            if cfg.exists():
-                context_length = int(json.loads(cfg.read_text()).get(
-                    "max_position_embeddings", context_length))
-        return cls(tok, context_length)
+            context_length = int(cfg.get("max_position_embeddings", 2048))
+        vocab = cfg.get("vocab_size")
+        return cls(tok, context_length, int(vocab) if vocab else None)
+
+    def _encode(self, tokenizer, texts: list[str]) -> list[list[int]]:
+        # encode_batch releases the GIL while the Rust tokenizer works.
+        return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a chat rendered with the model's template and a generation prompt."""
-        text = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tok.encode(text, add_special_tokens=False)
+        """Token ids of a chat rendered with the model's template and a generation prompt.
+
+        The whole rendering is encoded at once (the usual tokenisation) unless the content
+        produced a control token: then the template is rendered with a unique marker in
+        place of each content, the template's own text is encoded with special tokens and
+        the content as plain text.  A template that rewrites content (trimming, say)
+        cannot be split that way: such content is refused with 400 instead.
+        """
+        render = self.tok.apply_chat_template
+        real = render(messages, add_generation_prompt=True, tokenize=False)
+        nonce = secrets.token_hex(8)
+        marked = [{**m, "content": f"\ue000{nonce}:{i}\ue001"} for i, m in enumerate(messages)]
+        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001",
+                          render(marked, add_generation_prompt=True, tokenize=False))
+        literal, order = pieces[::2], [int(i) for i in pieces[1::2]]
+        contents = [messages[i]["content"] for i in order]
+        lit_ids = self._encode(self._special, literal)
+        whole = self._encode(self._special, [real])[0]
+        if self._controls(whole) == [t for p in lit_ids for t in self._controls(p)]:
+            return whole
+        if "".join(p + c for p, c in zip(literal, contents + [""], strict=True)) != real:
+            i = next((i for i, m in enumerate(messages)
+                      if any(s in m["content"] for s in self.special_tokens)), 0)
+            raise bad_request("message content holds a control token of the model",
+                              f"messages.{i}.content", "control_token_in_content")
+        content_ids = self._encode(self._plain, contents) if contents else []
+        ids: list[int] = []
+        for i, part in enumerate(lit_ids):
+            ids += part
+            if i < len(content_ids):
+                ids += content_ids[i]
+        return ids
+
+    def _controls(self, ids: list[int]) -> list[int]:
+        return [t for t in ids if t in self.special_ids]
+
+    def surely_too_long(self, text_chars: int) -> bool:
+        """True when text of this many characters cannot fit the context window."""
+        return (self.max_token_chars is not None
+                and text_chars > self.context_length * self.max_token_chars)
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """Token ids of a raw completion prompt."""
-        return self.tok.encode(prompt, add_special_tokens=False)
+        """Token ids of a raw completion prompt (the client owns it: specials are parsed)."""
+        return self._encode(self._special, [prompt])[0]
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

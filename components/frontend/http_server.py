@@ -1,0 +1,208 @@
+"""The frontend's HTTP/1.1 server: uvicorn's h11 protocol with limits against slow and
+hostile clients.
+
+uvicorn bounds neither the time a client may take to send its headers nor how many
+connections it holds, and answers malformed requests with plain text (or a reset when
+the client is still sending a huge header).  ``GuardedH11Protocol`` adds:
+
+- a header deadline, from the connection's start (or the end of the previous response)
+  until a request's headers are complete: 408 when something partial arrived, a silent
+  close for an idle connection;
+- a body deadline backstop: a connection still sending a request body that long after
+  its headers is closed (the POST handlers answer 408 themselves slightly earlier);
+- a connection limit: the connection over the limit gets 503 and is closed;
+- OpenAI-style JSON for every error the protocol answers itself (431 for headers larger
+  than the limit, 400 for malformed HTTP), sent with a lingering close so the client
+  reads the answer instead of a reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .errors import APIError
+
+# After an error answer, keep reading (and dropping) what the client still sends for at
+# most this long / this many bytes, so its kernel does not turn our close into a reset.
+LINGER_S = 2.0
+LINGER_MAX_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Connection-level limits (from FrontendConfig)."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int = 1024
+    max_header_bytes: int = 16 * 1024
+
+
+def error_bytes(err: APIError) -> bytes:
+    """A complete HTTP/1.1 response for ``err`` that closes the connection."""
+    body = json.dumps(err.body()).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in err.headers().items()
+                    if k.lower() != "connection")
+    return (f"HTTP/1.1 {err.status} {HTTPStatus(err.status).phrase}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n{extra}"
+            "connection: close\r\n\r\n").encode() + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with header/body deadlines, a connection cap, JSON errors."""
+
+    limits = HttpLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._partial = False  # bytes of a not yet complete request head arrived
+        self._head = bytearray()  # its first bytes, to measure it (h11 may not)
+        self._lingering = False
+        self._lingered = 0
+
+    # --- lifecycle -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._answer_and_linger(APIError(
+                503, f"server is at its limit of {self.limits.max_connections} connections",
+                type_="server_overloaded", code="too_many_connections", retry_after_s=1))
+            return
+        self._await_headers()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            self._lingered += len(data)
+            if self._lingered > LINGER_MAX_BYTES:
+                self.transport.close()
+            return
+        if self._waiting_for_headers():
+            self._partial = True
+            if self._head_too_large(data):
+                self._answer_and_linger(self._headers_too_large())
+                return
+        super().data_received(data)
+
+    def _head_too_large(self, data: bytes) -> bool:
+        # h11 enforces its size limit only on a head that arrives in several reads.
+        room = self.limits.max_header_bytes + 4 - len(self._head)
+        self._head += data[:max(0, room)]
+        return b"\r\n\r\n" not in self._head and len(self._head) > self.limits.max_header_bytes
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle and not self._lingering:
+            self._head.clear()
+            # A request's headers are complete: the body now has its own deadline.
+            self._arm(self.limits.body_timeout_s + 1.0, self._body_deadline, self.cycle)
+
+    def on_response_complete(self) -> None:
+        # Armed first: uvicorn may start a pipelined request below, which re-arms.
+        if not self.transport.is_closing() and not self._lingering:
+            self._await_headers()
+        super().on_response_complete()
+
+    def shutdown(self) -> None:
+        if self._lingering:  # h11 never saw our error answer: just close
+            self.transport.close()
+            return
+        super().shutdown()
+
+    # --- deadlines -------------------------------------------------------------------
+    def _waiting_for_headers(self) -> bool:
+        return self.conn.their_state is h11.IDLE
+
+    def _await_headers(self) -> None:
+        self._partial = False
+        self._head.clear()
+        self._arm(self.limits.header_timeout_s, self._header_deadline, None)
+
+    def _arm(self, delay_s: float, callback, arg) -> None:
+        self._cancel_deadline()
+        self._deadline = self.loop.call_later(delay_s, callback, arg)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _header_deadline(self, _: None) -> None:
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a pipelined request is still being answered
+        if not self._waiting_for_headers():
+            self.transport.close()  # the rest of an unread body never came
+        elif self._partial:
+            self._answer_and_linger(APIError(
+                408, f"request headers did not arrive within {self.limits.header_timeout_s:g}s",
+                code="request_timeout"))
+        else:
+            self.transport.close()  # idle: nothing to answer
+
+    def _body_deadline(self, cycle) -> None:
+        if self.cycle is cycle and self.conn.their_state is h11.SEND_BODY:
+            if cycle.response_started:
+                self.transport.close()
+            else:  # the handler did not read the body (it would have answered 408)
+                cycle.disconnected = True
+                cycle.message_event.set()
+                self._answer_and_linger(APIError(
+                    408, f"request body did not arrive within "
+                    f"{self.limits.body_timeout_s:g}s", code="request_timeout"))
+
+    # --- errors the protocol answers itself ---------------------------------------------
+    def send_400_response(self, msg: str) -> None:
+        """Called by uvicorn inside its ``except h11.RemoteProtocolError`` block."""
+        exc = sys.exc_info()[1]
+        status = getattr(exc, "error_status_hint", 400) if exc is not None else 400
+        if status == 431:
+            err = self._headers_too_large()
+        else:
+            detail = f": {exc}" if exc is not None and str(exc) else ""
+            err = APIError(400, f"invalid HTTP request{detail}", code="invalid_http_request")
+        self._answer_and_linger(err)
+
+    def _headers_too_large(self) -> APIError:
+        return APIError(431, f"request headers are larger than this server's limit of "
+                        f"{self.limits.max_header_bytes} bytes",
+                        code="request_header_fields_too_large")
+
+    def _answer_and_linger(self, err: APIError) -> None:
+        """Write ``err``, half-close, and drop further input for a short while."""
+        self._cancel_deadline()
+        self._lingering = True
+        self.transport.write(error_bytes(err))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+
+def protocol_for(limits: HttpLimits) -> type[GuardedH11Protocol]:
+    """A protocol class bound to ``limits`` (uvicorn instantiates it per connection)."""
+    return type("FrontendH11Protocol", (GuardedH11Protocol,), {"limits": limits})
+
+
+def server_config(app, host: str, port: int, limits: HttpLimits) -> uvicorn.Config:
+    """uvicorn settings of the frontend: our protocol, keep-alive and header size limits."""
+    return uvicorn.Config(app, host=host, port=port, http=protocol_for(limits),
+                          timeout_keep_alive=limits.keep_alive_timeout_s,
+                          h11_max_incomplete_event_size=limits.max_header_bytes,
+                          log_level="warning", access_log=False, lifespan="off",
+                          log_config=None)

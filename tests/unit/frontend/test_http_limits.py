@@ -1,0 +1,184 @@
+"""Connection-level limits against a real uvicorn server with raw sockets on loopback."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+
+import pytest
+
+from splitserve.components.frontend.app import FrontendState
+from splitserve.components.frontend.http_server import HttpLimits
+from splitserve.components.frontend.textcodec import TextCodec
+
+from .live_server import connect, parse, read_response, serve
+from .test_frontend_app import MODEL, ScriptedBackend
+
+pytestmark = pytest.mark.unit
+
+LIMITS = HttpLimits(header_timeout_s=1.0, body_timeout_s=1.0, keep_alive_timeout_s=30,
+                    max_connections=4, max_header_bytes=16 * 1024)
+
+
+@pytest.fixture
+def server(codec):
+    state = FrontendState(model_name=MODEL, codec=codec, backend=ScriptedBackend(codec),
+                          body_timeout_s=LIMITS.body_timeout_s, max_body_bytes=64 * 1024)
+    with serve(state, LIMITS) as addr:
+        yield addr, state
+
+
+def assert_json_error(raw: bytes, status: int, code: str | None = None) -> dict:
+    got, headers, body = parse(raw)
+    assert got == status, raw[:300]
+    assert headers["content-type"] == "application/json"
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if code:
+        assert err["code"] == code
+    return err
+
+
+def timed(s: socket.socket) -> tuple[bytes, float]:
+    t0 = time.monotonic()
+    return read_response(s), time.monotonic() - t0
+
+
+def still_serving(addr) -> None:
+    s = connect(addr)
+    s.sendall(b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert parse(read_response(s))[0] == 200
+
+
+def test_idle_connection_is_closed_after_the_header_timeout(server):
+    addr, _ = server
+    raw, took = timed(connect(addr))
+    assert raw == b"" and took < 3
+
+
+def test_partial_headers_get_408(server):
+    addr, _ = server
+    s = connect(addr)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    raw, took = timed(s)
+    assert_json_error(raw, 408, "request_timeout")
+    assert took < 3
+    still_serving(addr)
+
+
+def test_trickled_headers_do_not_extend_the_deadline(server):
+    addr, _ = server
+    s = connect(addr)
+    t0 = time.monotonic()
+    s.sendall(b"GET /live HTTP/1.1\r\n")
+    with s:
+        while not select.select([s], [], [], 0.1)[0]:  # one header line every 0.1 s
+            assert time.monotonic() - t0 < 5, "no answer while headers trickle in"
+            s.sendall(b"X-A: b\r\n")
+        took = time.monotonic() - t0
+        raw = s.recv(65536)
+    assert_json_error(raw, 408, "request_timeout")
+    assert took < 2
+
+
+def test_partial_body_gets_408(server):
+    addr, _ = server
+    s = connect(addr)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100\r\n\r\n{\"model\"")
+    raw, took = timed(s)
+    assert_json_error(raw, 408, "request_timeout")
+    assert took < 3
+
+
+def test_unread_body_of_a_get_cannot_hold_the_connection(server):
+    addr, _ = server
+    s = connect(addr)
+    s.sendall(b"GET /live HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+    raw, took = timed(s)
+    assert parse(raw)[0] == 200 and took < 4
+
+
+@pytest.mark.parametrize("size", [40_000, 1 << 20])
+def test_huge_header_gets_431_json_not_a_reset(server, size):
+    addr, _ = server
+    s = connect(addr)
+    s.sendall(b"GET /live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
+    assert_json_error(read_response(s), 431, "request_header_fields_too_large")
+    still_serving(addr)
+
+
+def test_headers_within_the_limit_are_served(server):
+    addr, _ = server
+    s = connect(addr)
+    s.sendall(b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: "
+              + b"a" * 15_000 + b"\r\n\r\n")
+    assert parse(read_response(s))[0] == 200
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GARBAGE\r\n\r\n", b"GET /live HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"GET /\xff HTTP/1.1\r\nHost: x\r\n\r\n",
+])
+def test_malformed_http_gets_400_json(server, request_bytes):
+    addr, _ = server
+    s = connect(addr)
+    s.sendall(request_bytes)
+    assert_json_error(read_response(s), 400, "invalid_http_request")
+
+
+def test_connections_over_the_limit_get_503(server):
+    addr, _ = server
+    held = [connect(addr) for _ in range(LIMITS.max_connections)]
+    time.sleep(0.1)
+    extra = connect(addr)
+    err = assert_json_error(read_response(extra), 503, "too_many_connections")
+    assert err["type"] == "server_overloaded"
+    for s in held:
+        s.close()
+    time.sleep(0.2)
+    still_serving(addr)
+
+
+def test_chunked_oversized_body_is_refused_while_still_arriving(server):
+    addr, state = server
+    s = connect(addr)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n")
+    chunk = b"a" * 8192
+    for _ in range(state.max_body_bytes // len(chunk) + 2):
+        s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    # the body is not finished (no last chunk): the answer comes anyway
+    assert_json_error(read_response(s), 413, "request_too_large")
+
+
+def test_live_answers_while_a_large_prompt_is_tokenised(codec):
+    # A context window big enough that the prompt really is tokenised (seconds).
+    big = TextCodec(codec.tok, context_length=10**7)
+    state = FrontendState(model_name=MODEL, codec=big, backend=ScriptedBackend(codec),
+                          max_body_bytes=8 * 1024 * 1024)
+    body = json.dumps({"model": MODEL, "prompt": "word " * 600_000, "max_tokens": 1}).encode()
+    with serve(state, HttpLimits()) as addr:
+        done = threading.Event()
+
+        def send():
+            s = connect(addr, timeout_s=60)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                      % (len(body), body))
+            read_response(s)
+            done.set()
+
+        worker = threading.Thread(target=send, daemon=True)
+        worker.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        still_serving(addr)
+        took = time.monotonic() - t0
+        assert not done.is_set(), "the prompt was tokenised too fast to prove anything"
+        assert took < 0.5, f"/live took {took:.2f}s while a prompt was tokenised"
+        worker.join(60)
