@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from splitserve.cli.paths import dev_infra_dir, registry_dir, state_root
+from splitserve.common.connect import split_credentials
 from splitserve.common.etcd import get_prefix
 from splitserve.infra.health import probe
 from splitserve.infra.procs import pid_alive
@@ -95,10 +96,11 @@ def status(
     report: dict = {"etcd": {}, "supervisors": []}
     unreachable = []
     for ep in etcds:
+        shown = split_credentials(ep)[0]  # never print a password given in the URL
         try:
-            report["etcd"][ep] = asyncio.run(registered_instances(ep, namespace))
+            report["etcd"][shown] = asyncio.run(registered_instances(ep, namespace))
         except Exception as exc:  # noqa: BLE001 - any client error means unreachable
-            unreachable.append(f"{ep}: {exc.__class__.__name__}")
+            unreachable.append(f"{shown}: {exc.__class__.__name__}")
     for s in sups:
         st = supervisor_status(s)
         report["supervisors"].append({**s, "replicas": st["replicas"] if st else None,
