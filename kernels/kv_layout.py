@@ -89,10 +89,6 @@ def _tiles(row_units: int) -> tuple[int, int]:
     return max(1, 4096 // block_c), block_c
 
 
-def _unit_size(unit: torch.dtype) -> int:
-    return torch.tensor([], dtype=unit).element_size()
-
-
 # ---------------------------------------------------------------- head sharding
 
 def head_range(num_kv_heads: int, tp: int, rank: int) -> range:
@@ -186,7 +182,7 @@ def reshard_heads(shards: Sequence[torch.Tensor], num_kv_heads: int, dst_tp: int
     srcs = [shard.contiguous() for shard in shards]
     # One unit for every segment: head-sized offsets, whole rows and all tensors' addresses.
     unit, vec = copy_unit([head_bytes], [*srcs, out])
-    per_head = head_bytes // _unit_size(unit)
+    per_head = head_bytes // unit.itemsize
     dst_units, src_units = as_units(out, unit), [as_units(t, unit) for t in srcs]
     for seg in plan:
         num_cols = seg.count * per_head
@@ -240,7 +236,7 @@ def rechunk_blocks(payload: torch.Tensor, block_size_out: int, *,
     src = payload.contiguous()
     unit, vec = copy_unit([heads * head_dim * payload.element_size()], [src, out])
     num_rows, row_units = out[..., 0, 0].numel(), heads * head_dim * payload.element_size()
-    row_units //= _unit_size(unit)
+    row_units //= unit.itemsize
     block_r, block_c = _tiles(row_units)
     if num_rows:
         grid = (triton.cdiv(num_rows, block_r), triton.cdiv(row_units, block_c))

@@ -16,6 +16,7 @@ Each entry point takes ``backend=None`` (automatic, see ``dispatch``), ``"triton
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -163,9 +164,9 @@ TILE_UNITS = 4096
 
 
 def _launch_blocks(pool, payload, ids, gather: bool, block: int | None) -> None:
-    block_bytes = pool[0].numel() * pool.element_size()
+    block_bytes = math.prod(pool.shape[1:]) * pool.element_size()
     unit, vec = copy_unit([block_bytes], [pool, payload])
-    row_units = block_bytes // torch.tensor([], dtype=unit).element_size()
+    row_units = block_bytes // unit.itemsize
     block = block or min(TILE_UNITS, triton.next_power_of_2(max(row_units, 16)))
     tiles = ids.numel() * triton.cdiv(row_units, block)
     grid = (persistent_grid(pool.device, tiles),)
@@ -177,7 +178,7 @@ def _launch_blocks(pool, payload, ids, gather: bool, block: int | None) -> None:
 def pack_backend(pool: torch.Tensor, num_blocks: int, backend: Backend | None = None) -> Backend:
     """Which path :func:`kv_pack` / :func:`kv_unpack` take for ``num_blocks`` blocks of
     ``pool``: on CUDA torch below ``dispatch.TRITON_MIN_BYTES``, the kernel above."""
-    nbytes = num_blocks * pool[0].numel() * pool.element_size() if pool.shape[0] else 0
+    nbytes = num_blocks * math.prod(pool.shape[1:]) * pool.element_size()
     return resolve_copy_backend(pool, backend, nbytes)
 
 
@@ -220,7 +221,7 @@ def _launch_tokens(pool, payload, ids, token_start, layer_start, gather: bool) -
     num_layers_out, _, num_tokens, heads, head_dim = payload.shape
     row_bytes = heads * head_dim * pool.element_size()
     unit, vec = copy_unit([row_bytes], [pool, payload])
-    row_units = row_bytes // torch.tensor([], dtype=unit).element_size()
+    row_units = row_bytes // unit.itemsize
     block_c = min(max(triton.next_power_of_2(row_units), 16), TILE_UNITS)
     block_r = max(1, TILE_UNITS // block_c)
     num_rows = num_layers_out * 2 * num_tokens
