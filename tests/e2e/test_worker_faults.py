@@ -146,7 +146,12 @@ def test_requests_on_a_killed_worker_are_retried_elsewhere(tmp_path):
                 os.kill(pid, signal.SIGKILL)  # the engine dies; its lease outlives it
             for f in futs:
                 f.result()
-        assert results and set(results) == {200}, sorted(set(results))
+        # Only a request that had already streamed output when its engine died may fail
+        # (it is never resent); every other one is served.
+        failed = [code for code in results if code != 200]
+        assert results and set(failed) <= {502}, sorted(set(results))
+        after_output = 'splitserve_frontend_worker_failures_total{stage="after_output"}'
+        assert len(failed) == metric(front, after_output) <= 3, failed
         assert metric(front, "splitserve_frontend_request_retries_total") >= 1
         # Dropped at the first failure: far fewer retries than requests sent meanwhile
         # (the dead instance stays in discovery until its lease expires).
