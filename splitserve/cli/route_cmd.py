@@ -12,6 +12,7 @@ from rich.console import Console
 
 from splitserve.cli.paths import state_root
 from splitserve.cli.status_cmd import local_supervisors
+from splitserve.common.connect import EtcdAccess, NatsAccess, split_credentials
 
 app = typer.Typer(help="Inspect routing decisions of a running graph.", no_args_is_help=True)
 
@@ -33,11 +34,18 @@ def _messages(prompt: str | None, messages: Path | None) -> list[dict] | None:
     return None
 
 
+def runtime_env(etcd: str, nats: str | None) -> dict[str, str]:
+    """Variables for Dynamo's runtime in this process: credentials written into the URLs
+    become the ETCD_AUTH_* / NATS_AUTH_* variables it reads (never part of the URL)."""
+    env = EtcdAccess.from_env(os.environ, etcd).env()
+    if nats:
+        env.update(NatsAccess.from_env(os.environ, nats).env())
+    return env
+
+
 async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[int],
                    priority: str, timeout_s: float) -> dict:
-    os.environ["ETCD_ENDPOINTS"] = etcd
-    if nats:
-        os.environ["NATS_SERVER"] = nats
+    os.environ.update(runtime_env(etcd, nats))
     os.environ.setdefault("DYN_LOG", "error")
     from dynamo.runtime.logging import configure_dynamo_logging
 
@@ -136,7 +144,10 @@ def explain(
     try:
         reply = asyncio.run(_explain(etcd, nats, namespace or "dynamo", ids, priority, timeout_s))
     except (asyncio.TimeoutError, TimeoutError):
-        err.print(f"[red]error:[/] no router registered in namespace {namespace!r} at {etcd}")
+        where = split_credentials(etcd.split(",")[0])[0]
+        err.print("[red]error:[/] ", end="")
+        err.print(f"no router registered in namespace {namespace!r} at {where}", markup=False,
+                  highlight=False)
         raise typer.Exit(1) from None
     if json_out:
         typer.echo(json.dumps({"prompt_tokens": len(ids), **reply}, indent=2))

@@ -104,3 +104,15 @@ def test_serve_passes_url_credentials_on_instead_of_dropping_them(monkeypatch):
     assert nats.env()["NATS_AUTH_TOKEN"] == "tok" and nats.server == "nats://n:4222"
     assert external_access(None, None) is None
 
+
+
+def test_route_explain_hands_url_credentials_to_the_runtime(monkeypatch):
+    from splitserve.cli.route_cmd import runtime_env
+
+    for name in ("ETCD_AUTH_USERNAME", "ETCD_AUTH_PASSWORD", "NATS_AUTH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    env = runtime_env("https://u:p@e:2379", "nats://tok@n:4222")
+    assert env == {"ETCD_ENDPOINTS": "https://e:2379", "ETCD_AUTH_USERNAME": "u",
+                   "ETCD_AUTH_PASSWORD": "p", "NATS_SERVER": "nats://n:4222",
+                   "NATS_AUTH_TOKEN": "tok"}
+    assert runtime_env("http://e:2379", None) == {"ETCD_ENDPOINTS": "http://e:2379"}
