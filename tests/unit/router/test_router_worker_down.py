@@ -104,3 +104,15 @@ def test_status_follows_discovery():
     assert svc.status().workers == [] and svc.status().endpoint == "ns.worker.generate"
     svc.client.ids = [5]
     assert svc.status().workers == [5]
+
+
+def test_a_down_worker_is_skipped_even_when_it_holds_the_whole_prefix():
+    class Index:
+        def overlap(self, hashes):
+            return {1: len(hashes)}
+
+    c = RouterComponentConfig(policy="kv_aware", use_kv_events=False)
+    svc = RouterService(c, load_policy(c), Discovery([1, 2]), Index(),
+                        hash_blocks=lambda tokens: [7, 8, 9])
+    assert svc.decide(call("a"))[0].worker_id == 1
+    assert svc.decide(call("b", failed=[1]))[0].worker_id == 2
