@@ -15,6 +15,7 @@ Everything here is plain data plus one Protocol; no engine library is imported.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
@@ -161,9 +162,11 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its KV; unknown or finished ids are ignored."""
 
-    async def run_kv_events(self, sink: KvEventSink) -> None:
+    async def run_kv_events(self, sink: KvEventSink,
+                            ready: asyncio.Event | None = None) -> None:
         """KV event source: deliver BlockStored/BlockRemoved batches to ``sink`` until
-        cancelled.  Engines without prefix-cache events return at once."""
+        cancelled; ``ready`` is set once nothing can be missed any more (start it before
+        ``start()``).  Engines without prefix-cache events set it and return at once."""
 
     def load(self) -> LoadSample:
         """Load source: the current load, cheap enough to call a few times a second."""

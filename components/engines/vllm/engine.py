@@ -186,11 +186,17 @@ class VllmEngine:
             await self._engine.abort(request_id)
 
     # ---- sources ------------------------------------------------------------------------
-    async def run_kv_events(self, sink: KvEventSink) -> None:
-        """Relay vLLM's ZMQ KV events to ``sink`` until cancelled (none when disabled)."""
+    async def run_kv_events(self, sink: KvEventSink,
+                            ready: asyncio.Event | None = None) -> None:
+        """Relay vLLM's ZMQ KV events to ``sink`` until cancelled (none when disabled).
+
+        Start it before ``start()`` and wait for ``ready``: the relay's socket is the
+        listening side and vLLM's publisher connects to it."""
         if self.kv_endpoint is None:
+            if ready is not None:
+                ready.set()
             return
-        await kv_relay.relay(self.kv_endpoint, self.args.block_size, sink)
+        await kv_relay.relay(self.kv_endpoint, self.args.block_size, sink, ready)
 
     def unfinished(self) -> int:
         """Requests vLLM itself still tracks (an aborted request leaves at once)."""

@@ -1,7 +1,7 @@
 """Relay of vLLM's KV events (its ZMQ publisher) into this project's KV event types.
 
 vLLM's engine core publishes each step's ``KVEventBatch`` as a ZMQ multipart message
-``(topic, 8-byte sequence, msgpack batch)`` on a loopback TCP socket; the worker turns
+``(topic, 8-byte sequence, msgpack batch)`` to a loopback TCP socket; the worker turns
 every ``BlockStored`` / ``BlockRemoved`` into the same events the torch engine emits and
 hands them to the publisher that feeds the routers' radix trees.
 """
@@ -22,7 +22,7 @@ log = logging.getLogger("splitserve.vllm")
 
 
 def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 now (vLLM binds it moments later)."""
+    """A TCP port free on 127.0.0.1 now (the relay binds it moments later)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -73,8 +73,10 @@ async def relay(endpoint: str, block_size: int, sink: Callable[[list[KvEvent]], 
                 ready: asyncio.Event | None = None) -> None:
     """Subscribe to vLLM's publisher at ``endpoint`` and feed ``sink`` until cancelled.
 
-    Started before the engine so no early event is missed (a SUB socket connects to a
-    not-yet-bound address and receives once the publisher binds).
+    vLLM's publisher *connects* to a specific-host TCP endpoint (it binds only wildcard
+    or ipc addresses), so this subscriber binds the loopback address and must be started
+    before the engine: then no early event is missed and nothing listens beyond
+    127.0.0.1.
     """
     import zmq
     import zmq.asyncio
@@ -83,7 +85,7 @@ async def relay(endpoint: str, block_size: int, sink: Callable[[list[KvEvent]], 
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(endpoint)
+    sub.bind(endpoint)
     if ready is not None:
         ready.set()
     try:

@@ -102,9 +102,11 @@ async def run_vllm_worker(ctx: ComponentContext, cfg: VllmWorkerSection) -> None
         from dynamo.llm import KvEventPublisher
 
         publisher = KvEventPublisher(endpoint, kv_block_size=cfg.engine_args.block_size)
-        # Subscribed before vLLM starts so its first events are not missed.
+        # Listening before vLLM starts: its publisher connects to this socket.
+        relay_ready = asyncio.Event()
         tasks.append(asyncio.create_task(engine.run_kv_events(
-            lambda evs: publish_kv_events(publisher, evs))))
+            lambda evs: publish_kv_events(publisher, evs), relay_ready)))
+        await asyncio.wait_for(relay_ready.wait(), 10)
     await engine.start()
     metrics = WorkerMetrics()
     ctx.serve_metrics(metrics.registry)

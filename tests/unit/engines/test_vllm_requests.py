@@ -1,0 +1,112 @@
+"""Mapping between the engine interface and vLLM's request and output objects."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from splitserve.components.engines.interface import (
+    EngineHandoff,
+    GenerateParams,
+    OpaqueHandoff,
+    SglangBootstrapHandoff,
+    TorchBlocksHandoff,
+    VllmHandoff,
+)
+from splitserve.components.engines.vllm.requests import (
+    NIXL_PREFILL_PARAMS,
+    prompt,
+    sampling_params,
+    to_delta,
+)
+from splitserve.components.engines.vllm.worker import generate_params
+from splitserve.components.protocol import WorkerRequest, worker_request
+
+pytestmark = pytest.mark.unit
+
+PARAMS = GenerateParams(token_ids=(1, 2, 3), max_tokens=7, temperature=0.5, top_p=0.9,
+                        seed=3, stop_token_ids=(2, 99))
+
+
+def test_sampling_params_carry_every_field_and_stream_deltas():
+    from vllm.sampling_params import RequestOutputKind
+
+    sp = sampling_params(PARAMS)
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.seed) == (7, 0.5, 0.9, 3)
+    assert set(sp.stop_token_ids) == {2, 99} and not sp.ignore_eos
+    assert sp.output_kind == RequestOutputKind.DELTA and not sp.detokenize
+    assert not (sp.extra_args or {}).get("kv_transfer_params")
+    assert prompt(PARAMS) == {"prompt_token_ids": [1, 2, 3]}
+
+
+def test_prefill_asks_for_one_token_and_a_remote_decode():
+    sp = sampling_params(PARAMS, max_tokens=1, kv_transfer_params=NIXL_PREFILL_PARAMS)
+    assert sp.max_tokens == 1
+    assert sp.extra_args["kv_transfer_params"]["do_remote_decode"] is True
+
+
+def test_greedy_request_from_the_wire():
+    wire = worker_request(model="m", token_ids=[5, 6], max_tokens=4, temperature=0.0,
+                          top_p=None, seed=None, eos_token_ids=[2], request_id="r",
+                          priority="high")
+    p = generate_params(WorkerRequest.model_validate(wire))
+    assert p == GenerateParams(token_ids=(5, 6), max_tokens=4, temperature=0.0, top_p=1.0,
+                               seed=None, stop_token_ids=(2,), priority=2)
+    assert sampling_params(p).temperature == 0.0
+
+
+def _output(tokens, finished, reason=None, cached=0):
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    comp = CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=None,
+                            logprobs=None, finish_reason=reason)
+    return RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1, 2, 3],
+                         prompt_logprobs=None, outputs=[comp], finished=finished,
+                         num_cached_tokens=cached)
+
+
+@pytest.mark.parametrize("reason, expected", [("stop", "stop"), ("length", "length"),
+                                              ("abort", "abort")])
+def test_outputs_become_deltas(reason, expected):
+    d = to_delta(_output([7, 8], False))
+    assert d.token_ids == (7, 8) and not d.finished and d.finish_reason is None
+    d = to_delta(_output([9], True, reason, cached=128))
+    assert d.finished and d.finish_reason == expected
+    assert (d.prompt_tokens, d.cached_tokens) == (3, 128)
+
+
+def test_handoffs_round_trip_by_kind():
+    adapter = TypeAdapter(EngineHandoff)
+    for h in (TorchBlocksHandoff(nixl_agent="a", block_ids=[1, 2], block_size=16),
+              VllmHandoff(kv_transfer_params={"remote_engine_id": "e",
+                                              "remote_block_ids": [3]}),
+              SglangBootstrapHandoff(bootstrap_host="127.0.0.1", bootstrap_port=8998,
+                                     bootstrap_room=42),
+              OpaqueHandoff(disaggregated_params={"opaque": "x"})):
+        back = adapter.validate_json(adapter.dump_json(h))
+        assert type(back) is type(h) and back == h
+    with pytest.raises(ValidationError):
+        adapter.validate_python({"kind": "vllm", "kv_transfer_params": {}, "extra": 1})
+    with pytest.raises(ValidationError):
+        adapter.validate_python({"kind": "nope"})
+
+
+def test_vllm_engine_implements_the_interface():
+    from splitserve.components.engines.interface import Engine
+    from splitserve.components.engines.vllm.config import VllmEngineArgs
+    from splitserve.components.engines.vllm.engine import VllmEngine
+
+    e = VllmEngine(VllmEngineArgs(kv_events=False), "m")
+    assert isinstance(e, Engine)
+    assert e.info.kv_block_size == 128 and e.info.supports_local_prefill
+    assert e.kv_endpoint is None and e.inflight() == 0
+
+
+def test_decode_refuses_another_engines_handoff():
+    from splitserve.components.engines.vllm.config import VllmEngineArgs
+    from splitserve.components.engines.vllm.engine import VllmEngine
+
+    e = VllmEngine(VllmEngineArgs(kv_events=False), "m")
+    with pytest.raises(TypeError, match="torch-blocks"):
+        e.decode("r", PARAMS, TorchBlocksHandoff(nixl_agent="a", block_ids=[1],
+                                                 block_size=16))
