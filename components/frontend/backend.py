@@ -228,7 +228,7 @@ class RoutedBackend:
                 self.status = None
             try:
                 await asyncio.wait_for(stopping.wait(), self.status_interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def worker_client(self, endpoint: str, instance_id: int, wait_s: float = 3.0):
@@ -256,7 +256,7 @@ class RoutedBackend:
             return await asyncio.wait_for(_call(), self.route_timeout_s)
         except APIError:
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise upstream_error("router did not answer in time", 503, "router_timeout") from None
         except Exception as exc:  # noqa: BLE001
             raise upstream_error(f"router unavailable: {exc}", 503, "router_unavailable") from None

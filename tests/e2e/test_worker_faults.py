@@ -17,7 +17,7 @@ import pytest
 
 from splitserve.infra.procs import pid_alive
 from tests.e2e.conftest import start_graph
-from tests.integration.serve_helpers import REPO, ServeRun, wait_until
+from tests.integration.serve_helpers import ServeRun, wait_until
 
 pytestmark = pytest.mark.e2e
 
