@@ -7,6 +7,7 @@ caller with asyncio sleeps, so nothing blocks the event loop.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,11 @@ class NixlPort:
     def __init__(self, name: str, backend: str, *, progress_thread: bool = False) -> None:
         from nixl._api import nixl_agent, nixl_agent_config
 
+        # UCX's TCP transport listens on every interface's address unless limited to
+        # devices.  `dynamo serve` sets UCX_NET_DEVICES from Common.bind_host ("lo", or
+        # "all" for a multi-node graph); a process started any other way stays on
+        # loopback.  UCX reads it when the agent below initialises its context.
+        os.environ.setdefault("UCX_NET_DEVICES", "lo")
         self.name = name
         self.backend = backend
         conf = nixl_agent_config(enable_prog_thread=progress_thread, backends=[backend])

@@ -26,10 +26,9 @@ def listener_env(bind_host: str) -> dict[str, str]:
 
     On loopback, UCX (NIXL's transport) is limited to the ``lo`` device: its TCP
     transport otherwise listens on every interface's address.  On another address UCX
-    keeps all devices (RDMA included); restrict them with ``UCX_NET_DEVICES`` in the
-    component's ``env`` if needed.
+    gets all devices (RDMA included; the KV agent's own default is loopback); restrict
+    them with ``UCX_NET_DEVICES`` in the component's ``env`` if needed.
     """
     env = {name: bind_host for name in DYNAMO_HOST_VARS}
-    if is_loopback(bind_host):
-        env["UCX_NET_DEVICES"] = "lo"
+    env["UCX_NET_DEVICES"] = "lo" if is_loopback(bind_host) else "all"
     return env

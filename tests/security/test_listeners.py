@@ -113,3 +113,29 @@ def test_every_listener_of_the_disagg_graph_is_on_loopback(tmp_path, config):
         assert not exposed, f"listeners beyond loopback: {sorted(exposed)}"
     finally:
         run.stop()
+
+
+def test_a_kv_transfer_agent_started_outside_serve_stays_on_loopback():
+    """UCX's TCP transport listens on the external address unless told otherwise; the KV
+    agent defaults to loopback even without the supervisor's environment."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, os, sys, torch\n"
+        "sys.path.insert(0, os.getcwd())\n"
+        "from splitserve.components.kv_transfer.nixl_port import NixlPort\n"
+        "from tests.security.test_listeners import listeners\n"
+        "port = NixlPort('probe', 'UCX')\n"
+        "port.register(torch.zeros(4096))\n"
+        "port.metadata()\n"
+        "print(json.dumps(listeners(os.getpid())))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120, check=False,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    socks = json.loads(out.stdout.strip().splitlines()[-1])
+    assert socks, "UCX opened no listener: the probe would prove nothing"
+    assert all(addr in ("127.0.0.1", "::1") for addr, _ in socks), socks

@@ -78,5 +78,5 @@ def test_listener_env_keeps_everything_on_loopback_by_default():
 def test_listener_env_opens_to_the_given_address():
     env = listener_env("10.0.0.5")
     assert env["DYN_TCP_RPC_HOST"] == env["DYN_TCP_RESPONSE_STREAM_HOST"] == "10.0.0.5"
-    assert "UCX_NET_DEVICES" not in env
+    assert env["UCX_NET_DEVICES"] == "all"
     assert listener_env("::1")["UCX_NET_DEVICES"] == "lo"
