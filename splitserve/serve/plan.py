@@ -134,6 +134,13 @@ def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
         comps.append(ComponentPlan(name=name, entrypoint=spec.entrypoint, config=cfg,
                                    links=graph.links_of(name), pruned=graph.pruned_of(name),
                                    shutdown_rank=spec.shutdown_rank))
+    # Checks across sections (a worker's KV block size against the router's): a config
+    # model may define graph_checks(sections) -> ["field: message", ...].
+    sections = {c.name: c.config for c in comps}
+    for c in comps:
+        graph_checks = getattr(c.config, "graph_checks", None)
+        if graph_checks is not None:
+            errors += [f"{c.name}.{p}" for p in graph_checks(sections)]
     allowed = set(graph.components) | graph.defined | (known_sections or set()) | {"Common"}
     ignored = []
     for key in data:

@@ -125,3 +125,16 @@ class VllmWorkerSection(WorkerCommon):
 
     engine: Literal["vllm"] = "vllm"
     engine_args: VllmEngineArgs = Field(default_factory=VllmEngineArgs)
+
+    def graph_checks(self, sections: dict[str, Any]) -> list[str]:
+        """Called by the plan builder with every validated section of the graph.
+
+        The router indexes this engine's KV events block by block, so its block size
+        must be vLLM's; a mismatch would make every prefix lookup miss, silently.
+        """
+        router = sections.get("Router")
+        size = getattr(router, "block_size", None)
+        if size is not None and size != self.engine_args.block_size:
+            return [f"engine_args.block_size: {self.engine_args.block_size} differs from "
+                    f"Router.block_size {size}; the router must use vLLM's block size"]
+        return []

@@ -4,6 +4,7 @@ AsyncEngineArgs, loopback-only KV events, and the Worker section selecting it.""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -88,3 +89,18 @@ def test_worker_section_selects_vllm():
     assert isinstance(cfg, VllmWorkerSection) and cfg.engine_args.max_num_seqs == 4
     with pytest.raises(ValidationError, match="num_blocks"):
         model.model_validate({"engine": "vllm", "engine_args": {"num_blocks": 4}})
+
+
+def test_router_block_size_must_equal_vllms(tmp_path):
+    from splitserve.serve.config import ConfigError
+    from splitserve.serve.graph import load_graph
+    from splitserve.serve.plan import load_plan
+
+    ref = "graphs.agg_router:Frontend"
+    plan = load_plan(load_graph(ref), ref, Path("configs/vllm_agg_router.yaml"))
+    assert {c.name for c in plan.components} >= {"Router", "Worker"}
+    with pytest.raises(ConfigError) as exc:
+        load_plan(load_graph(ref), ref, Path("configs/vllm_agg_router.yaml"),
+                  ["--Router.block_size=16"])
+    msg = str(exc.value)
+    assert "Worker.engine_args.block_size" in msg and "Router.block_size 16" in msg
