@@ -55,6 +55,9 @@ def main() -> None:
         "compress": ptx_ops(kv_fp8._compress_kernel, {
             "x_ptr": "*bf16", "q_ptr": "*u8", "scale_ptr": "*fp32", "group_numel": "i32"},
             {"BLOCK": 4096}, ["x_ptr", "q_ptr", "scale_ptr", "group_numel"]),
+        "decompress": ptx_ops(kv_fp8._decompress_kernel, {
+            "q_ptr": "*u8", "scale_ptr": "*fp32", "out_ptr": "*bf16", "group_numel": "i32"},
+            {"OUT_BF16": True, "BLOCK": 4096}, ["q_ptr", "scale_ptr", "out_ptr", "group_numel"]),
         "pack_compress": ptx_ops(kv_pack_fp8._pack_compress_kernel, {
             "pool_ptr": "*bf16", "ids_ptr": "*i64", "q_ptr": "*u8", "scale_ptr": "*fp32",
             "num_groups": "i32", "slabs": "i32", "group_numel": "i32"},

@@ -40,3 +40,7 @@ def test_fp8_kernels_divide_correctly_rounded_and_load_16_bytes(ptx_ops, kernel)
     divisions = [op for op in ptx_ops[kernel] if op.startswith("div.") and "f32" in op]
     assert divisions == ["div.rn.f32"]
     assert "ld.global.v4.b32" in ptx_ops[kernel]
+
+
+def test_decompress_stores_16_bytes(ptx_ops):
+    assert "st.global.v4.b32" in ptx_ops["decompress"]
