@@ -3,16 +3,36 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
 
+import click
+
+
+class UnsafeStateDir(click.ClickException):
+    """The default state directory exists but another user could tamper with it (the CLI
+    prints the message and exits 1)."""
+
 
 def state_root(explicit: str | None) -> Path:
-    """Root for local state: ``--state-dir`` / SPLITSERVE_HOME, else a per-user temp dir."""
+    """Root for local state: ``--state-dir`` / SPLITSERVE_HOME, else a per-user temp dir.
+
+    The default lives in the shared temp directory, where another user could create it
+    first and then plant registry entries that point this user's CLI at their server
+    (with this user's control token).  So it is created 0700 and refused unless this user
+    owns it and nobody else can write to it.
+    """
     if explicit:
         return Path(explicit)
-    return Path(tempfile.gettempdir()) / f"splitserve-{os.getuid()}"
+    root = Path(tempfile.gettempdir()) / f"splitserve-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise UnsafeStateDir(f"{root} is not a directory owned by this user and writable "
+                             "only by it; remove it or pass --state-dir")
+    return root
 
 
 def new_run_dir(root: Path) -> Path:

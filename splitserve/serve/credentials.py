@@ -26,9 +26,13 @@ def write_secret(path: Path, nbytes: int = 32) -> str:
 
 
 def read_secret(path: Path | str) -> str:
-    """Read a secret file; refuses one that others can read (raises PermissionError)."""
+    """Read a secret file; refuses one that another user owns or that others can read
+    (raises PermissionError)."""
     p = Path(path)
-    mode = p.stat().st_mode
+    st = p.stat()
+    mode = st.st_mode
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"{p} belongs to another user (uid {st.st_uid})")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise PermissionError(f"{p} is readable by others (mode {stat.S_IMODE(mode):o}); "
                               f"chmod 600 {p}")

@@ -80,3 +80,17 @@ def test_listener_env_opens_to_the_given_address():
     assert env["DYN_TCP_RPC_HOST"] == env["DYN_TCP_RESPONSE_STREAM_HOST"] == "10.0.0.5"
     assert env["UCX_NET_DEVICES"] == "all"
     assert listener_env("::1")["UCX_NET_DEVICES"] == "lo"
+
+
+def test_the_default_state_dir_must_be_private(tmp_path, monkeypatch):
+    import tempfile
+
+    from splitserve.cli.paths import UnsafeStateDir, state_root
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    root = state_root(None)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    root.chmod(0o777)  # as if created by someone else for everybody
+    with pytest.raises(UnsafeStateDir):
+        state_root(None)
+    assert state_root(str(tmp_path / "explicit")) == tmp_path / "explicit"
