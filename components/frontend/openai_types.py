@@ -47,7 +47,7 @@ class _Request(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and (len(v) > 4 or any(not s for s in v)):
+        if v == "" or (isinstance(v, list) and (len(v) > 4 or any(not s for s in v))):
             raise ValueError("at most 4 non-empty stop sequences")
         return v
 
@@ -110,14 +110,18 @@ def _is_false(v: Any) -> bool:
     return v is None or v is False
 
 
-def _is_empty(v: Any) -> bool:
-    return v is None or v == [] or v == {}
+def _is_empty_list(v: Any) -> bool:
+    return v is None or v == []
+
+
+def _is_empty_dict(v: Any) -> bool:
+    return v is None or v == {}
 
 
 # OpenAI parameters this server does not implement -> predicate "this value is a no-op".
 _COMMON: dict[str, Callable[[Any], bool]] = {
     "n": _is_number(1),
-    "logit_bias": _is_empty,
+    "logit_bias": _is_empty_dict,
     "presence_penalty": _is_number(0),
     "frequency_penalty": _is_number(0),
 }
@@ -125,9 +129,9 @@ UNSUPPORTED: dict[str, dict[str, Callable[[Any], bool]]] = {
     "chat": {**_COMMON,
              "logprobs": _is_false,
              "top_logprobs": _is_number(0),
-             "tools": _is_empty,
+             "tools": _is_empty_list,
              "tool_choice": lambda v: v is None or v == "none",
-             "functions": _is_empty,
+             "functions": _is_empty_list,
              "function_call": lambda v: v is None or v == "none",
              "parallel_tool_calls": lambda v: v is None or type(v) is bool,
              "response_format": lambda v: v is None or v == {"type": "text"},
