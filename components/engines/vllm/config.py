@@ -100,12 +100,14 @@ def to_engine_args(args: VllmEngineArgs, model_dir: str, served_name: str,
     from vllm.distributed.kv_events import KVEventsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    kw: dict[str, Any] = dict(
-        model=model_dir, served_model_name=served_name, dtype=args.dtype,
-        max_model_len=args.max_model_len, block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
-        # Stats stay on: the load reports are built from them.
-        enforce_eager=args.enforce_eager, disable_log_stats=False)
+    kw: dict[str, Any] = {
+        "model": model_dir, "served_model_name": served_name, "dtype": args.dtype,
+        "max_model_len": args.max_model_len, "block_size": args.block_size,
+        "max_num_seqs": args.max_num_seqs,
+        "enable_prefix_caching": args.enable_prefix_caching,
+        "enforce_eager": args.enforce_eager,
+        "disable_log_stats": False,  # the load reports are built from vLLM's stats
+    }
     if args.max_num_batched_tokens is not None:
         kw["max_num_batched_tokens"] = args.max_num_batched_tokens
     if kv_events_endpoint is not None:
@@ -135,6 +137,6 @@ class VllmWorkerSection(WorkerCommon):
         router = sections.get("Router")
         size = getattr(router, "block_size", None)
         if size is not None and size != self.engine_args.block_size:
-            return [f"engine_args.block_size: {self.engine_args.block_size} differs from "
-                    f"Router.block_size {size}; the router must use vLLM's block size"]
+            return [(f"engine_args.block_size: {self.engine_args.block_size} differs from "
+                     f"Router.block_size {size}; the router must use vLLM's block size")]
         return []

@@ -12,6 +12,7 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
+
 from splitserve.components.engines.interface import GenerateParams, TokenDelta
 from splitserve.components.protocol import WorkerLoad, WorkerRequest, load_subject, output_chunk
 from splitserve.components.worker.loadreport import publish_load
