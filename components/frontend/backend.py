@@ -18,6 +18,7 @@ status names a worker it would route to and this frontend's discovery knows it t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -275,8 +276,12 @@ class RoutedBackend:
             self._check_reply(reply, failed)
             self._apply_reply(request, reply, meta, max_tokens)
             try:
-                async for chunk in self._stream_placed(request, reply, meta, context):
-                    yield chunk
+                # aclosing: if our consumer stops early, the placement is released now
+                # (as ok or cancelled), not whenever the inner generator is collected.
+                async with contextlib.aclosing(
+                        self._stream_placed(request, reply, meta, context)) as placed:
+                    async for chunk in placed:
+                        yield chunk
                 return
             except WorkerUnreachable as exc:
                 retry = not exc.produced and len(failed) < self.migration_limit

@@ -163,3 +163,27 @@ def test_direct_ready_ignores_workers_found_dead():
     with pytest.raises(APIError):
         collect(backend)
     assert not backend.ready()
+
+
+def test_a_consumer_that_stops_after_the_last_chunk_releases_as_ok():
+    backend, svc = routed(Workers([1]))
+    sent: list[dict] = []
+
+    class Release:
+        async def round_robin(self, call, context=None):
+            sent.append(call)
+            return RouterClient(svc, svc.release).handler(call)
+
+    backend.release_client = Release()
+
+    async def go():
+        agen = backend.stream(request(), StreamMeta("r", None), None)
+        async for chunk in agen:
+            if chunk.get("finish_reason"):
+                break
+        await agen.aclose()
+        await asyncio.sleep(0)  # one turn of the loop: the release is already on its way
+        assert [c["outcome"] for c in sent] == ["ok"]
+        await asyncio.sleep(0.05)
+    asyncio.run(go())
+    assert svc.fleet.placed == {}
