@@ -180,9 +180,13 @@ def control_request(url: str, token: str, method: str = "GET", path: str = "/v1/
 def supervisor_status(info: dict, timeout_s: float = 2.0) -> dict | None:
     """``GET /v1/status`` of a local supervisor from its registry entry; None when it
     cannot be reached or its token cannot be read (another user's graph)."""
+    from urllib.parse import urlsplit
+
     from splitserve.serve.credentials import read_secret
 
     try:
+        if urlsplit(info["control"]).hostname not in ("127.0.0.1", "::1"):
+            return None  # supervisors listen on loopback only: never send the token away
         token = read_secret(info["token_file"])
         code, reply = control_request(info["control"], token, timeout_s=timeout_s)
     except (KeyError, OSError, ValueError):

@@ -94,3 +94,43 @@ def test_the_default_state_dir_must_be_private(tmp_path, monkeypatch):
     with pytest.raises(UnsafeStateDir):
         state_root(None)
     assert state_root(str(tmp_path / "explicit")) == tmp_path / "explicit"
+
+
+
+
+def test_the_cli_sends_the_token_only_to_a_loopback_address(tmp_path):
+    """Only a literal loopback address gets the token (a host name could resolve
+    anywhere); checked with a recording server on 127.0.0.1."""
+    import http.server
+    import threading
+
+    from splitserve.serve.control import supervisor_status
+
+    seen: list[str] = []
+
+    class Record(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization", ""))
+            body = b'{"replicas": []}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Record)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token_file = tmp_path / "control.token"
+    token = write_secret(token_file)
+    try:
+        port = server.server_port
+        named = {"control": f"http://localhost:{port}", "token_file": str(token_file)}
+        assert supervisor_status(named) is None and seen == []
+        literal = {"control": f"http://127.0.0.1:{port}", "token_file": str(token_file)}
+        assert supervisor_status(literal) == {"replicas": []}
+        assert seen == [f"Bearer {token}"]
+    finally:
+        server.shutdown()
+        server.server_close()
