@@ -51,8 +51,9 @@ class VllmEngineArgs(StrictModel):
                                         "also what produces KV events for the router.")
     enforce_eager: bool = Field(True, description="Skip graph compilation: on CPU it "
                                 "costs minutes at start for little gain on a small model.")
-    kv_cache_space_gib: float = Field(1.0, gt=0, description="KV cache memory "
-                                      "(VLLM_CPU_KVCACHE_SPACE); 1 GiB is ~46k tokens.")
+    kv_cache_space_gib: int = Field(1, ge=1, description="KV cache memory in whole GiB "
+                                    "(VLLM_CPU_KVCACHE_SPACE, an integer); 1 GiB is ~46k "
+                                    "tokens of SmolLM2 in float32.")
     kv_events: bool = Field(True, description="Relay vLLM's KV events to the router "
                             "(needs enable_prefix_caching).")
     extra_engine_args: dict[str, Any] = Field(
@@ -83,7 +84,7 @@ def engine_env(args: VllmEngineArgs) -> dict[str, str]:
     explicitly, before starting (vLLM has no argument for the KV cache size on CPU)."""
     # VLLM_HOST_IP: vLLM's inter-process queues otherwise listen on the machine's
     # external address; this project keeps every listener on loopback.
-    return {"VLLM_CPU_KVCACHE_SPACE": f"{args.kv_cache_space_gib:g}",
+    return {"VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_space_gib),
             "VLLM_HOST_IP": "127.0.0.1"}
 
 

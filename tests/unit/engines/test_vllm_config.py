@@ -74,8 +74,10 @@ def test_kv_events_endpoint_must_be_loopback(endpoint):
 
 
 def test_kv_cache_space_goes_to_the_cpu_backend_environment():
-    assert engine_env(VllmEngineArgs(kv_cache_space_gib=0.5)) == {
-        "VLLM_CPU_KVCACHE_SPACE": "0.5", "VLLM_HOST_IP": "127.0.0.1"}
+    assert engine_env(VllmEngineArgs(kv_cache_space_gib=2)) == {
+        "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_HOST_IP": "127.0.0.1"}
+    with pytest.raises(ValidationError):  # vLLM reads it as an integer
+        VllmEngineArgs(kv_cache_space_gib=0.5)
 
 
 def test_worker_section_selects_vllm():
