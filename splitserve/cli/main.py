@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from splitserve import __version__
-from splitserve.cli import bench_cmd, infra_cmd, route_cmd, serve_cmd, status_cmd
+from splitserve.cli import bench_cmd, infra_cmd, route_cmd, scale_cmd, serve_cmd, status_cmd
 from splitserve.planner import cli as planner_cli
 from splitserve.policy import cli as policy_cli
 
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 app.command(context_settings=serve_cmd.EXTRA)(serve_cmd.serve)
 app.command()(status_cmd.status)
+app.command()(scale_cmd.scale)
 app.add_typer(infra_cmd.app, name="infra")
 app.add_typer(route_cmd.app, name="route")
 app.add_typer(policy_cli.app, name="policy")

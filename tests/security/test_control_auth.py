@@ -112,3 +112,19 @@ def test_dynamo_status_reads_the_token_and_still_works(graph):
     sup = report["supervisors"][0]
     assert sup["replicas"], out.stderr
     assert {r["component"] for r in sup["replicas"]} == {"EchoFront", "EchoWorker"}
+
+
+def test_dynamo_scale_uses_the_token(graph):
+    def scale(n: int) -> subprocess.CompletedProcess:
+        return subprocess.run([*dynamo_cmd(), "scale", "EchoWorker", str(n), "--json",
+                               "--state-dir", str(graph.state)], cwd=REPO,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    up = scale(2)
+    assert up.returncode == 0, up.stderr
+    assert json.loads(up.stdout) == {"component": "EchoWorker", "replicas": 2}
+    assert scale(1).returncode == 0
+    missing = subprocess.run([*dynamo_cmd(), "scale", "Nope", "1", "--state-dir",
+                              str(graph.state)], cwd=REPO, capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert missing.returncode == 4 and "no component 'Nope'" in missing.stderr
