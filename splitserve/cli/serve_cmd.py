@@ -38,12 +38,25 @@ def print_plan(plan: ServePlan, console: Console) -> None:
         console.print(f"  [dim]{name}: section present but not in this graph; not started[/]")
 
 
+AUTH_VARIABLES = ("ETCD_AUTH_USERNAME", "ETCD_AUTH_PASSWORD", "ETCD_AUTH_CA",
+                  "ETCD_AUTH_CLIENT_CERT", "ETCD_AUTH_CLIENT_KEY", "NATS_AUTH_USERNAME",
+                  "NATS_AUTH_PASSWORD", "NATS_AUTH_TOKEN", "NATS_AUTH_NKEY",
+                  "NATS_AUTH_CREDENTIALS_FILE", "NATS_TLS_CA_CERT_PATH",
+                  "NATS_TLS_CLIENT_CERT_PATH", "NATS_TLS_CLIENT_KEY_PATH")
+
+
 def external_access(etcd: str | None, nats: str | None
                     ) -> tuple[EtcdAccess, NatsAccess] | None:
     """Credentials and TLS of external etcd and NATS, from their URLs and the ETCD_AUTH_*,
     NATS_AUTH_* and NATS_TLS_* variables; None unless both servers are given.  Raises
     ValueError (AccessError) for inconsistent settings, never drops a credential."""
     if not (etcd and nats):
+        stray = sorted(k for k in AUTH_VARIABLES if os.environ.get(k))
+        if stray and not (etcd or nats):
+            # The embedded servers take no credentials; the replicas would inherit these
+            # and fail to authenticate against them.
+            raise ValueError(f"{', '.join(stray)} set, but no external etcd/NATS given "
+                             "(--etcd and --nats); unset them to use the embedded servers")
         return None
     return EtcdAccess.from_env(os.environ, etcd), NatsAccess.from_env(os.environ, nats)
 

@@ -157,11 +157,12 @@ class NatsAccess:
     token: str | None = None
     credentials_file: str | None = None
     tls: TlsFiles = TlsFiles()
+    nkey_seed: str | None = None
 
     @classmethod
     def parse(cls, server: str, *, user: str | None = None, password: str | None = None,
               token: str | None = None, credentials_file: str | None = None,
-              tls: TlsFiles = TlsFiles()) -> NatsAccess:
+              tls: TlsFiles = TlsFiles(), nkey_seed: str | None = None) -> NatsAccess:
         """Take credentials out of ``server`` and check that one way is chosen."""
         urls = [u.strip() for u in server.split(",") if u.strip()]
         if not urls:
@@ -178,17 +179,17 @@ class NatsAccess:
                 raise AccessError("NATS: two different credentials given (in the URL and "
                                   "in the settings); give them once")
             user, password = url_user, url_password
-        ways = [w for w in (user, token, credentials_file) if w]
+        ways = [w for w in (user, token, credentials_file, nkey_seed) if w]
         if len(ways) > 1:
-            raise AccessError("NATS: choose one of user/password, token or a credentials "
-                              "file")
+            raise AccessError("NATS: choose one of user/password, token, NKey seed or a "
+                              "credentials file")
         if credentials_file and not os.path.isfile(credentials_file):
             raise AccessError(f"NATS: credentials file {credentials_file} does not exist")
         tls.check("NATS")
         if tls.enabled and not all(u.startswith("tls://") for u in clean):
             raise AccessError("NATS: TLS files are set but the server URL does not use "
                               "tls:// (Dynamo's runtime requires it)")
-        return cls(",".join(clean), user, password, token, credentials_file, tls)
+        return cls(",".join(clean), user, password, token, credentials_file, tls, nkey_seed)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], server: str | None = None) -> NatsAccess:
@@ -200,7 +201,8 @@ class NatsAccess:
                          user=env.get("NATS_AUTH_USERNAME") or None,
                          password=env.get("NATS_AUTH_PASSWORD") or None,
                          token=env.get("NATS_AUTH_TOKEN") or None,
-                         credentials_file=env.get("NATS_AUTH_CREDENTIALS_FILE") or None, tls=tls)
+                         credentials_file=env.get("NATS_AUTH_CREDENTIALS_FILE") or None, tls=tls,
+                         nkey_seed=env.get("NATS_AUTH_NKEY") or None)
 
     def env(self) -> dict[str, str]:
         """Environment for Dynamo's runtime and our clients in a component process."""
@@ -209,6 +211,7 @@ class NatsAccess:
                             ("NATS_AUTH_PASSWORD", self.password),
                             ("NATS_AUTH_TOKEN", self.token),
                             ("NATS_AUTH_CREDENTIALS_FILE", self.credentials_file),
+                            ("NATS_AUTH_NKEY", self.nkey_seed),
                             ("NATS_TLS_CA_CERT_PATH", self.tls.ca),
                             ("NATS_TLS_CLIENT_CERT_PATH", self.tls.cert),
                             ("NATS_TLS_CLIENT_KEY_PATH", self.tls.key)):
@@ -225,6 +228,8 @@ class NatsAccess:
             opts["token"] = self.token
         if self.credentials_file:
             opts["user_credentials"] = self.credentials_file
+        if self.nkey_seed:
+            opts["nkeys_seed_str"] = self.nkey_seed
         if self.tls.enabled or self.server.startswith("tls://"):
             opts["tls"] = self.tls.ssl_context()
         return opts

@@ -116,3 +116,12 @@ def test_route_explain_hands_url_credentials_to_the_runtime(monkeypatch):
                    "ETCD_AUTH_PASSWORD": "p", "NATS_SERVER": "nats://n:4222",
                    "NATS_AUTH_TOKEN": "tok"}
     assert runtime_env("http://e:2379", None) == {"ETCD_ENDPOINTS": "http://e:2379"}
+
+
+def test_nats_nkey_seed_from_dynamos_variable():
+    a = NatsAccess.from_env({"NATS_AUTH_NKEY": "SUSEED"}, "nats://n:4222")
+    assert a.env()["NATS_AUTH_NKEY"] == "SUSEED"
+    assert a.connect_options()["nkeys_seed_str"] == "SUSEED"
+    with pytest.raises(AccessError, match="choose one"):
+        NatsAccess.from_env({"NATS_AUTH_NKEY": "SUSEED", "NATS_AUTH_TOKEN": "t"},
+                            "nats://n:4222")

@@ -153,3 +153,11 @@ def test_credentials_that_conflict_stop_serve(monkeypatch):
     res = dry_run(GRAPH, "--etcd", "https://c:d@etcd:2379", "--nats", "nats://n:4222")
     assert res.exit_code == 2 and "two different credentials" in res.output
     assert "c:d" not in res.output
+
+
+def test_credentials_without_external_servers_stop_serve(monkeypatch):
+    for name in ("ETCD_ENDPOINTS", "NATS_SERVER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NATS_AUTH_TOKEN", "t")
+    res = dry_run(GRAPH)
+    assert res.exit_code == 2 and "NATS_AUTH_TOKEN set, but no external" in res.output
