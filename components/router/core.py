@@ -19,6 +19,13 @@ from dataclasses import dataclass
 from .config import DEFAULT_WEIGHT, RouterConfig, check_router_config
 from .protocols import Filter, Picker, PluginKind, Scorer
 from .registry import PluginRegistry
+from .seed_policy import (
+    SEED_NOTE,
+    SPLIT_SCORER,
+    SeedRouting,
+    SplitPolicyScorer,
+    adjust_snapshot,
+)
 from .types import (
     Decision,
     FilterRemoval,
@@ -94,11 +101,18 @@ class SchedulingProfile:
                 break
         return candidates
 
-    def run(self, request: RouteRequest, snapshot: Snapshot) -> Decision:
-        """Place ``request``; returns the decision, with worker_id None if nobody survived."""
+    def run(self, request: RouteRequest, snapshot: Snapshot,
+            extra_scorers: Sequence[WeightedScorer] = (),
+            pre_removed: Sequence[FilterRemoval] = (),
+            notes: dict[str, str] | None = None) -> Decision:
+        """Place ``request``; returns the decision, with worker_id None if nobody survived.
+
+        ``extra_scorers`` run after the profile's own (the policy's ``split_policy``);
+        ``pre_removed`` and ``notes`` carry what the policy did before the profile ran.
+        """
         elapsed: dict[str, int] = {}
-        removed: list[FilterRemoval] = []
-        notes: dict[str, str] = {}
+        removed: list[FilterRemoval] = list(pre_removed)
+        notes = dict(notes or {})
         candidates = self._filter(request, snapshot, elapsed, removed, notes)
         if not candidates:
             return Decision(request_id=request.request_id, profile=self.name, worker_id=None,
@@ -108,12 +122,16 @@ class SchedulingProfile:
         ids = [w.worker_id for w in candidates]
         totals: dict[WorkerId, float] = dict.fromkeys(ids, 0.0)
         breakdowns: list[ScorerBreakdown] = []
-        for named in self._scorers:
+        scorers = self._scorers + tuple(extra_scorers)
+        divisor = self._divisor
+        if extra_scorers and self._divisor != 1.0:
+            divisor = sum(s.weight for s in scorers) or 1.0
+        for named in scorers:
             start = time.perf_counter_ns()
             scores = named.plugin.score(request, snapshot, candidates)
             elapsed[named.name] = time.perf_counter_ns() - start
             raw = {w: clamp_score(float(scores.get(w, 0.0))) for w in ids}
-            weighted = {w: raw[w] * named.weight / self._divisor for w in ids}
+            weighted = {w: raw[w] * named.weight / divisor for w in ids}
             for w in ids:
                 totals[w] += weighted[w]
             breakdowns.append(ScorerBreakdown(plugin=named.name, weight=named.weight,
@@ -134,7 +152,7 @@ class Router:
     """Holds the scheduling profiles; the router process calls ``route`` per request."""
 
     def __init__(self, profiles: Sequence[SchedulingProfile],
-                 default_profile: str | None = None) -> None:
+                 default_profile: str | None = None, seed: SeedRouting | None = None) -> None:
         if not profiles:
             raise ValueError("a router needs at least one scheduling profile")
         self._profiles = {p.name: p for p in profiles}
@@ -143,6 +161,15 @@ class Router:
         self._default = default_profile or profiles[0].name
         if self._default not in self._profiles:
             raise ValueError(f"unknown default profile {self._default!r}")
+        self.seed = seed or SeedRouting()
+        self._extra: tuple[WeightedScorer, ...] = ()
+        if self.seed.split is not None:
+            self._extra = (WeightedScorer(SPLIT_SCORER, SplitPolicyScorer(self.seed.split)),)
+
+    def with_seed(self, seed: SeedRouting) -> Router:
+        """A router with the same profiles (and plugin state) and the policy's routing
+        sections; called when a policy version is applied."""
+        return Router(list(self._profiles.values()), self._default, seed)
 
     @property
     def profile_names(self) -> list[str]:
@@ -153,9 +180,17 @@ class Router:
               profile: str | None = None) -> Decision:
         """Choose a worker for ``request`` with ``profile`` (the default one if None).
 
-        Returns the decision as data; raises KeyError for an unknown profile name.
+        The policy's routing sections (``seed_policy``) adjust the snapshot first and add
+        the ``split-policy`` scorer.  Returns the decision as data; raises KeyError for an
+        unknown profile name.
         """
-        return self._profiles[profile or self._default].run(request, snapshot)
+        chosen = self._profiles[profile or self._default]
+        if self.seed.neutral:
+            return chosen.run(request, snapshot)
+        adjusted, hot = adjust_snapshot(request, snapshot, self.seed)
+        removed = [FilterRemoval(plugin=SEED_NOTE, worker_id=w, reason=r) for w, r in hot.items()]
+        return chosen.run(request, adjusted, self._extra, removed,
+                          {SEED_NOTE: self.seed.describe()})
 
 
 def build_router(config: RouterConfig, registry: PluginRegistry) -> Router:

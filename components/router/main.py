@@ -10,6 +10,7 @@ from splitserve.components.protocol import load_subject
 from splitserve.serve.component import ComponentContext, run
 
 from .kv_index import KvEventIndex
+from .seed_policy import SeedRouting
 from .service import RouterService, load_policy, watch_loads
 from .service_config import RouterComponentConfig
 
@@ -51,7 +52,9 @@ async def main(ctx: ComponentContext) -> None:
             router_core = load_policy(cfg.model_copy(update={"policy": policy.router}))
         if policy.qos is not None:
             service.qos.reconfigure(policy.qos)
-        service.router = router_core
+        # The routing sections (cache, split_policy, hotspot prevention) of this version.
+        service.router = router_core.with_seed(SeedRouting.from_policy(policy))
+        log.info("policy v%d routing: %s", version, service.router.seed.describe())
 
     from splitserve.policy.component import follow_policy
 
