@@ -7,8 +7,9 @@ finished request's timings (release calls), which feed the per-token EMAs.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -29,6 +30,19 @@ from .types import WorkerState
 
 DECODE_POOL = "decode"
 RATE_WINDOW_S = 5.0
+BOOTSTRAP_SAMPLES = 8  # completions without an unloaded one before the fastest is taken
+MAX_TRACKED = 100_000  # admissions remembered until their release (bounds memory)
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """One finished request's timings, kept while no unloaded sample has been seen."""
+
+    worker: str
+    computed: int
+    ttft_s: float
+    output_tokens: int
+    duration_s: float | None
 
 
 class QosMetrics:
@@ -62,6 +76,10 @@ class QosGate:
         self.prefill_workers = prefill_workers
         self.completions: deque[float] = deque()
         self.service_ms: float | None = None  # EMA of unloaded request duration
+        # In-flight count when each admitted request was placed: a request admitted into
+        # a fleet with a free worker ran unloaded, whatever arrived after it.
+        self.load_at_admission: OrderedDict[str, int] = OrderedDict()
+        self.loaded_samples: deque[_Sample] = deque(maxlen=BOOTSTRAP_SAMPLES)
 
     def _queue_wait_ms(self, inflight: int, now: float) -> float:
         """Waiting time ahead of a new request by Little's law, from what the router saw.
@@ -104,6 +122,10 @@ class QosGate:
                                          max_tokens=max(1, call.max_tokens)),
                         estimate, self.config, LoadSignals(prefill_queue_depth=depth,
                                                            decode_kv_usage=kv))
+        if record and verdict.admit:
+            self.load_at_admission[call.request_id] = inflight
+            while len(self.load_at_admission) > MAX_TRACKED:
+                self.load_at_admission.popitem(last=False)
         if record:
             outcome = "admitted" if verdict.admit else "rejected"
             self.metrics.verdicts.labels(verdict.class_name, outcome, verdict.reason).inc()
@@ -116,23 +138,44 @@ class QosGate:
     def observe(self, call: ReleaseCall, now: float, inflight: int, workers: int) -> None:
         """Learn from a finished request's timings (release calls carry them).
 
-        Speeds are learned only while the fleet is lightly loaded (no more requests in
-        flight than workers): under load a request's times include queueing, which the
-        queue-wait term accounts for separately.
+        Speeds are learned from requests that ran unloaded: admitted while the fleet had
+        a free worker (no more requests in flight than workers, this one included), or
+        finishing while it has one.  Under load a request's times include queueing, which
+        the queue-wait term accounts for separately.  A fleet overloaded from its first
+        request never yields such a sample: after ``BOOTSTRAP_SAMPLES`` completions the
+        fastest one per prompt token (the least queued, an upper bound of the unloaded
+        speed) seeds the rates, so admission engages instead of answering 'no-estimate'
+        for ever; later unloaded samples refine them.
         """
+        at_admission = self.load_at_admission.pop(call.request_id, None)
         if call.outcome != "ok" or call.ttft_s is None:
             return
         self.completions.append(now)
-        if inflight > max(1, workers):
+        sample = _Sample(f"{call.worker_id:x}", max(1, call.prompt_tokens - call.cached_tokens),
+                         call.ttft_s, call.output_tokens, call.duration_s)
+        slots = max(1, workers)
+        unloaded = inflight <= slots or (at_admission is not None and at_admission < slots)
+        if unloaded:
+            self._learn(sample, now)
+            self.loaded_samples.clear()
             return
-        if call.duration_s is not None:
-            ms = call.duration_s * 1000.0
+        if self.estimator.rate("prefill", DECODE_POOL).source != "warmup":
+            return
+        self.loaded_samples.append(sample)
+        if len(self.loaded_samples) == BOOTSTRAP_SAMPLES:
+            decoded = [x for x in self.loaded_samples if x.output_tokens > 1] or \
+                list(self.loaded_samples)
+            self._learn(min(decoded, key=lambda x: x.ttft_s / x.computed), now)
+            self.loaded_samples.clear()
+
+    def _learn(self, sample: _Sample, now: float) -> None:
+        if sample.duration_s is not None:
+            ms = sample.duration_s * 1000.0
             self.service_ms = ms if self.service_ms is None else 0.8 * self.service_ms + 0.2 * ms
-        worker = f"{call.worker_id:x}"
-        computed = max(1, call.prompt_tokens - call.cached_tokens)
-        self.estimator.observe_prefill(worker, DECODE_POOL, computed, call.ttft_s, now)
-        if call.output_tokens > 1 and call.duration_s is not None:
-            self.estimator.observe_decode(worker, DECODE_POOL, call.output_tokens - 1,
-                                          max(0.0, call.duration_s - call.ttft_s), now)
+        self.estimator.observe_prefill(sample.worker, DECODE_POOL, sample.computed,
+                                       sample.ttft_s, now)
+        if sample.output_tokens > 1 and sample.duration_s is not None:
+            self.estimator.observe_decode(sample.worker, DECODE_POOL, sample.output_tokens - 1,
+                                          max(0.0, sample.duration_s - sample.ttft_s), now)
         self.metrics.prefill_rate.set(self.estimator.rate("prefill", DECODE_POOL).value)
         self.metrics.decode_rate.set(self.estimator.rate("decode", DECODE_POOL).value)
