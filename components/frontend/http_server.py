@@ -34,7 +34,7 @@ from .errors import APIError
 # After an error answer, keep reading (and dropping) what the client still sends for at
 # most this long / this many bytes, so its kernel does not turn our close into a reset.
 LINGER_S = 2.0
-LINGER_MAX_BYTES = 8 * 1024 * 1024
+LINGER_MAX_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,22 @@ def error_bytes(err: APIError) -> bytes:
             "connection: close\r\n\r\n").encode() + body
 
 
+class _GentleClose:
+    """The connection's transport as uvicorn's request cycles see it: ``close()`` while the
+    client is still sending a body (a 413 or 408 was answered early) lingers instead, so
+    the client gets to read that answer rather than a reset."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: GuardedH11Protocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._protocol.close_gently()
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with header/body deadlines, a connection cap, JSON errors."""
 
@@ -74,6 +90,8 @@ class GuardedH11Protocol(H11Protocol):
     # --- lifecycle -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._raw = transport
+        self.transport = _GentleClose(transport, self)  # type: ignore[assignment]
         if len(self.connections) > self.limits.max_connections:
             self._answer_and_linger(APIError(
                 503, f"server is at its limit of {self.limits.max_connections} connections",
@@ -89,7 +107,7 @@ class GuardedH11Protocol(H11Protocol):
         if self._lingering:
             self._lingered += len(data)
             if self._lingered > LINGER_MAX_BYTES:
-                self.transport.close()
+                self._raw.close()
             return
         if self._waiting_for_headers():
             self._partial = True
@@ -120,7 +138,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def shutdown(self) -> None:
         if self._lingering:  # h11 never saw our error answer: just close
-            self.transport.close()
+            self._raw.close()
             return
         super().shutdown()
 
@@ -148,18 +166,18 @@ class GuardedH11Protocol(H11Protocol):
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a pipelined request is still being answered
         if not self._waiting_for_headers():
-            self.transport.close()  # the rest of an unread body never came
+            self._raw.close()  # the rest of an unread body never came
         elif self._partial:
             self._answer_and_linger(APIError(
                 408, f"request headers did not arrive within {self.limits.header_timeout_s:g}s",
                 code="request_timeout"))
         else:
-            self.transport.close()  # idle: nothing to answer
+            self._raw.close()  # idle: nothing to answer
 
     def _body_deadline(self, cycle) -> None:
         if self.cycle is cycle and self.conn.their_state is h11.SEND_BODY:
             if cycle.response_started:
-                self.transport.close()
+                self._raw.close()
             else:  # the handler did not read the body (it would have answered 408)
                 cycle.disconnected = True
                 cycle.message_event.set()
@@ -186,12 +204,24 @@ class GuardedH11Protocol(H11Protocol):
 
     def _answer_and_linger(self, err: APIError) -> None:
         """Write ``err``, half-close, and drop further input for a short while."""
+        self._raw.write(error_bytes(err))
+        self._linger()
+
+    def close_gently(self) -> None:
+        """Close now, or linger when the client is still sending a request body."""
+        if self._lingering:
+            return  # the linger timer closes
+        if self.conn.their_state is h11.SEND_BODY and not self._raw.is_closing():
+            self._linger()
+        else:
+            self._raw.close()
+
+    def _linger(self) -> None:
         self._cancel_deadline()
         self._lingering = True
-        self.transport.write(error_bytes(err))
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.loop.call_later(LINGER_S, self.transport.close)
+        if self._raw.can_write_eof():
+            self._raw.write_eof()
+        self.loop.call_later(LINGER_S, self._raw.close)
 
 
 def protocol_for(limits: HttpLimits) -> type[GuardedH11Protocol]:

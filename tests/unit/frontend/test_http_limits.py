@@ -156,6 +156,15 @@ def test_chunked_oversized_body_is_refused_while_still_arriving(server):
     assert_json_error(read_response(s), 413, "request_too_large")
 
 
+def test_oversized_body_sent_whole_still_reads_the_413(server):
+    addr, _ = server
+    body = b"{" + b" " * (16 << 20) + b"}"
+    s = connect(addr)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+              b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert_json_error(read_response(s), 413, "request_too_large")
+
+
 def test_live_answers_while_a_large_prompt_is_tokenised(codec):
     # A context window big enough that the prompt really is tokenised (seconds).
     big = TextCodec(codec.tok, context_length=10**7)
