@@ -14,6 +14,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,54 @@ def test_dynamo_status_accepts_credentials_in_the_url(servers, tmp_path):
     assert report["unreachable"] == [], out.stderr
     assert list(report["etcd"]) == [etcd_url]  # listed without its credentials
     assert ESCAPED[ETCD_PASS] not in out.stdout
+
+
+def _ca_and_server_cert(tmp: Path) -> tuple[Path, Path, Path]:
+    """A throw-away CA and a server certificate for 127.0.0.1 signed by it."""
+    ext = tmp / "san.cnf"
+    ext.write_text("[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1\n"
+                   "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp / "ca.key"),
+        "-out", str(tmp / "ca.pem"), "-days", "1", "-subj", "/CN=test-ca")
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp / "srv.key"), "-out",
+        str(tmp / "srv.csr"), "-subj", "/CN=127.0.0.1")
+    ssl("x509", "-req", "-in", str(tmp / "srv.csr"), "-CA", str(tmp / "ca.pem"), "-CAkey",
+        str(tmp / "ca.key"), "-CAcreateserial", "-out", str(tmp / "srv.pem"), "-days", "1",
+        "-extfile", str(ext), "-extensions", "ext")
+    return tmp / "ca.pem", tmp / "srv.pem", tmp / "srv.key"
+
+
+def test_our_etcd_client_speaks_tls_with_the_configured_ca(tmp_path, monkeypatch):
+    ca, cert, key = _ca_and_server_cert(tmp_path)
+    c, p = free_port(), free_port()
+    url = f"https://127.0.0.1:{c}"
+    proc = subprocess.Popen(
+        [find_binary("etcd"), "--name", "n", "--data-dir", str(tmp_path / "etcd"),
+         "--listen-client-urls", url, "--advertise-client-urls", url,
+         "--listen-peer-urls", f"http://127.0.0.1:{p}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+         "--initial-cluster", f"n=http://127.0.0.1:{p}",
+         "--cert-file", str(cert), "--key-file", str(key)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for k in [k for k in os.environ if k.startswith("ETCD_")]:
+            monkeypatch.delenv(k)
+        monkeypatch.setenv("ETCD_AUTH_CA", str(ca))
+
+        def answers() -> bool:
+            try:
+                return asyncio.run(get_prefix(url, "v1/")) == []
+            except Exception:  # noqa: BLE001 - not up yet
+                return False
+
+        wait(answers, 20, "etcd over TLS")
+        monkeypatch.delenv("ETCD_AUTH_CA")
+        with pytest.raises(Exception):  # noqa: B017 - now the server's CA is not trusted
+            asyncio.run(get_prefix(url, "v1/"))
+    finally:
+        kill_pid(proc.pid, 5.0)
+        proc.wait(10)
