@@ -1,0 +1,113 @@
+"""Admission on the simulated fleet: overloaded from the first request, no warm-up.
+
+Four mocker (SGLang) workers behind this project's router with every request in one
+rejectable class.  At ~2.5x the fleet's capacity the router must reject early (503 with
+Retry-After) for the TTFT reason, not admit everything for lack of an estimate, and the
+admitted requests must keep their TTFT near the class target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import httpx
+import pytest
+
+from tests.e2e.conftest import start_graph
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "SmolLM2-135M-Instruct"
+CONFIG = "configs/mocker_agg_router.yaml"
+TTFT_TARGET_S = 1.0
+# What turns admission on for the default class (see docs/qos.md, "Admission on").
+ADMISSION_ON = (
+    "--Router.qos.classes=[{name: default, ttft_ms: 1000, tpot_ms: 250, may_reject: true, "
+    "may_degrade: false}]",
+    "--Router.qos.low_priority_threshold_ms=0",
+)
+# One sequence per worker and 48 output tokens: ~13 req/s for the four workers.
+SMALL_FLEET = ("--Worker.engine_args.max_num_seqs=1",)
+OFFERED_RPS = 32
+SECONDS = 10
+
+
+async def one(session: aiohttp.ClientSession, url: str, i: int) -> dict:
+    body = {"model": MODEL, "max_tokens": 48, "stream": True,
+            "messages": [{"role": "user", "content": f"Request {i}: tell me about ships. " * 6}]}
+    t0 = time.perf_counter()
+    try:
+        async with session.post(f"{url}/v1/chat/completions", json=body) as r:
+            if r.status != 200:
+                payload = await r.json()
+                return {"status": r.status, "t": time.perf_counter() - t0,
+                        "retry_after": r.headers.get("Retry-After"),
+                        "code": payload["error"]["code"]}
+            ttft = None
+            async for raw in r.content:
+                if raw.startswith(b"data:") and ttft is None and b'"content"' in raw:
+                    ttft = time.perf_counter() - t0
+            return {"status": 200, "ttft": ttft, "t": time.perf_counter() - t0}
+    except Exception as exc:  # noqa: BLE001 - a lost or hung request is what we look for
+        return {"status": None, "error": repr(exc), "t": time.perf_counter() - t0}
+
+
+async def offered_load(url: str) -> list[dict]:
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as s:
+        tasks = []
+        start = time.perf_counter()
+        for i in range(OFFERED_RPS * SECONDS):
+            await asyncio.sleep(max(0.0, start + i / OFFERED_RPS - time.perf_counter()))
+            tasks.append(asyncio.create_task(one(s, url, i)))
+        return await asyncio.gather(*tasks)
+
+
+def admissions(metrics_url: str) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = {}
+    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
+        if line.startswith("splitserve_qos_admissions_total{"):
+            labels = dict(part.split("=", 1) for part in
+                          line[line.index("{") + 1:line.index("}")].split(","))
+            key = (labels["outcome"].strip('"'), labels["reason"].strip('"'))
+            out[key] = out.get(key, 0.0) + float(line.rpartition(" ")[2])
+    return out
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def test_overload_from_the_first_request_rejects_for_ttft_and_keeps_admitted_in_slo(tmp_path):
+    run, url = start_graph(tmp_path, "graphs.agg_router:Frontend", CONFIG, *ADMISSION_ON,
+                           *SMALL_FLEET)
+    try:
+        router_metrics = next(r["metrics"] for r in run.replicas("Router"))
+        results = asyncio.run(offered_load(url))
+        counts = admissions(router_metrics)
+    finally:
+        assert run.stop() == 0, run.output()[-3000:]
+    sent = OFFERED_RPS * SECONDS
+    assert [r for r in results if r["status"] is None] == []  # none lost, none hung
+    assert all(r["status"] in (200, 503) for r in results)
+    served = [r for r in results if r["status"] == 200]
+    rejected = [r for r in results if r["status"] == 503]
+    assert all(r["retry_after"] and r["code"] == "rejected-ttft-slo-risk" for r in rejected)
+    assert len(rejected) > sent * 0.25, "2.5x capacity should reject a good part"
+    assert counts.get(("rejected", "ttft-slo-risk"), 0) == len(rejected)
+    no_estimate = counts.get(("admitted", "no-estimate"), 0)
+    assert no_estimate < sent * 0.15, counts  # only until the first completions
+    ttfts = [r["ttft"] for r in served]
+    assert None not in ttfts
+    p90 = percentile(ttfts, 0.9)
+    # Generous (2x the class target): the cores are shared with the whole fleet.
+    assert p90 < 2 * TTFT_TARGET_S, f"admitted p90 TTFT {p90:.2f}s"
+    assert percentile([r["t"] for r in rejected], 0.99) < 1.0  # rejected early
+    print(json.dumps({"sent": sent, "served": len(served), "rejected": len(rejected),
+                      "no_estimate": no_estimate, "admitted_ttft_p90_s": round(p90, 3),
+                      "admissions": {f"{o}/{r}": v for (o, r), v in counts.items()}}))
