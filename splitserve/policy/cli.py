@@ -21,6 +21,7 @@ from rich.console import Console
 
 from splitserve.cli.paths import dev_infra_dir, state_root
 from splitserve.cli.status_cmd import local_supervisors
+from splitserve.common.connect import split_credentials
 
 from . import cli_render as render
 from .canonical import canonical_dict, policy_sha256, unified_diff
@@ -87,8 +88,9 @@ def _store(etcd: str | None, namespace: str | None, state_dir: str | None,
         try:
             key = PolicyKey.from_file(key_file)
         except (OSError, ValueError) as exc:
-            err.print(f"[red]error:[/] cannot use policy key {key_file}: {exc}",
-                      highlight=False, markup=False)
+            err.print("[red]error:[/] ", end="")
+            err.print(f"cannot use policy key {key_file}: {exc}", highlight=False,
+                      markup=False)
             raise typer.Exit(EXIT_NO_KEY) from None
     return PolicyStore(etcd, namespace, signing_key=key)
 
@@ -107,8 +109,10 @@ def _call(store: PolicyStore, work: Awaitable[T]) -> T:
         err.print(f"[red]not found:[/] {exc}", highlight=False)
         raise typer.Exit(EXIT_NOT_FOUND) from None
     except (aetcd.ClientError, OSError) as exc:
-        err.print(f"[red]error:[/] cannot reach etcd at {store.endpoints}: "
-                  f"{exc.__class__.__name__}", highlight=False)
+        where = split_credentials(store.endpoints.split(",")[0])[0]  # never print a password
+        err.print("[red]error:[/] ", end="")
+        err.print(f"cannot reach etcd at {where}: {exc.__class__.__name__}", highlight=False,
+                  markup=False)
         raise typer.Exit(EXIT_ETCD) from None
 
 

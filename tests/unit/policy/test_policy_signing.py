@@ -87,3 +87,20 @@ def test_keys_come_from_private_files_only(tmp_path):
         PolicyKey.from_file(path)
     with pytest.raises(ValueError):
         PolicyKey(b"short")
+
+
+def test_cli_refuses_a_key_file_others_can_read(tmp_path):
+    from typer.testing import CliRunner
+
+    from splitserve.cli.main import app
+    from tests.unit.policy.policy_factories import CONFIGS
+
+    key = tmp_path / "policy.key"
+    write_secret(key)
+    key.chmod(0o644)
+    res = CliRunner().invoke(app, ["policy", "apply", str(CONFIGS / "policies" / "seed.yaml"),
+                                   "--etcd", "http://u:pw@127.0.0.1:1", "--namespace", "x",
+                                   "--key-file", str(key)])
+    assert res.exit_code == 2
+    assert "error: cannot use policy key" in res.output and "chmod 600" in res.output
+    assert "[red]" not in res.output
