@@ -42,10 +42,14 @@ class InfraPolicy(StrictModel):
     restart_delay_s: float = Field(0.5, ge=0, le=60, description="Delay before an embedded "
                                    "server that exited is started again (same ports and "
                                    "data directory).")
-    lease_outage_s: float = Field(5.0, gt=0, description="An etcd outage at least this long "
-                                  "may have expired the components' leases (registrations); "
-                                  "once etcd is back the supervisor restarts every replica "
-                                  "except the HTTP frontend so all register again.")
+    etcd_lease_ttl_s: int | None = Field(None, ge=5, le=600, description="TTL of every "
+                                         "replica's etcd lease (Dynamo's ETCD_LEASE_TTL; "
+                                         "null = Dynamo's default).  A runtime gives its "
+                                         "lease up once etcd has been unreachable for about "
+                                         "this long (20-30 s with the default, 55 s with "
+                                         "60) and must then be restarted; a longer TTL "
+                                         "rides out longer outages but keeps a crashed "
+                                         "process registered longer.")
 
 
 class CommonConfig(StrictModel):

@@ -34,6 +34,12 @@ CLEAN_EXIT = {0, -signal.SIGTERM, -signal.SIGINT}
 # they still go to the replica's log file but not to the console.
 _CONSOLE_NOISE = (b"request_span", b"route request completed")
 
+# Dynamo 1.6.1's runtime logs this ERROR when it gave up reconnecting to etcd (about 20 s
+# into an outage) and its lease is gone: its registrations are deleted, its handlers
+# stop, and it never registers again, though the process keeps running.
+LEASE_LOST = b"Unable to maintain lease"
+LEASE_LOST_GRACE_S = 3.0
+
 
 def console_worthy(raw: bytes, verbose: bool) -> bool:
     """Whether a child's log line is shown on the console (all are kept in its log file)."""
@@ -56,6 +62,7 @@ class Replica:
     restarts: deque = field(default_factory=deque)
     retiring: bool = False
     recycling: bool = False  # stopped on purpose to register again: respawn at once
+    lease_lost: bool = False  # its Dynamo runtime lost the etcd lease (seen in its log)
     killed: bool = False
     exit_code: int | None = None
     log_task: asyncio.Task | None = None
@@ -98,6 +105,8 @@ class Supervisor:
         self.deps = DependencyTracker()
         self.deps_up = asyncio.Event()
         self.deps_up.set()
+        if plan.common.infra.etcd_lease_ttl_s is not None:
+            self.env["ETCD_LEASE_TTL"] = str(plan.common.infra.etcd_lease_ttl_s)
         (self.run_dir / "status").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "configs").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -123,7 +132,7 @@ class Supervisor:
             *self.plan.argv(comp, rep.config_file), env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        rep.state, rep.exit_code, rep.killed = "starting", None, False
+        rep.state, rep.exit_code, rep.killed, rep.lease_lost = "starting", None, False, False
         rep.log_task = asyncio.create_task(self._pump_logs(rep))
         self._track(asyncio.create_task(self._watch(rep, rep.proc)))
 
@@ -137,6 +146,8 @@ class Supervisor:
         with open(self.run_dir / "logs" / f"{rep.name}.log", "ab") as f:
             async for raw in rep.proc.stdout:
                 f.write(raw)
+                if LEASE_LOST in raw:
+                    rep.lease_lost = True
                 if console_worthy(raw, verbose):
                     self.printer(rep.name, raw.decode(errors="replace").rstrip())
 
@@ -198,28 +209,42 @@ class Supervisor:
             await self._spawn(rep)
         return True
 
-    def _recycle_registered(self, outage_s: float) -> None:
-        """Restart every running replica except the HTTP frontend after a long etcd outage.
+    def _recycle_lease_lost(self) -> None:
+        """Restart the replicas whose runtime lost its etcd lease, once etcd is back.
 
-        Dynamo's runtime keeps serving when its etcd lease expires but does not register
-        again, so a router or worker would stay invisible to the others.  A restart
-        registers it anew; the frontend keeps its listening port (and its clients) and
-        its discovery watches see the new registrations.
+        Such a process still runs but is invisible to discovery and serves nothing; a
+        restart registers it anew.  This includes the frontend: its runtime's clients
+        died with the lease.  A SIGTERM drains it for ``LEASE_LOST_GRACE_S`` (requests in
+        flight fail fast there, with an error, as its runtime is gone), then it is killed
+        rather than left to wait out its full shutdown deadline; the new process listens
+        on the configured port again.
         """
-        reps = [r for c in self.plan.components if not c.entrypoint.endswith("frontend.main")
-                for r in self.replicas[c.name]
-                if not r.retiring and r.proc and r.proc.returncode is None]
+        reps = [r for reps in self.replicas.values() for r in reps
+                if r.lease_lost and not r.retiring and r.proc and r.proc.returncode is None]
         if not reps:
             return
-        self.printer("supervisor", f"etcd was down {outage_s:.1f}s (leases may have expired); "
-                     "restarting " + ", ".join(r.name for r in reps) + " to register again")
+        self.printer("supervisor", "etcd lease lost by " + ", ".join(r.name for r in reps)
+                     + "; restarting them to register again")
         for r in reps:
-            r.recycling = True
-            with contextlib.suppress(ProcessLookupError):
-                r.proc.send_signal(signal.SIGTERM)
+            r.lease_lost, r.recycling = False, True
+            self._track(asyncio.create_task(self._stop_process(r, r.proc, LEASE_LOST_GRACE_S)))
 
-    async def watch_dependencies(self, interval_s: float, restart_delay_s: float,
-                                 lease_outage_s: float = 5.0) -> None:
+    async def _stop_process(self, rep: Replica, proc, grace_s: float) -> None:
+        """SIGTERM one process of ``rep``, SIGKILL its group after ``grace_s``.
+
+        Bound to ``proc``, not to the replica: the replica may have a new process by then.
+        """
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), grace_s)
+        except asyncio.TimeoutError:
+            self.printer("supervisor", f"{rep.name} (pid {proc.pid}) did not stop in "
+                         f"{grace_s:.1f}s; killing")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    async def watch_dependencies(self, interval_s: float, restart_delay_s: float) -> None:
         """Watch etcd and NATS until shutdown: reap, restart (embedded), report.
 
         Runs as a task for the life of the graph.  An embedded server that exited is
@@ -247,8 +272,8 @@ class Supervisor:
                 self.printer("supervisor", f"dependency {name} is {'up again' if up else 'down'}")
                 if not up:
                     down_since.setdefault(name, now)
-                elif name == "etcd" and now - down_since.get(name, now) >= lease_outage_s:
-                    self._recycle_registered(now - down_since[name])
+            if self.deps.states["etcd"].up:
+                self._recycle_lease_lost()
             for name in list(exited):
                 if self.shutting_down or time.monotonic() - down_since[name] < restart_delay_s:
                     continue
@@ -325,8 +350,7 @@ class Supervisor:
                 await self._spawn(self._new_replica(comp))
         infra_policy = self.plan.common.infra
         self._track(asyncio.create_task(self.watch_dependencies(
-            infra_policy.probe_interval_s, infra_policy.restart_delay_s,
-            infra_policy.lease_outage_s)))
+            infra_policy.probe_interval_s, infra_policy.restart_delay_s)))
 
     async def _stop_replicas(self, reps: list[Replica], grace_s: float) -> None:
         live = [r for r in reps if r.proc and r.proc.returncode is None]
