@@ -12,6 +12,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from splitserve.components.engines.sglang.sections import (
+    SglangDecodeWorkerConfig,
+    SglangPrefillWorkerConfig,
+)
+from splitserve.components.engines.trtllm.sections import (
+    TrtllmDecodeWorkerConfig,
+    TrtllmPrefillWorkerConfig,
+)
 from splitserve.components.kv_transfer.config import KvTransferConfig
 from splitserve.components.mocker_worker.disagg_config import (
     MockerDecodeWorkerConfig,
@@ -59,6 +67,9 @@ class TorchPrefillWorkerConfig(WorkerCommon):
 
 
 DecodeWorkerConfig = SelectedBy(
-    "engine", {"torch": TorchDecodeWorkerConfig, "mocker": MockerDecodeWorkerConfig}, "torch")
+    "engine", {"torch": TorchDecodeWorkerConfig, "mocker": MockerDecodeWorkerConfig,
+               "sglang": SglangDecodeWorkerConfig, "trtllm": TrtllmDecodeWorkerConfig}, "torch")
 PrefillWorkerConfig = SelectedBy(
-    "engine", {"torch": TorchPrefillWorkerConfig, "mocker": MockerPrefillWorkerConfig}, "torch")
+    "engine", {"torch": TorchPrefillWorkerConfig, "mocker": MockerPrefillWorkerConfig,
+               "sglang": SglangPrefillWorkerConfig, "trtllm": TrtllmPrefillWorkerConfig},
+    "torch")

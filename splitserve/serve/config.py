@@ -20,7 +20,9 @@ NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
 # Models this distribution can serve: the engines load SmolLM2 (real on CPU, simulated by
 # the mocker).  A name outside this list would start a graph whose frontend answers 400
 # to every request, so it is refused before anything starts.
-SERVED_MODELS = ("SmolLM2-135M-Instruct",)
+# The GPU engines (SGLang, TensorRT-LLM) serve Llama 3.1 8B; the Frontend then needs
+# its tokenizer directory as `model_dir`.
+SERVED_MODELS = ("SmolLM2-135M-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
 LOOPBACK = "127.0.0.1"
 
 

@@ -1,0 +1,209 @@
+"""Config of the SGLang engine and its mapping onto SGLang's ``ServerArgs``.
+
+The fields below are the ones this project sets on purpose; anything else SGLang accepts
+goes under ``extra_server_args``.  Where sglang is importable the whole mapping is
+checked by SGLang itself (its argparse flags parse the values, then ``ServerArgs`` is
+built from them), so a misspelt name or a value outside SGLang's choices fails at config
+validation, naming the field.  Without sglang only this model's own checks run, and
+``extra_server_args`` cannot be checked at all: it is refused, by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from functools import cache
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from splitserve.common.models import StrictModel
+
+Role = Literal["agg", "prefill", "decode"]
+ROLE_MODE = {"agg": "null", "prefill": "prefill", "decode": "decode"}
+
+# ServerArgs fields this project sets itself (per role, replica or port); setting them
+# through extra_server_args would make two sources of truth.
+MAPPED = frozenset({
+    "model_path", "tokenizer_path", "served_model_name", "tp_size", "dtype",
+    "mem_fraction_static", "page_size", "context_length", "max_running_requests",
+    "chunked_prefill_size", "disable_radix_cache", "random_seed", "skip_tokenizer_init",
+    "host", "port", "kv_events_config", "enable_metrics", "disaggregation_mode",
+    "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
+    "disaggregation_ib_device", "log_level", "incremental_streaming_output"})
+
+
+def sglang_available() -> bool:
+    """Whether ``sglang.srt.server_args`` imports here (CPU is enough for that)."""
+    try:
+        import sglang.srt.server_args  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "cannot check"
+        return False
+    return True
+
+
+@cache
+def server_args_parser() -> argparse.ArgumentParser:
+    """SGLang's own argparse parser (``ServerArgs.add_cli_args``), built once."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def server_arg_names() -> frozenset[str]:
+    """Field names of the installed ``ServerArgs`` (a msgspec Struct)."""
+    from sglang.srt.server_args import ServerArgs
+
+    return frozenset(ServerArgs.__struct_fields__)
+
+
+class SglangEngineArgs(StrictModel):
+    """Arguments of one in-process SGLang engine (``sglang.Engine``)."""
+
+    model_path: str = Field("meta-llama/Llama-3.1-8B-Instruct", min_length=1,
+                            description="Hugging Face id or local directory of the weights.")
+    tp_size: int = Field(1, ge=1, description="Tensor-parallel GPUs per engine.")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto", description="Weights and activations (SGLang's --dtype).")
+    mem_fraction_static: float | None = Field(
+        0.85, gt=0, lt=1, description="Fraction of GPU memory for weights and KV cache "
+        "(None: SGLang's own estimate).")
+    page_size: int = Field(16, ge=1, description="Tokens per KV page; SGLang's KV events "
+                           "are per page, so the Router's block_size must be equal.")
+    context_length: int | None = Field(None, ge=16, description="Longest prompt plus "
+                                       "output (None: the model's).")
+    max_running_requests: int | None = Field(None, ge=1, description="Requests decoded "
+                                             "together (None: SGLang's default).")
+    chunked_prefill_size: int | None = Field(None, ge=16, description="Prompt tokens per "
+                                             "prefill chunk (None: SGLang's default).")
+    enable_prefix_caching: bool = Field(True, description="SGLang's radix cache; also what "
+                                        "produces the KV events the router indexes.")
+    kv_events: bool = Field(True, description="Relay SGLang's KV events to the router "
+                            "(needs enable_prefix_caching).")
+    random_seed: int | None = Field(None, description="Engine seed (None: SGLang's).")
+    transfer_backend: Literal["nixl", "mooncake"] = Field(
+        "nixl", description="How SGLang moves KV from prefill to decode engines "
+        "(--disaggregation-transfer-backend).")
+    bootstrap_port: int = Field(8998, ge=1, le=65535, description="A prefill engine's "
+                                "bootstrap server port; decode engines connect to it.")
+    ib_device: str | None = Field(None, description="RDMA device(s) for the transfer "
+                                  "backend (--disaggregation-ib-device); None: automatic.")
+    extra_server_args: dict[str, Any] = Field(
+        default_factory=dict, description="Further ServerArgs fields, by name, passed "
+        "through unchanged; unknown names are refused.")
+
+    @model_validator(mode="after")
+    def _checked_by_sglang(self) -> SglangEngineArgs:
+        for key in self.extra_server_args:
+            if key in MAPPED:
+                raise ValueError(f"extra_server_args.{key}: set by its own field here")
+        if not sglang_available():
+            if self.extra_server_args:
+                key = next(iter(self.extra_server_args))
+                raise ValueError(f"extra_server_args.{key}: cannot be checked without "
+                                 "sglang installed (pip install '.[sglang]')")
+            return self
+        names = server_arg_names()
+        for key in self.extra_server_args:
+            if key not in names:
+                raise ValueError(f"extra_server_args.{key}: not a field of SGLang's "
+                                 "ServerArgs")
+        for role in ("prefill", "decode"):
+            check_server_args(server_args_kwargs(self, role, "model",
+                                                 "tcp://127.0.0.1:1"))
+        return self
+
+    def kv_events_enabled(self) -> bool:
+        """Whether this engine publishes KV events (both switches on)."""
+        return self.kv_events and self.enable_prefix_caching
+
+
+def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
+                       kv_events_endpoint: str | None = None,
+                       host: str = "127.0.0.1") -> dict[str, Any]:
+    """Keyword arguments of ``sglang.Engine`` / ``ServerArgs`` for one engine.
+
+    Called once per engine before it starts.  ``role`` picks the disaggregation mode;
+    ``kv_events_endpoint`` (``tcp://127.0.0.1:PORT``, where this project's relay
+    listens) turns SGLang's ZMQ KV-event publisher on; ``host`` is what SGLang's
+    listeners bind (a prefill engine's bootstrap server among them): loopback unless the
+    graph is opened for multi-node use.  Token ids in, token ids out: the frontend owns
+    the tokenizer.
+    """
+    kw: dict[str, Any] = {
+        "model_path": args.model_path, "served_model_name": served_name,
+        "tp_size": args.tp_size, "dtype": args.dtype, "page_size": args.page_size,
+        "disable_radix_cache": not args.enable_prefix_caching,
+        "skip_tokenizer_init": True, "host": host, "enable_metrics": True,
+        "disaggregation_mode": ROLE_MODE[role], "log_level": "warning",
+    }
+    for name in ("mem_fraction_static", "context_length", "max_running_requests",
+                 "chunked_prefill_size", "random_seed"):
+        value = getattr(args, name)
+        if value is not None:
+            kw[name] = value
+    if role != "agg":
+        kw["disaggregation_transfer_backend"] = args.transfer_backend
+        if args.ib_device is not None:
+            kw["disaggregation_ib_device"] = args.ib_device
+    if role == "prefill":
+        kw["disaggregation_bootstrap_port"] = args.bootstrap_port
+    if kv_events_endpoint is not None:
+        if not kv_events_endpoint.startswith("tcp://127.0.0.1:"):
+            raise ValueError(f"KV events must stay on loopback, got {kv_events_endpoint!r}")
+        # A concrete host: SGLang's publisher connects to the relay listening there.
+        kw["kv_events_config"] = json.dumps({"publisher": "zmq",
+                                             "endpoint": kv_events_endpoint,
+                                             "topic": "kv-events"})
+    kw.update(args.extra_server_args)
+    return kw
+
+
+def to_cli_args(kwargs: dict[str, Any]) -> list[str]:
+    """The same settings as SGLang command-line flags (what its parser checks)."""
+    parser = server_args_parser()
+    flags = {a.dest: a for a in parser._actions if a.option_strings}  # noqa: SLF001
+    argv: list[str] = []
+    for key, value in kwargs.items():
+        action = flags.get(key)
+        if action is None:
+            raise ValueError(f"{key}: SGLang has no command-line flag for this field")
+        flag = action.option_strings[0]
+        if action.nargs == 0:  # store_true / store_false
+            if bool(value) != bool(action.default):
+                argv.append(flag)
+            continue
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, value if isinstance(value, str) else json.dumps(value)]
+    return argv
+
+
+def check_server_args(kwargs: dict[str, Any]):
+    """Check ``kwargs`` with SGLang's own parser and build the real ``ServerArgs``.
+
+    Raises ValueError naming the field SGLang refused; returns the ``ServerArgs``.
+    """
+    from sglang.srt.server_args import ServerArgs
+
+    argv = to_cli_args(kwargs)
+    try:
+        ns = server_args_parser().parse_args(argv)
+    except argparse.ArgumentError as exc:
+        flags = {f: a.dest for a in server_args_parser()._actions  # noqa: SLF001
+                 for f in a.option_strings}
+        field = flags.get(exc.argument_name or "", exc.argument_name)
+        raise ValueError(f"{field}: SGLang refused {kwargs.get(field)!r}: "
+                         f"{exc.message}") from exc
+    except SystemExit as exc:
+        raise ValueError(f"SGLang refused the arguments {argv}") from exc
+    built = ServerArgs.from_cli_args(ns)
+    for key, value in kwargs.items():
+        if getattr(built, key) != value and value is not None:
+            raise ValueError(f"{key}: SGLang read {getattr(built, key)!r}, set {value!r}")
+    return built

@@ -1,0 +1,93 @@
+"""Relay of SGLang's KV events (its ZMQ publisher) into this project's KV event types.
+
+SGLang's scheduler publishes each step's ``KVEventBatch`` as a ZMQ multipart message
+``(topic, 8-byte sequence, msgpack batch)``; its ``BlockStored`` / ``BlockRemoved`` have
+vLLM's shape (SGLang kept the encoding so one consumer reads both).  The relay listens on
+a loopback port and SGLang's publisher connects to it (a concrete host makes it connect),
+so nothing listens beyond 127.0.0.1 and no early event is missed when the relay is up
+before the engine starts.  The events then take the same path as the torch and vLLM
+engines' events: the worker's publisher, NATS, the routers' radix trees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import msgspec
+
+from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored, KvEvent
+from splitserve.components.engines.vllm.kv_relay import block_hash, free_loopback_port
+
+log = logging.getLogger("splitserve.sglang")
+
+__all__ = ["convert_batch", "free_loopback_port", "relay"]
+
+
+def convert_batch(raw: bytes, page_size: int) -> list[KvEvent]:
+    """Decode one msgpack ``KVEventBatch`` into BlockStored / BlockRemoved events.
+
+    Each SGLang block is one page of ``page_size`` tokens; ``AllBlocksCleared`` has no
+    counterpart in the project's events and is dropped.  Events about other storage
+    tiers (``medium`` set to something other than the GPU) are dropped too: the router
+    scores what the GPU holds.
+    """
+    from sglang.srt.disaggregation.kv_events import BlockRemoved as SBlockRemoved
+    from sglang.srt.disaggregation.kv_events import BlockStored as SBlockStored
+    from sglang.srt.disaggregation.kv_events import KVEventBatch
+
+    batch = msgspec.msgpack.decode(raw, type=KVEventBatch)
+    events: list[KvEvent] = []
+    for ev in batch.events:
+        if getattr(ev, "medium", None) not in (None, "GPU"):
+            continue
+        if isinstance(ev, SBlockStored):
+            bs = ev.block_size or page_size
+            n = len(ev.block_hashes)
+            if bs != page_size or len(ev.token_ids) != n * bs:
+                log.warning("skipping a BlockStored of %d tokens for %d blocks of %d "
+                            "(page size %d)", len(ev.token_ids), n, bs, page_size)
+                continue
+            parent = None if ev.parent_block_hash is None else block_hash(ev.parent_block_hash)
+            events.append(BlockStored(
+                block_hashes=tuple(block_hash(h) for h in ev.block_hashes),
+                parent_hash=parent, token_ids=tuple(ev.token_ids),
+                num_block_tokens=(bs,) * n))
+        elif isinstance(ev, SBlockRemoved):
+            events.append(BlockRemoved(tuple(block_hash(h) for h in ev.block_hashes)))
+    return events
+
+
+async def relay(endpoint: str, page_size: int, sink: Callable[[list[KvEvent]], None],
+                ready: asyncio.Event | None = None) -> None:
+    """Listen on ``endpoint`` (``tcp://127.0.0.1:PORT``) and feed ``sink`` until
+    cancelled; ``ready`` is set once the socket is bound (start the engine after)."""
+    import zmq
+    import zmq.asyncio
+
+    if not endpoint.startswith("tcp://127.0.0.1:"):
+        raise ValueError(f"the KV event relay listens on loopback only, got {endpoint!r}")
+    ctx = zmq.asyncio.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.bind(endpoint)
+    if ready is not None:
+        ready.set()
+    try:
+        while True:
+            parts = await sub.recv_multipart()
+            if len(parts) != 3:
+                continue
+            try:
+                events = convert_batch(parts[2], page_size)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("undecodable KV event batch: %s", exc)
+                continue
+            if events:
+                sink(events)
+    finally:
+        with contextlib.suppress(Exception):
+            sub.close(0)

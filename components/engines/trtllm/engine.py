@@ -1,0 +1,218 @@
+"""TensorRT-LLM (``tensorrt_llm.LLM``, in process) behind the project's engine interface.
+
+A prefill engine runs ``context_only`` requests and returns the result's
+``disaggregated_params`` (opaque state included) as the handoff; a decode engine runs
+``generation_only`` requests with those params (its cache transceiver fetches the KV)
+and ``context_and_generation`` for local prefills, so TensorRT-LLM decode workers keep
+local prefill.  An aggregated engine runs plain requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from splitserve.components.engines.interface import (
+    EngineHandoff,
+    EngineInfo,
+    GenerateParams,
+    KvEventSink,
+    LoadSample,
+    OpaqueHandoff,
+    PrefillResult,
+    TokenDelta,
+)
+
+from .config import Role, TrtllmEngineArgs, llm_kwargs
+from .events import convert_event, load_from_stats
+from .requests import DeltaCursor, RequestType, handoff_from_params, params_fields, sampling_kwargs
+
+log = logging.getLogger("splitserve.trtllm")
+
+
+class LlmApi:
+    """The TensorRT-LLM classes the adapter builds (tests pass doubles)."""
+
+    def __init__(self) -> None:
+        from tensorrt_llm import LLM, SamplingParams
+        from tensorrt_llm.llmapi import DisaggregatedParams
+
+        self.LLM, self.SamplingParams, self.DisaggregatedParams = (
+            LLM, SamplingParams, DisaggregatedParams)
+
+    def make_llm(self, **kwargs: Any):
+        kwargs.pop("backend", None)  # LLM is the PyTorch backend's class
+        return self.LLM(**kwargs)
+
+
+class TrtllmEngine:
+    """One TensorRT-LLM engine; implements ``splitserve.components.engines.interface.Engine``."""
+
+    def __init__(self, args: TrtllmEngineArgs, served_name: str, role: Role = "agg", *,
+                 api_factory: Callable[[], Any] = LlmApi,
+                 stats_interval_s: float = 0.2) -> None:
+        self.args, self.served_name, self.role = args, served_name, role
+        self._api_factory = api_factory
+        self.api: Any = None
+        self.llm: Any = None
+        self.info = EngineInfo(name="trtllm", kv_block_size=args.tokens_per_block,
+                               supports_local_prefill=role != "prefill",
+                               extras={"role": role, "handoff_before_prefill": False})
+        self._active: dict[str, Any] = {}
+        self._accepting = True
+        self._latest: LoadSample | None = None
+        self._stats_interval_s = stats_interval_s
+        self._stats_task: asyncio.Task | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Build the LLM (loads weights, sizes the KV cache); returns when it serves."""
+        self.api = self._api_factory()
+        kw = llm_kwargs(self.args, self.role)
+        log.info("starting TensorRT-LLM (%s): %s", self.role, kw)
+        self.llm = await asyncio.to_thread(lambda: self.api.make_llm(**kw))
+        self._stats_task = asyncio.ensure_future(self._poll_stats())
+
+    async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
+        """Refuse new work, drain up to ``drain_timeout_s``, abort the rest, stop."""
+        self._accepting = False
+        deadline = time.monotonic() + drain_timeout_s
+        while self._active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for rid in list(self._active):
+            await self.abort(rid)
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            await asyncio.gather(self._stats_task, return_exceptions=True)
+        if self.llm is not None:
+            llm, self.llm = self.llm, None
+            await asyncio.to_thread(llm.shutdown)
+
+    # ---- requests -----------------------------------------------------------------------
+    def _submit(self, request_id: str, params: GenerateParams, request_type: RequestType | None,
+                handoff: OpaqueHandoff | None = None, max_tokens: int | None = None):
+        if not self._accepting or self.llm is None:
+            raise RuntimeError("engine is not accepting requests")
+        if request_id in self._active:
+            raise ValueError(f"request id {request_id!r} is already running")
+        sp = self.api.SamplingParams(**sampling_kwargs(params, max_tokens=max_tokens))
+        dp = None
+        if request_type == "generation_only":
+            dp = self.api.DisaggregatedParams(**params_fields(handoff, request_type))
+        elif request_type is not None:
+            dp = self.api.DisaggregatedParams(request_type=request_type)
+        result = self.llm.generate_async(inputs=list(params.token_ids), sampling_params=sp,
+                                         disaggregated_params=dp, streaming=True)
+        self._active[request_id] = result
+        return result
+
+    async def _stream(self, request_id: str, result) -> AsyncIterator[TokenDelta]:
+        cursor, finished = DeltaCursor(), False
+        try:
+            async for out in result:
+                delta = cursor.delta(out)
+                finished = delta.finished
+                yield delta
+                if finished:
+                    return
+        finally:
+            self._active.pop(request_id, None)
+            if not finished:
+                with contextlib.suppress(Exception):
+                    result.abort()
+
+    def _role_stream(self, request_id, params, request_type, handoff=None):
+        result = self._submit(request_id, params, request_type, handoff)
+        return self._stream(request_id, result)
+
+    def generate(self, request_id: str, params: GenerateParams) -> AsyncIterator[TokenDelta]:
+        """Aggregated, or a decode engine's local prefill (``context_and_generation``)."""
+        if self.role == "prefill":
+            raise RuntimeError("a prefill TensorRT-LLM engine does not serve whole requests")
+        kind = "context_and_generation" if self.role == "decode" else None
+        return self._role_stream(request_id, params, kind)
+
+    async def prefill(self, request_id: str, params: GenerateParams) -> PrefillResult:
+        """Prefill-for-job: a ``context_only`` request; the handoff is the result's
+        ``disaggregated_params``.  The KV stays in this engine until the decode engine's
+        cache transceiver has fetched it."""
+        if self.role != "prefill":
+            raise RuntimeError(f"prefill() needs a prefill TensorRT-LLM engine, this is {self.role}")
+        t0 = time.monotonic()
+        result = self._submit(request_id, params, "context_only", max_tokens=1)
+        cursor, tokens, last, out = DeltaCursor(), [], None, None
+        try:
+            async for out in result:
+                last = cursor.delta(out)
+                tokens += last.token_ids
+                if last.finished:
+                    break
+        finally:
+            self._active.pop(request_id, None)
+            if last is None or not last.finished:
+                with contextlib.suppress(Exception):
+                    result.abort()
+        comp = out.outputs[0] if out is not None and out.outputs else None
+        dparams = getattr(comp, "disaggregated_params", None)
+        if not tokens or dparams is None or (last and last.finish_reason == "abort"):
+            raise RuntimeError(f"TensorRT-LLM context phase of {request_id!r} returned no "
+                               f"{'token' if not tokens else 'disaggregated_params'}")
+        return PrefillResult(first_token=tokens[0], handoff=handoff_from_params(dparams),
+                             cached_tokens=last.cached_tokens, compute_s=time.monotonic() - t0)
+
+    def decode(self, request_id: str, params: GenerateParams,
+               handoff: EngineHandoff) -> AsyncIterator[TokenDelta]:
+        """Decode-with-handoff: a ``generation_only`` request with the context's params."""
+        if self.role != "decode":
+            raise RuntimeError(f"decode() needs a decode TensorRT-LLM engine, this is {self.role}")
+        if not isinstance(handoff, OpaqueHandoff):
+            raise TypeError(f"a TensorRT-LLM decode engine needs an opaque handoff, "
+                            f"got {handoff.kind}")
+        return self._role_stream(request_id, params, "generation_only", handoff)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort one request (``GenerationResult.abort``); unknown ids are ignored."""
+        result = self._active.pop(request_id, None)
+        if result is not None:
+            with contextlib.suppress(Exception):
+                result.abort()
+
+    # ---- sources ------------------------------------------------------------------------
+    async def run_kv_events(self, sink: KvEventSink,
+                            ready: asyncio.Event | None = None) -> None:
+        """Poll ``get_kv_cache_events_async`` and feed ``sink`` until cancelled.  The
+        engine buffers events itself, so nothing is missed before the first poll."""
+        if ready is not None:
+            ready.set()
+        if not self.args.kv_events_enabled():
+            return
+        while self.llm is None:
+            await asyncio.sleep(0.05)
+        while True:
+            batch = []
+            async for event in self.llm.get_kv_cache_events_async(timeout=0.5):
+                batch += convert_event(event, self.args.tokens_per_block)
+            if batch:
+                sink(batch)
+            await asyncio.sleep(0.01)
+
+    async def _poll_stats(self) -> None:
+        while self.llm is not None:
+            with contextlib.suppress(Exception):
+                async for stat in self.llm.get_stats_async(timeout=0.5):
+                    self._latest = load_from_stats(stat)
+            await asyncio.sleep(self._stats_interval_s)
+
+    def load(self) -> LoadSample:
+        """The latest iteration stats, or the requests in flight here before any."""
+        if self._latest is None:
+            return LoadSample(active=len(self._active), waiting=0, kv_used_blocks=0,
+                              kv_total_blocks=0)
+        return self._latest
+
+    def inflight(self) -> int:
+        return len(self._active)

@@ -1,0 +1,81 @@
+"""Mapping between this project's engine types and TensorRT-LLM's LLM API objects.
+
+The three request types of a disaggregated TensorRT-LLM deployment:
+``context_only`` (a prefill engine: compute the prompt's KV, sample the first token and
+return ``disaggregated_params`` with its ``opaque_state``), ``generation_only`` (a decode
+engine: take those params back and fetch the KV through the cache transceiver), and
+``context_and_generation`` (a decode engine prefilling locally).  The opaque state is
+bytes; on the wire (the prefill job's reply) it travels base64-encoded, as in Dynamo.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from typing import Any, Literal
+
+from splitserve.components.engines.interface import GenerateParams, OpaqueHandoff, TokenDelta
+
+RequestType = Literal["context_only", "generation_only", "context_and_generation"]
+
+_FINISH = {"stop": "stop", "length": "length", "end_id": "stop", "stop_words": "stop",
+           "cancelled": "abort", "abort": "abort", "timeout": "abort"}
+
+
+def sampling_kwargs(p: GenerateParams, *, max_tokens: int | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``tensorrt_llm.SamplingParams`` for one request."""
+    kw: dict[str, Any] = {
+        "max_tokens": max_tokens if max_tokens is not None else p.max_tokens,
+        "temperature": p.temperature, "top_p": p.top_p, "ignore_eos": p.ignore_eos,
+        "detokenize": False,
+    }
+    if p.stop_token_ids:
+        kw["stop_token_ids"] = list(p.stop_token_ids)
+    if p.seed is not None:
+        kw["seed"] = p.seed
+    return kw
+
+
+def handoff_from_params(params: Any) -> OpaqueHandoff:
+    """A context result's ``DisaggregatedParams`` as a JSON-able handoff (every field,
+    ``opaque_state`` base64-encoded)."""
+    fields = dataclasses.asdict(params) if dataclasses.is_dataclass(params) else dict(params)
+    state = fields.get("opaque_state")
+    if isinstance(state, (bytes, bytearray)):
+        fields["opaque_state"] = base64.b64encode(bytes(state)).decode("ascii")
+    return OpaqueHandoff(disaggregated_params=fields)
+
+
+def params_fields(handoff: OpaqueHandoff, request_type: RequestType) -> dict[str, Any]:
+    """The ``DisaggregatedParams`` fields for the generation request: the context
+    result's, with ``opaque_state`` as bytes again and the request type replaced."""
+    fields = dict(handoff.disaggregated_params or {})
+    if not fields:
+        raise ValueError("a generation_only request needs the context phase's params")
+    state = fields.get("opaque_state")
+    if isinstance(state, str):
+        fields["opaque_state"] = base64.b64decode(state)
+    fields["request_type"] = request_type
+    return fields
+
+
+class DeltaCursor:
+    """TensorRT-LLM streams the cumulative token ids of a request; this turns each
+    ``RequestOutput`` into the tokens new since the last one."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def delta(self, out: Any) -> TokenDelta:
+        comp = out.outputs[0] if out.outputs else None
+        tokens = list(comp.token_ids) if comp is not None else []
+        new = tuple(int(t) for t in tokens[self.seen:])
+        self.seen = len(tokens)
+        reason = None
+        if out.finished:
+            raw = getattr(comp, "finish_reason", None) if comp is not None else "abort"
+            reason = _FINISH.get(str(raw or "stop"), "stop")
+        return TokenDelta(token_ids=new, finished=bool(out.finished), finish_reason=reason,
+                          prompt_tokens=len(getattr(out, "prompt_token_ids", None) or ()),
+                          cached_tokens=int(getattr(comp, "cached_tokens", 0) or 0)
+                          if comp is not None else 0)

@@ -1,0 +1,54 @@
+"""Config sections with ``engine: trtllm``: Worker, DecodeWorker and PrefillWorker."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from splitserve.components.engines.disagg_sections import (
+    EngineDecodeSection,
+    EnginePrefillSection,
+)
+from splitserve.components.worker.config import WorkerCommon
+
+from .config import TrtllmEngineArgs
+
+
+def _router_block_size(engine_args: TrtllmEngineArgs, sections: dict[str, Any]) -> list[str]:
+    """The router indexes TensorRT-LLM's KV events block by block: equal sizes."""
+    size = getattr(sections.get("Router"), "block_size", None)
+    if size is not None and size != engine_args.tokens_per_block:
+        return [f"engine_args.tokens_per_block: {engine_args.tokens_per_block} differs from "
+                f"Router.block_size {size}; the router must use TensorRT-LLM's block size"]
+    return []
+
+
+class TrtllmWorkerSection(WorkerCommon):
+    """A Worker section with ``engine: trtllm`` (one aggregated TensorRT-LLM engine)."""
+
+    engine: Literal["trtllm"] = "trtllm"
+    engine_args: TrtllmEngineArgs = Field(default_factory=TrtllmEngineArgs)
+
+    def graph_checks(self, sections: dict[str, Any]) -> list[str]:
+        """Called by the plan builder with every validated section of the graph."""
+        return _router_block_size(self.engine_args, sections)
+
+
+class TrtllmDecodeWorkerConfig(EngineDecodeSection):
+    """A decode worker fronting a decode TensorRT-LLM engine: ``generation_only`` for
+    remote prefills, ``context_and_generation`` for local ones (same engine)."""
+
+    engine: Literal["trtllm"] = "trtllm"
+    engine_args: TrtllmEngineArgs = Field(default_factory=TrtllmEngineArgs)
+
+    def graph_checks(self, sections: dict[str, Any]) -> list[str]:
+        """Called by the plan builder with every validated section of the graph."""
+        return _router_block_size(self.engine_args, sections)
+
+
+class TrtllmPrefillWorkerConfig(EnginePrefillSection):
+    """A prefill worker fronting a TensorRT-LLM engine running ``context_only``."""
+
+    engine: Literal["trtllm"] = "trtllm"
+    engine_args: TrtllmEngineArgs = Field(default_factory=TrtllmEngineArgs)
