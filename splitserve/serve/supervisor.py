@@ -87,7 +87,8 @@ class Supervisor:
 
     def __init__(self, plan: ServePlan, run_dir: Path, env: dict[str, str],
                  printer: Callable[[str, str], None] | None = None, *,
-                 infra=None, endpoints=None) -> None:
+                 infra=None, endpoints=None,
+                 prober: Callable[[str, str, float], dict[str, bool]] = probe) -> None:
         self.plan = plan
         self.run_dir = Path(run_dir)
         self.env = env
@@ -102,6 +103,7 @@ class Supervisor:
         # for external servers, which are only watched); ``endpoints`` what to probe.
         self.infra = infra
         self.endpoints = endpoints
+        self.prober = prober
         self.deps = DependencyTracker()
         self.deps_up = asyncio.Event()
         self.deps_up.set()
@@ -264,8 +266,8 @@ class Supervisor:
                     self.printer("supervisor", f"embedded {name} exited with code {code}; "
                                  f"restarting it in {restart_delay_s:.1f}s")
                 down_since.setdefault(name, now)
-            results = await asyncio.to_thread(probe, self.endpoints.etcd, self.endpoints.nats,
-                                              min(1.0, max(0.2, interval_s)))
+            results = await asyncio.to_thread(self.prober, self.endpoints.etcd,
+                                              self.endpoints.nats, min(1.0, max(0.2, interval_s)))
             results.update({name: False for name in exited})
             for name in self.deps.update(results):
                 up = results[name]

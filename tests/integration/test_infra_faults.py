@@ -233,3 +233,42 @@ def test_etcd_outage_past_the_lease_restarts_replicas_that_lost_it(tmp_path):
             wait_until(lambda: dynamo_status(run).returncode == 0, 30, 1, "status exit 0")
         finally:
             run.stop()
+
+
+def test_embedded_restart_reaps_and_keeps_ports_and_data(tmp_path):
+    """exited() reaps a killed server; restart() brings it back on the same port with
+    its data: etcd keys and JetStream streams survive."""
+    import asyncio
+
+    import nats
+
+    from splitserve.common.etcd import etcd_client, get_prefix
+
+    infra = EmbeddedInfra(tmp_path / "infra")
+    with infra as ep:
+        async def seed():
+            async with etcd_client(ep.etcd) as c:
+                await c.put(b"splitserve-test/key", b"v")
+            nc = await nats.connect(ep.nats)
+            await nc.jetstream().add_stream(name="KEEP", subjects=["keep.>"])
+            await nc.close()
+
+        async def check():
+            keys = await get_prefix(ep.etcd, "splitserve-test/")
+            nc = await nats.connect(ep.nats)
+            info = await nc.jetstream().stream_info("KEEP")
+            await nc.close()
+            return keys, info.config.name
+
+        asyncio.run(seed())
+        for name in ("nats", "etcd"):
+            pid = infra.pids()[name]
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: name in infra.exited(), 5, 0.05, f"{name} seen as exited")
+            assert not Path(f"/proc/{pid}").exists(), "not reaped"
+            assert infra.restart(name) != pid
+        assert infra.exited() == {}
+        keys, stream = asyncio.run(check())
+        assert [v for _, v in keys] == [b"v"] and stream == "KEEP"
+        assert json.loads((tmp_path / "infra" / "infra.json").read_text())["endpoints"]["nats"] \
+            == ep.nats
