@@ -113,8 +113,8 @@ def structured_cases() -> list[bytes]:
               http(CHAT, js(chat()), headers=b"X-Bad: \xff\xfe\r\n"),
               b"GARBAGE\r\n\r\n", b"GET /\xff HTTP/1.1\r\nHost: x\r\n\r\n",
               b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
-              b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2"
-              b"\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc",
+              (b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2"
+               b"\r\n\r\n"), b"GET / HTTP/9.9\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc",
               http(CHAT, method="GET", ctype=None), http("/nope", method="DELETE", ctype=None),
               http("/v1/models", js(chat()), method="PUT"), http(CHAT, b""), http(CHAT, b"null"),
               http(CHAT, b"[]"), http(CHAT, b'"x"'), http(CHAT, b"{}"),
@@ -200,8 +200,8 @@ def check(request: bytes, response: bytes, took: float) -> str | None:
 def slow_clients(addr) -> list[tuple[bytes, bytes, float]]:
     """Partial headers and partial bodies: each must get 408 within the read deadlines."""
     partial = [b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
-               b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-               b"application/json\r\nContent-Length: 500\r\n\r\n{\"model\": ",
+               (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"application/json\r\nContent-Length: 500\r\n\r\n{\"model\": "),
                b"G"]
     results = []
     for req in partial:

@@ -38,7 +38,7 @@ def test_out_of_range_token_ids_are_refused(codec, token):
 
 
 def test_last_vocabulary_id_is_accepted_and_bools_are_not_ids(codec):
-    c, backend, _ = client_for(codec)
+    c, _, _ = client_for(codec)
     ok = post(c, "/v1/completions", {"model": MODEL, "prompt": [codec.vocab_size - 1],
                                      "max_tokens": 2})
     assert ok.status_code == 200, ok.text
