@@ -138,6 +138,8 @@ def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
         "disable_radix_cache": not args.enable_prefix_caching,
         "skip_tokenizer_init": True, "host": host, "enable_metrics": True,
         "disaggregation_mode": ROLE_MODE[role], "log_level": "warning",
+        # each streamed output carries only the new tokens (requests.to_delta relies on it)
+        "incremental_streaming_output": True,
     }
     for name in ("mem_fraction_static", "context_length", "max_running_requests",
                  "chunked_prefill_size", "random_seed"):
