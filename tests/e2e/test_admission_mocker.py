@@ -1,9 +1,12 @@
 """Admission on the simulated fleet: overloaded from the first request, no warm-up.
 
 Four mocker (SGLang) workers behind this project's router with every request in one
-rejectable class.  At ~2.5x the fleet's capacity the router must reject early (503 with
-Retry-After) for the TTFT reason, not admit everything for lack of an estimate, and the
-admitted requests must keep their TTFT near the class target.
+rejectable class.  The load opens with a burst of long answers (as a trace replayed at a
+high multiple does), so that no request finishes while the fleet has a free worker, then
+stays at ~2.5x the fleet's capacity.  The router must reject early (503 with Retry-After)
+for the TTFT reason, not admit everything for lack of an estimate, and once the backlog
+admitted blind has drained, the admitted requests must keep their TTFT near the class
+target.
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ ADMISSION_ON = (
 # One sequence per worker and 48 output tokens: ~13 req/s for the four workers.
 SMALL_FLEET = ("--Worker.engine_args.max_num_seqs=1",)
 OFFERED_RPS = 32
-SECONDS = 10
+SECONDS = 12
+BURST = 8  # sent at once before the steady load, with long answers
+BURST_MAX_TOKENS = 150
+SETTLED_S = 6  # by then what was admitted before the first completions has drained
 
 
-async def one(session: aiohttp.ClientSession, url: str, i: int) -> dict:
-    body = {"model": MODEL, "max_tokens": 48, "stream": True,
+async def one(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int = 48) -> dict:
+    body = {"model": MODEL, "max_tokens": max_tokens, "stream": True,
             "messages": [{"role": "user", "content": f"Request {i}: tell me about ships. " * 6}]}
     t0 = time.perf_counter()
     try:
@@ -50,7 +56,7 @@ async def one(session: aiohttp.ClientSession, url: str, i: int) -> dict:
             async for raw in r.content:
                 if raw.startswith(b"data:") and ttft is None and b'"content"' in raw:
                     ttft = time.perf_counter() - t0
-            return {"status": 200, "ttft": ttft, "t": time.perf_counter() - t0}
+            return {"status": 200, "ttft": ttft, "t": time.perf_counter() - t0, "i": i}
     except Exception as exc:  # noqa: BLE001 - a lost or hung request is what we look for
         return {"status": None, "error": repr(exc), "t": time.perf_counter() - t0}
 
@@ -59,7 +65,8 @@ async def offered_load(url: str) -> list[dict]:
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=0)) as s:
-        tasks = []
+        tasks = [asyncio.create_task(one(s, url, -1 - i, BURST_MAX_TOKENS))
+                 for i in range(BURST)]
         start = time.perf_counter()
         for i in range(OFFERED_RPS * SECONDS):
             await asyncio.sleep(max(0.0, start + i / OFFERED_RPS - time.perf_counter()))
@@ -92,7 +99,8 @@ def test_overload_from_the_first_request_rejects_for_ttft_and_keeps_admitted_in_
         counts = admissions(router_metrics)
     finally:
         assert run.stop() == 0, run.output()[-3000:]
-    sent = OFFERED_RPS * SECONDS
+    sent = OFFERED_RPS * SECONDS + BURST
+    assert len(results) == sent
     assert [r for r in results if r["status"] is None] == []  # none lost, none hung
     assert all(r["status"] in (200, 503) for r in results)
     served = [r for r in results if r["status"] == 200]
@@ -101,12 +109,15 @@ def test_overload_from_the_first_request_rejects_for_ttft_and_keeps_admitted_in_
     assert len(rejected) > sent * 0.25, "2.5x capacity should reject a good part"
     assert counts.get(("rejected", "ttft-slo-risk"), 0) == len(rejected)
     no_estimate = counts.get(("admitted", "no-estimate"), 0)
-    assert no_estimate < sent * 0.15, counts  # only until the first completions
-    ttfts = [r["ttft"] for r in served]
+    # Only the burst and what arrives before its first completions go without one.
+    assert no_estimate < BURST + 2 * OFFERED_RPS, counts
+    ttfts = [r["ttft"] for r in served if r["i"] >= SETTLED_S * OFFERED_RPS]
+    assert len(ttfts) > (SECONDS - SETTLED_S) * OFFERED_RPS * 0.2
     assert None not in ttfts
     p90 = percentile(ttfts, 0.9)
-    # Generous (2x the class target): the cores are shared with the whole fleet.
-    assert p90 < 2 * TTFT_TARGET_S, f"admitted p90 TTFT {p90:.2f}s"
+    # Generous (2.5x the class target): the cores are shared with the whole fleet.  With
+    # admission off the backlog grows by ~17 requests a second and TTFT by seconds.
+    assert p90 < 2.5 * TTFT_TARGET_S, f"admitted p90 TTFT {p90:.2f}s"
     assert percentile([r["t"] for r in rejected], 0.99) < 1.0  # rejected early
     print(json.dumps({"sent": sent, "served": len(served), "rejected": len(rejected),
                       "no_estimate": no_estimate, "admitted_ttft_p90_s": round(p90, 3),
