@@ -1,6 +1,7 @@
 """Routing, cache and autoscaling sections of the policy file (the seed's shapes).
 
-Read by the router (``split_policy``, ``cache``, ``enable_hotspot_prevention``) and the
+Read by the router (``split_policy``, ``cache``, ``enable_hotspot_prevention``: applied on
+every decision by ``components/router/seed_policy.py``, see docs/policies.md) and the
 planner (``autoscale``).  Percentages are written as the seed writes them: 0..100.
 """
 
@@ -15,11 +16,15 @@ from .base import PolicyModel, check, problem
 
 
 class SplitPolicy(PolicyModel):
-    """How the router weighs prefix reuse, queueing and decode load when splitting work."""
+    """How the router weighs prefix reuse, queueing and decode load when splitting work.
+
+    The router adds a ``split-policy`` scorer with the cost ``queue_length_weight x waiting
+    + decode_load_weight x active - prefix_cache_weight x cached blocks``.
+    """
 
     prompt_length_threshold: int = Field(
-        ge=0, description="Prompt tokens (after the prefix-cache hit) from which prefill is "
-                          "worth sending to the prefill pool.")
+        ge=0, description="Prompt tokens from which a cached prefix counts in the worker "
+                          "score; a shorter prompt's prefill is cheap, so it goes by load.")
     prefix_cache_weight: float = Field(
         ge=0.0, description="Weight of the cached-prefix match in the worker score.")
     queue_length_weight: float = Field(

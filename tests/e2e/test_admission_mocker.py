@@ -28,8 +28,8 @@ CONFIG = "configs/mocker_agg_router.yaml"
 TTFT_TARGET_S = 1.0
 # What turns admission on for the default class (see docs/qos.md, "Admission on").
 ADMISSION_ON = (
-    "--Router.qos.classes=[{name: default, ttft_ms: 1000, tpot_ms: 250, may_reject: true, "
-    "may_degrade: false}]",
+    ("--Router.qos.classes=[{name: default, ttft_ms: 1000, tpot_ms: 250, may_reject: true, "
+     "may_degrade: false}]"),
     "--Router.qos.low_priority_threshold_ms=0",
 )
 # One sequence per worker and 48 output tokens: ~13 req/s for the four workers.
