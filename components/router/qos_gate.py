@@ -61,6 +61,9 @@ class QosMetrics:
                                   registry=registry)
         self.decode_rate = Gauge(f"{PREFIX}_qos_decode_ms_per_token",
                                  "EMA of decode time per output token (pool)", registry=registry)
+        self.samples = Counter(f"{PREFIX}_qos_rate_samples_total",
+                               "Finished requests by how the estimator used their timings",
+                               ["use"], registry=registry)
 
 
 class QosGate:
@@ -156,13 +159,16 @@ class QosGate:
         slots = max(1, workers)
         unloaded = inflight <= slots or (at_admission is not None and at_admission < slots)
         if unloaded:
+            self.metrics.samples.labels("unloaded").inc()
             self._learn(sample, now)
             self.loaded_samples.clear()
             return
+        self.metrics.samples.labels("loaded-skipped").inc()
         if self.estimator.rate("prefill", DECODE_POOL).source != "warmup":
             return
         self.loaded_samples.append(sample)
         if len(self.loaded_samples) == BOOTSTRAP_SAMPLES:
+            self.metrics.samples.labels("bootstrap").inc()
             decoded = [x for x in self.loaded_samples if x.output_tokens > 1] or \
                 list(self.loaded_samples)
             self._learn(min(decoded, key=lambda x: x.ttft_s / x.computed), now)

@@ -82,6 +82,9 @@ def test_bootstrap_from_loaded_samples_when_no_request_ever_ran_unloaded():
     rate = gate.estimator.rate("prefill", "decode")
     assert rate.source != "warmup"
     assert rate.value == pytest.approx(2000.0 / 400)  # the fastest sample per token
+    uses = {s.labels["use"]: s.value for m in gate.metrics.samples.collect()
+            for s in m.samples if s.name.endswith("_total")}
+    assert uses == {"loaded-skipped": BOOTSTRAP_SAMPLES, "bootstrap": 1}
 
 
 def test_sustained_overload_rejects_with_a_reason_other_than_no_estimate():
