@@ -1,0 +1,111 @@
+"""Every call the SGLang adapter makes, bound against the installed SGLang's signatures.
+
+``sglang.Engine`` cannot be imported on a machine without its CUDA kernels, so the
+signatures are read from the installed source (the same file the engine runs) and
+bound with ``inspect.signature(...).bind``.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from splitserve.components.engines.interface import GenerateParams, SglangBootstrapHandoff
+from splitserve.components.engines.sglang.requests import (
+    generate_kwargs,
+    new_bootstrap_room,
+    sampling_params,
+    to_delta,
+)
+
+sglang = pytest.importorskip("sglang")
+
+pytestmark = pytest.mark.unit
+
+SRT = Path(sglang.__file__).parent / "srt"
+P = GenerateParams(token_ids=(1, 2, 3), max_tokens=9, temperature=0.0, seed=4,
+                   stop_token_ids=(2,), ignore_eos=False)
+H = SglangBootstrapHandoff(bootstrap_host="127.0.0.1", bootstrap_port=8998,
+                           bootstrap_room=new_bootstrap_room())
+
+
+def installed_signature(path: Path, cls: str, method: str) -> inspect.Signature:
+    """The signature of ``cls.method`` as written in the installed source file."""
+    tree = ast.parse(path.read_text())
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
+    fn = next(n for n in node.body
+              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method)
+    args = fn.args
+    for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+        if a is not None:
+            a.annotation = None
+    args.defaults = [ast.Constant(None) for _ in args.defaults]
+    args.kw_defaults = [None if d is None else ast.Constant(None) for d in args.kw_defaults]
+    stub = ast.FunctionDef(name=method, args=args, body=[ast.Pass()], decorator_list=[],
+                           returns=None, type_params=[])
+    mod = ast.fix_missing_locations(ast.Module(body=[stub], type_ignores=[]))
+    ns: dict = {}
+    exec(compile(mod, str(path), "exec"), ns)  # noqa: S102 - a signature-only stub
+    return inspect.signature(ns[method])
+
+
+def test_async_generate_calls_bind_to_sglangs_engine():
+    sig = installed_signature(SRT / "entrypoints/engine.py", "Engine", "async_generate")
+    for kw in (generate_kwargs("r", P),
+               generate_kwargs("r", P, max_new_tokens=1, handoff=H),
+               generate_kwargs("r", P, handoff=H)):
+        sig.bind(object(), **kw)
+    with pytest.raises(TypeError):  # the check can fail: a misspelt keyword is caught
+        sig.bind(object(), **{**generate_kwargs("r", P), "bootstrap_rooms": 1})
+
+
+def test_abort_call_binds_to_sglangs_tokenizer_manager():
+    sig = installed_signature(SRT / "managers/tokenizer_manager.py", "TokenizerManager",
+                              "abort_request")
+    sig.bind(object(), rid="r", abort_all=False)
+
+
+def test_shutdown_binds():
+    installed_signature(SRT / "entrypoints/engine.py", "Engine", "shutdown").bind(object())
+
+
+def test_sampling_params_are_accepted_by_sglangs_sampling_params():
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    sp = sampling_params(P, max_new_tokens=1)
+    real = SamplingParams(**sp)
+    assert real.max_new_tokens == 1 and set(real.stop_token_ids) == {2}
+    assert real.sampling_seed == 4 and real.top_k == 1  # SGLang's greedy form of T=0
+    assert "sampling_seed" not in sampling_params(GenerateParams(token_ids=(1,)))
+
+
+def test_prefill_and_decode_share_the_triple():
+    pre = generate_kwargs("r", P, max_new_tokens=1, handoff=H)
+    dec = generate_kwargs("r", P, handoff=H)
+    triple = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+    assert [pre[k] for k in triple] == [dec[k] for k in triple]
+    assert pre["sampling_params"]["max_new_tokens"] == 1
+    assert dec["sampling_params"]["max_new_tokens"] == 9
+    assert "bootstrap_room" not in generate_kwargs("r", P)
+
+
+def test_rooms_are_distinct_and_fit_63_bits():
+    rooms = {new_bootstrap_room() for _ in range(1000)}
+    assert len(rooms) == 1000 and all(0 <= r < 2**63 for r in rooms)
+
+
+@pytest.mark.parametrize(("fin", "finished", "reason"), [
+    (None, False, None),
+    ({"type": "stop", "matched": 2}, True, "stop"),
+    ({"type": "length", "length": 9}, True, "length"),
+    ({"type": "abort", "message": "client gone"}, True, "abort"),
+    ({"type": "abort", "status_code": 500, "message": "boom"}, True, "error"),
+])
+def test_outputs_become_deltas(fin, finished, reason):
+    d = to_delta({"output_ids": [7, 8], "meta_info": {"finish_reason": fin,
+                                                      "prompt_tokens": 3, "cached_tokens": 2}})
+    assert d.token_ids == (7, 8) and d.finished is finished and d.finish_reason == reason
+    assert (d.prompt_tokens, d.cached_tokens) == (3, 2)
