@@ -28,7 +28,7 @@ from tests.integration.serve_helpers import (REPO, ServeRun, dynamo_cmd, http_ge
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-RESTART_DELAY_S = 5.0  # long enough to observe the outage from outside
+RESTART_DELAY_S = 8.0  # long enough to observe the outage from outside, status included
 RECOVERY_BUDGET_S = 15.0
 # After a lease loss every replica restarts; on a busy 2-core machine the frontend alone
 # takes up to ~20 s to load its tokenizer again.
