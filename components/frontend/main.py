@@ -15,8 +15,8 @@ from splitserve.serve.component import ComponentContext, run
 from .app import FrontendState, build_app
 from .backend import BackendMetrics, DirectBackend, RoutedBackend
 from .config import FrontendConfig
-from .metrics import FrontendMetrics
 from .http_server import HttpLimits, server_config
+from .metrics import FrontendMetrics
 from .textcodec import TextCodec
 
 log = logging.getLogger("splitserve.frontend")
