@@ -92,12 +92,13 @@ def test_decoding_of_proc_net_addresses():
     assert decode_address("00000000000000000000000001000000") == "::1"
 
 
+@pytest.mark.timeout(600)  # model loading on a busy 2-core machine
 @pytest.mark.parametrize("config", ["configs/disagg.yaml", "configs/mocker_disagg.yaml"],
                          ids=["torch", "mocker"])
 def test_every_listener_of_the_disagg_graph_is_on_loopback(tmp_path, config):
     run = ServeRun(tmp_path, "graphs.disagg:Frontend", "-f", config, "--Frontend.port=0")
     try:
-        ready = run.wait_ready(420)
+        ready = run.wait_ready(540)
         replica_pids = {r["pid"] for r in ready["rows"]}
         components = {r["component"] for r in ready["rows"]}
         assert {"Frontend", "Router", "DecodeWorker", "PrefillWorker"} <= components
