@@ -34,6 +34,7 @@ from splitserve.components.protocol import (
 )
 from splitserve.components.worker.disagg_metrics import DisaggMetrics
 from splitserve.components.worker.loadreport import publish_load
+from splitserve.components.worker.readiness import report_ready_when_registered
 from splitserve.components.worker.metrics import WorkerMetrics
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
@@ -238,9 +239,11 @@ async def run_mocker_decode_worker(ctx: ComponentContext, cfg: MockerDecodeWorke
         explaining = asyncio.ensure_future(
             ctx.endpoint(component, "explain").serve_endpoint(coord.explain))
         cleanup.append(lambda: _cancelled(explaining))
-        ctx.report("ready", endpoint=f"{ns}.{component.lower()}.generate",
-                   instance_id=worker_id, engine_pids=[c.proc.pid for c in children],
-                   detail=f"instance {worker_id:x}, handoff {subject}")
+        ready = asyncio.ensure_future(report_ready_when_registered(
+            ctx.report, endpoint, worker_id, endpoint=f"{ns}.{component.lower()}.generate",
+            instance_id=worker_id, engine_pids=[c.proc.pid for c in children],
+            detail=f"instance {worker_id:x}, handoff {subject}"))
+        cleanup.append(lambda: _cancelled(ready))
         serving = asyncio.ensure_future(serve_until_stopped(
             ctx, endpoint, coord.generate, drain_timeout_s=cfg.drain_timeout_s,
             inflight=lambda: coord.inflight))

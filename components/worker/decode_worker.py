@@ -30,6 +30,7 @@ from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from .disagg_config import DecodeWorkerConfig
 from .disagg_metrics import DisaggMetrics
+from .readiness import report_ready_when_registered
 from .torch_worker import TorchWorker, engine_request, start_torch_worker, stream_outputs
 
 log = logging.getLogger("splitserve.decode")
@@ -201,12 +202,15 @@ async def run_decode_worker(ctx: ComponentContext, cfg: DecodeWorkerConfig) -> N
     watcher = await follow_policy(ns, ctx.run.component, f"{w.worker_id:x}", apply_policy)
     explain_ep = ctx.endpoint(ctx.run.component, "explain")
     explaining = asyncio.ensure_future(explain_ep.serve_endpoint(coord.explain))
-    ctx.report("ready", endpoint=f"{ns}.{ctx.run.component.lower()}.generate",
-               detail=f"instance {w.worker_id:x}, agent {agent.name}")
+    ready = asyncio.create_task(report_ready_when_registered(
+        ctx.report, w.endpoint, w.worker_id,
+        endpoint=f"{ns}.{ctx.run.component.lower()}.generate",
+        detail=f"instance {w.worker_id:x}, agent {agent.name}"))
     try:
         await serve_until_stopped(ctx, w.endpoint, coord.generate,
                                   drain_timeout_s=cfg.drain_timeout_s, inflight=w.runner.inflight)
     finally:
+        ready.cancel()
         await watcher.stop()
         explaining.cancel()
         await depth.stop()

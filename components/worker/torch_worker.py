@@ -26,6 +26,7 @@ from .config import TorchWorkerConfig
 from .fatal import leave_after_engine_failure
 from .loadreport import publish_load
 from .metrics import WorkerMetrics
+from .readiness import report_ready_when_registered
 from .runner import EngineRunner
 
 log = logging.getLogger("splitserve.worker")
@@ -198,10 +199,13 @@ async def start_torch_worker(ctx: ComponentContext, cfg, publish_kv: bool = True
 async def run_torch_worker(ctx: ComponentContext, cfg: TorchWorkerConfig) -> None:
     """Component main for ``engine: torch`` (aggregated serving)."""
     w = await start_torch_worker(ctx, cfg)
-    ctx.report("ready", endpoint=f"{ctx.namespace}.{ctx.run.component.lower()}.generate",
-               detail=f"instance {w.worker_id:x}")
+    ready = asyncio.create_task(report_ready_when_registered(
+        ctx.report, w.endpoint, w.worker_id,
+        endpoint=f"{ctx.namespace}.{ctx.run.component.lower()}.generate",
+        detail=f"instance {w.worker_id:x}"))
     try:
         await serve_until_stopped(ctx, w.endpoint, make_handler(w.runner, w.metrics),
                                   drain_timeout_s=cfg.drain_timeout_s, inflight=w.runner.inflight)
     finally:
+        ready.cancel()
         await w.close()
