@@ -79,6 +79,7 @@ class QosGate:
         self.prefill_workers = prefill_workers
         self.completions: deque[float] = deque()
         self.service_ms: float | None = None  # EMA of unloaded request duration
+        self.mix: tuple[float, float] | None = None  # EMA of (computed prompt, output) tokens
         # In-flight count when each admitted request was placed: a request admitted into
         # a fleet with a free worker ran unloaded, whatever arrived after it.
         self.load_at_admission: OrderedDict[str, int] = OrderedDict()
@@ -92,13 +93,28 @@ class QosGate:
         fleet completes.  W = (L + 1) / lambda is the expected time in system, with L the
         requests this router has in flight and lambda its completion rate over the last
         few seconds; minus the unloaded duration S it is the time spent waiting.
+
+        S is the unloaded duration of the current request mix: the learned per-token
+        speeds (unloaded samples only) applied to the mean prompt and answer lengths of
+        every recent completion.  A duration averaged over unloaded requests alone would
+        describe whatever happened to run unloaded (say a first burst of long answers)
+        and misjudge the wait for the rest of the run.
         """
         while self.completions and now - self.completions[0] > RATE_WINDOW_S:
             self.completions.popleft()
-        if len(self.completions) < 5 or self.service_ms is None:
+        service_ms = self._mix_service_ms()
+        if len(self.completions) < 5 or service_ms is None:
             return 0.0
         rate = len(self.completions) / RATE_WINDOW_S
-        return max(0.0, (inflight + 1) / rate * 1000.0 - self.service_ms)
+        return max(0.0, (inflight + 1) / rate * 1000.0 - service_ms)
+
+    def _mix_service_ms(self) -> float | None:
+        prefill = self.estimator.rate("prefill", DECODE_POOL)
+        decode = self.estimator.rate("decode", DECODE_POOL)
+        if prefill.source == "warmup" or decode.source == "warmup" or self.mix is None:
+            return self.service_ms
+        prompt, output = self.mix
+        return prompt * prefill.value + max(1.0, output) * decode.value
 
     def reconfigure(self, config: QosConfig) -> None:
         """Apply a new policy version; learned latencies are kept."""
@@ -156,6 +172,11 @@ class QosGate:
         self.completions.append(now)
         sample = _Sample(f"{call.worker_id:x}", max(1, call.prompt_tokens - call.cached_tokens),
                          call.ttft_s, call.output_tokens, call.duration_s)
+        if self.mix is None:
+            self.mix = (float(sample.computed), float(sample.output_tokens))
+        else:
+            self.mix = (0.8 * self.mix[0] + 0.2 * sample.computed,
+                        0.8 * self.mix[1] + 0.2 * sample.output_tokens)
         slots = max(1, workers)
         unloaded = inflight <= slots or (at_admission is not None and at_admission < slots)
         if unloaded:

@@ -116,3 +116,32 @@ def test_sustained_overload_rejects_with_a_reason_other_than_no_estimate():
     assert counts.get(("admitted", "no-estimate"), 0) <= WORKERS
     # The backlog stays bounded: what is admitted is what the fleet drains.
     assert fleet.inflight < 20
+
+
+def test_queue_wait_uses_the_current_request_mix_not_the_first_unloaded_requests():
+    gate = QosGate(rejecting_config(), CollectorRegistry())
+    fleet = Fleet(gate)
+    # The only unloaded requests: long answers (150 tokens in 1.5 s).
+    for i in range(WORKERS):
+        fleet.admit(f"long{i}")
+    fleet.now += 1.5
+    for i in range(WORKERS):
+        fleet.inflight -= 1
+        gate.observe(ReleaseCall(request_id=f"long{i}", worker_id=1, prompt_tokens=400,
+                                 output_tokens=150, ttft_s=0.1, duration_s=1.5),
+                     fleet.now, fleet.inflight, WORKERS)
+    # Then overload with short answers: 20 completions of 48 tokens in 5 s, 20 in flight.
+    fleet.inflight = 40
+    for i in range(20):
+        fleet.now += 0.25
+        fleet.inflight -= 1
+        gate.observe(ReleaseCall(request_id=f"s{i}", worker_id=1, prompt_tokens=400,
+                                 output_tokens=48, ttft_s=2.0, duration_s=2.5),
+                     fleet.now, fleet.inflight, WORKERS)
+    verdict = gate.check(route("next"), (), 0, fleet.now, record=False, inflight=20)
+    # Little: 24 completions in the last 5 s, so (20 + 1) / 4.8 = 4.4 s in system; a
+    # short request's unloaded duration is ~0.1 + 48 x 9.4 ms = 0.56 s, so ~3.8 s of it
+    # is waiting (3.9 s with its own prefill and first step).  Subtracting the long
+    # answers' 1.5 s instead would say 2.9 s and 3.0 s.
+    assert verdict.est_ttft_ms > 3600
+    assert not verdict.admit and verdict.reason == "ttft-slo-risk"
