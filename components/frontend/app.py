@@ -61,7 +61,7 @@ class FrontendState:
     loading_detail: str = "loading tokenizer"
 
     # Names of the graph's dependencies (etcd, NATS) unreachable now; set by main.
-    dependencies_down: Callable[[], list[str]] = field(default=lambda: [])
+    dependencies_down: Callable[[], list[str]] = field(default=list)
 
     def is_ready(self) -> bool:
         return self.codec is not None and self.backend.ready() and not self.dependencies_down()

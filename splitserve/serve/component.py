@@ -53,7 +53,7 @@ class ComponentContext:
         discovery or messaging is gone would not serve a request now.
         """
         if self.dependencies is None:
-            return lambda: []
+            return list
         self.dependencies.start()
         return self.dependencies.down
 

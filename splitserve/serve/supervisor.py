@@ -240,7 +240,7 @@ class Supervisor:
             proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.printer("supervisor", f"{rep.name} (pid {proc.pid}) did not stop in "
                          f"{grace_s:.1f}s; killing")
             with contextlib.suppress(ProcessLookupError):

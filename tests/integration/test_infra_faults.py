@@ -18,13 +18,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Self
 
 import pytest
 
 from splitserve.infra.embedded import EmbeddedInfra
 from splitserve.infra.procs import free_port
-from tests.integration.serve_helpers import (REPO, ServeRun, dynamo_cmd, http_get_json,
-                                             wait_until)
+from tests.integration.serve_helpers import REPO, ServeRun, dynamo_cmd, http_get_json, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -73,7 +73,7 @@ class Load:
             self.results.append(self._one())
             self._stop.wait(0.25)
 
-    def __enter__(self) -> Load:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -89,7 +89,7 @@ def infra_state(run: ServeRun) -> dict:
 
 def dynamo_status(run: ServeRun) -> subprocess.CompletedProcess:
     return subprocess.run([*dynamo_cmd(), "status", "--state-dir", str(run.state)], cwd=REPO,
-                          capture_output=True, text=True, timeout=30,
+                          capture_output=True, text=True, timeout=30, check=False,
                           env={**os.environ, "COLUMNS": "200"})
 
 
@@ -264,7 +264,7 @@ def test_embedded_restart_reaps_and_keeps_ports_and_data(tmp_path):
         for name in ("nats", "etcd"):
             pid = infra.pids()[name]
             os.kill(pid, signal.SIGKILL)
-            wait_until(lambda: name in infra.exited(), 5, 0.05, f"{name} seen as exited")
+            wait_until(lambda n=name: n in infra.exited(), 5, 0.05, f"{name} seen as exited")
             assert not Path(f"/proc/{pid}").exists(), "not reaped"
             assert infra.restart(name) != pid
         assert infra.exited() == {}

@@ -65,7 +65,7 @@ class _Greeter:
 
 def _etcd_like(body: bytes) -> HTTPServer:
     class H(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self):
             self.send_response(200 if self.path == "/health" else 404)
             self.end_headers()
             self.wfile.write(body)
