@@ -32,6 +32,7 @@ from splitserve.components.router.validation import issue, raise_if_any
 
 from .degrade_config import DegradationConfig
 from .estimator import EstimatorParams, LatencyEstimator
+from .slack_queue import QueueConfig
 from .types import ClassResolution
 
 CLASS_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
@@ -96,6 +97,9 @@ class QosConfig(StrictModel):
         "stale and never justifies a rejection or an estimate-driven degradation.")
     estimator: EstimatorParams = Field(default_factory=EstimatorParams,
                                        description="EMA smoothing and warm-up rates.")
+    queue: QueueConfig = Field(default_factory=QueueConfig,
+                               description="The router's admission queue: waiting requests "
+                               "served by least slack, doomed ones shed (off by default).")
 
     @model_validator(mode="after")
     def _references(self) -> QosConfig:

@@ -27,6 +27,7 @@ from splitserve.components.protocol import (
     WorkerLoad,
 )
 
+from .admission_queue import AdmissionQueue
 from .builtin import BUILTIN_CONFIGS, builtin_config
 from .config import RouterConfig, load_router_config_file, parse_router_config
 from .core import Router, build_router
@@ -93,6 +94,7 @@ class RouterService:
         self.metrics = metrics or RouterMetrics()
         self.hash_blocks = hash_blocks or (lambda tokens: [])
         self.qos = QosGate(cfg.qos, self.metrics.registry)
+        self.admission = AdmissionQueue(cfg.qos.queue)
 
     def on_load(self, payload: bytes) -> None:
         """A WorkerLoad message from NATS."""
@@ -136,7 +138,7 @@ class RouterService:
         snapshot = self.fleet.snapshot(now, overlap, recent)
         best_cached = max(overlap.values(), default=0) * self.cfg.block_size
         verdict = self.qos.check(call, snapshot.workers, best_cached, now, record,
-                                 inflight=len(self.fleet.placed))
+                                 inflight=len(self.fleet.placed) + len(self.admission.queue))
         qos = verdict.model_dump(mode="json")
         if not verdict.admit:
             return RouteReply(worker_id=None, reason=f"rejected-{verdict.reason}",
@@ -170,8 +172,42 @@ class RouterService:
         except ValueError as exc:
             yield RouteReply(worker_id=None, reason=f"bad-request: {exc}").model_dump()
             return
-        reply, _ = self.decide(call)
+        queued = await self._wait_for_slot(call)
+        if queued is not None:
+            yield queued.model_dump(mode="json")
+            return
+        try:
+            reply, _ = self.decide(call)
+        finally:
+            self.admission.placed_one()
         yield reply.model_dump(mode="json")
+
+    async def _wait_for_slot(self, call: RouteCall) -> RouteReply | None:
+        """With the admission queue on (``qos.queue``), hold an admitted request until a
+        worker has a slot; returns the rejection if it was shed, None to go on."""
+        self.admission.reconfigure(self.qos.config.queue)
+        if not self.admission.enabled or call.explain or not call.record:
+            return None
+        now = time.monotonic()
+        self._refresh_live()
+        verdict = self.qos.check(call, self.fleet.workers(now), 0, now, record=False,
+                                 inflight=len(self.fleet.placed) + len(self.admission.queue))
+        if not verdict.admit:
+            return None  # decide() rejects it and records why
+        cls = self.qos.config.class_named(verdict.class_name)
+        sheddable = (cls is not None and cls.may_reject
+                     and self.qos.config.enable_early_rejection)
+        deadline = now + (cls.ttft_ms / 1000.0 if cls is not None else 0.0)
+        outcome = await self.admission.wait(deadline, sheddable, now, len(self.fleet.placed),
+                                            len(self.fleet.candidates(now)))
+        if outcome == "go":
+            return None
+        reason = "deadline-passed" if outcome == "doomed" else "queue-full"
+        self.qos.metrics.verdicts.labels(verdict.class_name, "rejected", reason).inc()
+        return RouteReply(worker_id=None, reason=f"rejected-{reason}",
+                          class_name=verdict.class_name, retry_after_s=1,
+                          qos={"admit": False, "reason": reason,
+                               "class_name": verdict.class_name})
 
     async def release(self, request: dict, context=None):
         """Endpoint handler: forget a placement."""
@@ -181,6 +217,8 @@ class RouterService:
             yield {"ok": False, "error": str(exc)}
             return
         self.fleet.release(call.request_id)
+        self.admission.dispatch(time.monotonic(), len(self.fleet.placed),
+                                len(self.fleet.candidates(time.monotonic())))
         self.metrics.released.labels(call.outcome).inc()
         if call.outcome == "unreachable":
             self._refresh_live()
