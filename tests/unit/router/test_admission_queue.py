@@ -35,7 +35,9 @@ def service(ttft_low_ms: float = 5000) -> RouterService:
 
 async def route(svc: RouterService, rid: str, priority: str = "low") -> dict:
     call = RouteCall(request_id=rid, token_ids=list(range(32)), priority=priority)
-    return [r async for r in svc.route(call.model_dump())][0]
+    async for reply in svc.route(call.model_dump()):
+        return reply
+    raise AssertionError("no reply")
 
 
 async def release(svc: RouterService, rid: str) -> None:
