@@ -215,3 +215,9 @@ class VllmEngine:
 
     def inflight(self) -> int:
         return len(self._active)
+
+    def failure(self) -> BaseException | None:
+        """The error that killed vLLM's engine process, or None while it is healthy."""
+        if self._engine is None or not self._engine.errored:
+            return None
+        return self._engine.dead_error

@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator
 
 from splitserve.components.engines.interface import GenerateParams, TokenDelta
 from splitserve.components.protocol import WorkerLoad, WorkerRequest, load_subject, output_chunk
+from splitserve.components.worker.fatal import leave_after_engine_failure
 from splitserve.components.worker.loadreport import publish_load
 from splitserve.components.worker.metrics import WorkerMetrics
+from splitserve.components.worker.readiness import report_ready_when_registered
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from .config import VllmWorkerSection
@@ -93,6 +95,19 @@ def publish_kv_events(publisher, events: list) -> None:
             publisher.publish_removed(list(ev.block_hashes))
 
 
+async def watch_engine(ctx: ComponentContext, engine: VllmEngine, endpoint,
+                       interval_s: float = 1.0, leave=leave_after_engine_failure) -> None:
+    """Leave (so the supervisor restarts this replica) once vLLM's engine process died:
+    a registered worker whose engine is dead would answer every request with an error.
+    Returns without leaving once the worker is stopping."""
+    while not ctx.stopping.is_set():
+        exc = engine.failure()
+        if exc is not None:
+            await leave(exc, ctx.report, endpoint.unregister_endpoint_instance)
+            return
+        await asyncio.sleep(interval_s)
+
+
 async def run_vllm_worker(ctx: ComponentContext, cfg: VllmWorkerSection) -> None:
     """Component main for ``engine: vllm`` (aggregated serving)."""
     ctx.report("loading", detail="starting vLLM")
@@ -119,11 +134,15 @@ async def run_vllm_worker(ctx: ComponentContext, cfg: VllmWorkerSection) -> None
         return WorkerLoad(worker_id=worker_id, active=ld.active, waiting=ld.waiting,
                           kv_used_blocks=ld.kv_used_blocks, kv_total_blocks=ld.kv_total_blocks)
 
-    tasks.append(asyncio.create_task(publish_load(
+    reporter = asyncio.create_task(publish_load(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, ctx.run.component), sample,
-        cfg.load_report_interval_s, ctx.stopping)))
-    ctx.report("ready", endpoint=f"{ctx.namespace}.{ctx.run.component.lower()}.generate",
-               detail=f"instance {worker_id:x} (vLLM)")
+        cfg.load_report_interval_s, ctx.stopping))
+    tasks.append(reporter)
+    tasks.append(asyncio.create_task(report_ready_when_registered(
+        ctx.report, endpoint, worker_id,
+        endpoint=f"{ctx.namespace}.{ctx.run.component.lower()}.generate",
+        detail=f"instance {worker_id:x} (vLLM)")))
+    tasks.append(asyncio.create_task(watch_engine(ctx, engine, endpoint)))
     try:
         await serve_until_stopped(ctx, endpoint, make_handler(engine, metrics),
                                   drain_timeout_s=cfg.drain_timeout_s, inflight=engine.inflight)
@@ -131,7 +150,7 @@ async def run_vllm_worker(ctx: ComponentContext, cfg: VllmWorkerSection) -> None
         await engine.shutdown(drain_timeout_s=0.0)
         # The load reporter ends on its own after its last ("draining") report.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.shield(tasks[-1]), 5)
+            await asyncio.wait_for(asyncio.shield(reporter), 5)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -63,3 +63,59 @@ async def test_engine_failure_becomes_an_error_chunk():
     src = Deltas([TokenDelta((1,))], fail=RuntimeError("engine died"))
     chunks = [c async for c in stream_chunks(src, WorkerMetrics())]
     assert chunks[-1]["finish_reason"] == "error" and "engine died" in chunks[-1]["error"]
+
+
+class _Ctx:
+    def __init__(self) -> None:
+        import asyncio
+
+        self.stopping = asyncio.Event()
+        self.reports: list = []
+
+    def report(self, state, **fields) -> None:
+        self.reports.append(state)
+
+
+class _Endpoint:
+    async def unregister_endpoint_instance(self) -> None:
+        pass
+
+
+class _Engine:
+    def __init__(self, healthy_polls: int) -> None:
+        self.polls, self.healthy_polls = 0, healthy_polls
+
+    def failure(self):
+        self.polls += 1
+        return None if self.polls <= self.healthy_polls else RuntimeError("core died")
+
+
+async def test_dead_engine_makes_the_worker_leave():
+    from splitserve.components.engines.vllm.worker import watch_engine
+
+    left: list = []
+
+    async def leave(exc, report, deregister):
+        left.append(exc)
+
+    await watch_engine(_Ctx(), _Engine(healthy_polls=2), _Endpoint(), interval_s=0.01,
+                       leave=leave)
+    assert len(left) == 1 and "core died" in str(left[0])
+
+
+async def test_stopping_worker_does_not_leave():
+    import asyncio
+
+    from splitserve.components.engines.vllm.worker import watch_engine
+
+    ctx, left = _Ctx(), []
+
+    async def leave(exc, report, deregister):
+        left.append(exc)
+
+    task = asyncio.create_task(watch_engine(ctx, _Engine(healthy_polls=10**9), _Endpoint(),
+                                            interval_s=0.01, leave=leave))
+    await asyncio.sleep(0.05)
+    ctx.stopping.set()
+    await asyncio.wait_for(task, 2)
+    assert left == []
