@@ -1,0 +1,65 @@
+"""SGLang's KV event batches and scheduler metrics in this project's types."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+
+pytest.importorskip("sglang.srt.disaggregation.kv_events")
+
+from splitserve.components.engines.sglang.kv_relay import convert_batch  # noqa: E402
+from splitserve.components.engines.sglang.metrics import LoadTracker  # noqa: E402
+from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored  # noqa: E402
+
+pytestmark = pytest.mark.unit
+PAGE = 4
+
+
+def test_stored_removed_and_other_tiers():
+    from sglang.srt.disaggregation.kv_events import (
+        AllBlocksCleared,
+        BlockRemoved as SRemoved,
+        BlockStored as SStored,
+        KVEventBatch,
+    )
+
+    batch = KVEventBatch(ts=time.time(), events=[
+        SStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=list(range(8)),
+                block_size=PAGE, lora_id=None),
+        SStored(block_hashes=[3], parent_block_hash=2, token_ids=[1, 2], block_size=PAGE,
+                lora_id=None),                                     # partial: skipped
+        SStored(block_hashes=[4], parent_block_hash=2, token_ids=list(range(4)),
+                block_size=PAGE, lora_id=None, medium="CPU_PINNED"),  # host tier: skipped
+        SRemoved(block_hashes=[1]),
+        AllBlocksCleared(),
+    ])
+    stored, removed = convert_batch(msgspec.msgpack.encode(batch), PAGE)
+    assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
+    assert stored.block_hashes == (1, 2) and stored.num_block_tokens == (PAGE, PAGE)
+    assert removed.block_hashes == (1,)
+
+
+def test_load_from_kv_metrics_fields_of_the_installed_sglang():
+    # KvMetrics' module imports SGLang's multimodal stack (torchvision), so its fields
+    # are read from the installed source and a plain object carries them.
+    import ast
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import sglang
+
+    src = Path(sglang.__file__).parent / "srt/managers/scheduler_components/kv_events_publisher.py"
+    cls = next(n for n in ast.walk(ast.parse(src.read_text()))
+               if isinstance(n, ast.ClassDef) and n.name == "KvMetrics")
+    fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    read = {"request_active_slots", "num_requests_waiting", "kv_active_blocks",
+            "kv_total_blocks"}
+    assert read <= fields
+    t = LoadTracker(page_size=16)
+    assert t.sample(inflight=2).active == 2  # before any metrics
+    t.update(SimpleNamespace(request_active_slots=5, kv_active_blocks=33,
+                             kv_total_blocks=1600, num_requests_waiting=2))
+    s = t.sample(inflight=0)
+    assert (s.active, s.waiting, s.kv_used_blocks, s.kv_total_blocks) == (5, 2, 3, 100)
