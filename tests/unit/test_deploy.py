@@ -36,6 +36,25 @@ def test_kubernetes_manifests_parse_and_name_the_graph_components():
         assert cmd[:2] == ["python", "-m"] and cmd[2].startswith("splitserve.components.")
 
 
+@pytest.mark.parametrize("name", ["sglang_disagg", "trtllm_disagg"])
+def test_gpu_engine_manifests(name):
+    docs = list(yaml.safe_load_all((ROOT / f"deploy/kubernetes/{name}.yaml").read_text()))
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    assert set(deployments) == {"frontend", "router", "decodeworker", "prefillworker"}
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "StatefulSet"} == {"etcd", "nats"}
+    front = deployments["frontend"]["spec"]["template"]["spec"]["containers"][0]
+    assert front["readinessProbe"]["httpGet"]["path"] == "/ready"
+    for worker in ("decodeworker", "prefillworker"):
+        c = deployments[worker]["spec"]["template"]["spec"]["containers"][0]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert c["command"][:3] == ["python", "-m", f"splitserve.components.worker."
+                                    f"{worker.removesuffix('worker')}_main"]
+        env = {e["name"] for e in c["env"]}
+        assert {"ETCD_ENDPOINTS", "NATS_SERVER"} <= env
+    config = (ROOT / "configs" / f"{name}.yaml").read_text()
+    assert "engine: " + name.split("_")[0] in config
+
+
 def test_prometheus_rules_and_dashboard_use_documented_metrics():
     known = documented()
     rules = yaml.safe_load((ROOT / "deploy/prometheus/rules.yaml").read_text())
