@@ -25,7 +25,7 @@ MODEL = os.environ.get("SPLITSERVE_GPU_MODEL")
 if not MODEL:
     pytest.skip("set SPLITSERVE_GPU_MODEL to a local model directory", allow_module_level=True)
 
-from splitserve.components.engines.interface import GenerateParams  # noqa: E402
+from splitserve.components.engines.interface import GenerateParams
 
 PROMPTS = [tuple(range(100, 164)), tuple(range(7, 300, 3))]
 

@@ -4,7 +4,6 @@ plane on a real NATS -> the router's radix tree (real etcd and NATS, loopback on
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
 
@@ -12,7 +11,7 @@ import pytest
 
 pytest.importorskip("sglang.srt.disaggregation.kv_events")
 
-from splitserve.infra.embedded import EmbeddedInfra  # noqa: E402
+from splitserve.infra.embedded import EmbeddedInfra
 
 pytestmark = pytest.mark.integration
 

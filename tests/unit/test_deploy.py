@@ -47,8 +47,8 @@ def test_gpu_engine_manifests(name):
     for worker in ("decodeworker", "prefillworker"):
         c = deployments[worker]["spec"]["template"]["spec"]["containers"][0]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
-        assert c["command"][:3] == ["python", "-m", f"splitserve.components.worker."
-                                    f"{worker.removesuffix('worker')}_main"]
+        assert c["command"][:3] == ["python", "-m", (f"splitserve.components.worker."
+                                    f"{worker.removesuffix('worker')}_main")]
         env = {e["name"] for e in c["env"]}
         assert {"ETCD_ENDPOINTS", "NATS_SERVER"} <= env
     config = (ROOT / "configs" / f"{name}.yaml").read_text()

@@ -166,7 +166,7 @@ def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
 def to_cli_args(kwargs: dict[str, Any]) -> list[str]:
     """The same settings as SGLang command-line flags (what its parser checks)."""
     parser = server_args_parser()
-    flags = {a.dest: a for a in parser._actions if a.option_strings}  # noqa: SLF001
+    flags = {a.dest: a for a in parser._actions if a.option_strings}
     argv: list[str] = []
     for key, value in kwargs.items():
         action = flags.get(key)
@@ -197,7 +197,7 @@ def check_server_args(kwargs: dict[str, Any]):
     try:
         ns = server_args_parser().parse_args(argv)
     except argparse.ArgumentError as exc:
-        flags = {f: a.dest for a in server_args_parser()._actions  # noqa: SLF001
+        flags = {f: a.dest for a in server_args_parser()._actions
                  for f in a.option_strings}
         field = flags.get(exc.argument_name or "", exc.argument_name)
         raise ValueError(f"{field}: SGLang refused {kwargs.get(field)!r}: "

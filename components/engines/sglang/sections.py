@@ -20,8 +20,8 @@ def _router_block_size(engine_args: SglangEngineArgs, sections: dict[str, Any]) 
     page size, or every prefix lookup would miss, silently."""
     size = getattr(sections.get("Router"), "block_size", None)
     if size is not None and size != engine_args.page_size:
-        return [f"engine_args.page_size: {engine_args.page_size} differs from "
-                f"Router.block_size {size}; the router must use SGLang's page size"]
+        return [(f"engine_args.page_size: {engine_args.page_size} differs from "
+                f"Router.block_size {size}; the router must use SGLang's page size")]
     return []
 
 

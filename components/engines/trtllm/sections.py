@@ -19,8 +19,8 @@ def _router_block_size(engine_args: TrtllmEngineArgs, sections: dict[str, Any]) 
     """The router indexes TensorRT-LLM's KV events block by block: equal sizes."""
     size = getattr(sections.get("Router"), "block_size", None)
     if size is not None and size != engine_args.tokens_per_block:
-        return [f"engine_args.tokens_per_block: {engine_args.tokens_per_block} differs from "
-                f"Router.block_size {size}; the router must use TensorRT-LLM's block size"]
+        return [(f"engine_args.tokens_per_block: {engine_args.tokens_per_block} differs from "
+                f"Router.block_size {size}; the router must use TensorRT-LLM's block size")]
     return []
 
 

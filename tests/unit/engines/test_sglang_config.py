@@ -7,13 +7,13 @@ from pydantic import ValidationError
 
 pytest.importorskip("sglang.srt.server_args")
 
-from splitserve.components.engines.sglang.config import (  # noqa: E402
+from splitserve.components.engines.sglang.config import (
     SglangEngineArgs,
     check_server_args,
     server_args_kwargs,
     to_cli_args,
 )
-from splitserve.components.engines.sglang.sections import (  # noqa: E402
+from splitserve.components.engines.sglang.sections import (
     SglangDecodeWorkerConfig,
     SglangPrefillWorkerConfig,
 )

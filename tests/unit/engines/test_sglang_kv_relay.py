@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("sglang.srt.disaggregation.kv_events")
 
-from splitserve.components.engines.sglang.kv_relay import convert_batch  # noqa: E402
-from splitserve.components.engines.sglang.metrics import LoadTracker  # noqa: E402
-from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored  # noqa: E402
+from splitserve.components.engines.sglang.kv_relay import convert_batch
+from splitserve.components.engines.sglang.metrics import LoadTracker
+from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored
 
 pytestmark = pytest.mark.unit
 PAGE = 4
@@ -20,9 +20,13 @@ PAGE = 4
 def test_stored_removed_and_other_tiers():
     from sglang.srt.disaggregation.kv_events import (
         AllBlocksCleared,
-        BlockRemoved as SRemoved,
-        BlockStored as SStored,
         KVEventBatch,
+    )
+    from sglang.srt.disaggregation.kv_events import (
+        BlockRemoved as SRemoved,
+    )
+    from sglang.srt.disaggregation.kv_events import (
+        BlockStored as SStored,
     )
 
     batch = KVEventBatch(ts=time.time(), events=[

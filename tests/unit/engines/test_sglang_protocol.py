@@ -51,9 +51,9 @@ async def test_disaggregated_output_equals_aggregated_token_for_token():
     assert got == expected == tokens_for([5, 6, 7, 8], 6)
     assert result.first_token == got[0] and result.handoff == ticket.handoff
     # the prefill engine was asked for exactly one token under the decode's room
-    call = pre._engine.calls[-1]  # noqa: SLF001 - the double records its calls
+    call = pre._engine.calls[-1]
     assert call["sampling_params"]["max_new_tokens"] == 1
-    assert call["bootstrap_room"] == dec._engine.calls[-1]["bootstrap_room"]  # noqa: SLF001
+    assert call["bootstrap_room"] == dec._engine.calls[-1]["bootstrap_room"]
 
 
 async def test_awaiting_the_whole_prefill_before_the_decode_joins_would_hang():
@@ -97,7 +97,7 @@ async def test_closing_the_stream_aborts_the_request_in_sglang():
     it = agg.generate("gone", GenerateParams(token_ids=(1, 2), max_tokens=50))
     await it.__anext__()
     await it.aclose()
-    assert "gone" in agg._engine.aborted and agg.inflight() == 0  # noqa: SLF001
+    assert "gone" in agg._engine.aborted and agg.inflight() == 0
 
 
 async def test_failed_prefill_aborts_and_raises():
@@ -118,7 +118,7 @@ async def test_shutdown_drains_then_aborts_the_rest():
     await agg.shutdown(drain_timeout_s=5.0)
     assert (await short) == tokens_for([5, 6, 7, 8], 6)  # finished during the drain
     agg2 = await make("agg", rooms)
-    double = agg2._engine  # noqa: SLF001 - the double records aborts
+    double = agg2._engine
     it = agg2.generate("long", GenerateParams(token_ids=(1,), max_tokens=10_000))
     await it.__anext__()
     await agg2.shutdown(drain_timeout_s=0.05)
