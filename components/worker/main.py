@@ -26,6 +26,10 @@ async def main(ctx: ComponentContext) -> None:
         from splitserve.components.engines.vllm.worker import run_vllm_worker
 
         await run_vllm_worker(ctx, cfg)
+    elif engine in ("sglang", "trtllm"):
+        from splitserve.components.engines import agg_worker
+
+        await getattr(agg_worker, f"run_{engine}_worker")(ctx, cfg)
     else:  # pragma: no cover - the config model refuses other names
         raise ValueError(f"unknown engine {engine!r}")
 
