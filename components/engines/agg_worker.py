@@ -15,6 +15,7 @@ from splitserve.components.engines.vllm.worker import make_handler, publish_kv_e
 from splitserve.components.protocol import WorkerLoad, load_subject
 from splitserve.components.worker.loadreport import publish_load
 from splitserve.components.worker.metrics import WorkerMetrics
+from splitserve.components.worker.readiness import report_ready_when_registered
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 
@@ -44,8 +45,11 @@ async def run_engine_worker(ctx: ComponentContext, cfg, engine, label: str) -> N
     reporter = asyncio.create_task(publish_load(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, ctx.run.component), sample,
         cfg.load_report_interval_s, ctx.stopping))
-    ctx.report("ready", endpoint=f"{ctx.namespace}.{ctx.run.component.lower()}.generate",
-               detail=f"instance {worker_id:x} ({label})")
+    # ready once discovery lists this instance: before that the router cannot reach it
+    tasks.append(asyncio.create_task(report_ready_when_registered(
+        ctx.report, endpoint, worker_id,
+        endpoint=f"{ctx.namespace}.{ctx.run.component.lower()}.generate",
+        detail=f"instance {worker_id:x} ({label})")))
     try:
         await serve_until_stopped(ctx, endpoint, make_handler(engine, metrics),
                                   drain_timeout_s=cfg.drain_timeout_s, inflight=engine.inflight)
