@@ -1,0 +1,44 @@
+"""The shipped SGLang and TensorRT-LLM configs print a correct plan with --dry-run, and
+mismatched block sizes are refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from splitserve.cli.main import app
+
+pytestmark = pytest.mark.unit
+
+
+def dry_run(graph: str, config: str, *extra: str):
+    return CliRunner().invoke(app, ["serve", graph, "-f", config, "--dry-run", "--json", *extra])
+
+
+def _plan(res) -> dict:
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output[res.output.index("{"):])
+
+
+@pytest.mark.parametrize(("engine", "graph", "config"), [
+    ("sglang", "graphs.disagg:Frontend", "configs/sglang_disagg.yaml"),
+    ("trtllm", "graphs.disagg:Frontend", "configs/trtllm_disagg.yaml"),
+    ("sglang", "graphs.agg_router:Frontend", "configs/sglang_agg.yaml"),
+    ("trtllm", "graphs.agg_router:Frontend", "configs/trtllm_agg.yaml"),
+])
+def test_dry_run_prints_the_engine_plan(engine, graph, config):
+    if engine == "sglang":
+        pytest.importorskip("sglang.srt.server_args")  # validation runs SGLang's parser
+    res = dry_run(graph, config)
+    _plan(res)
+    assert f'"engine": "{engine}"' in res.output
+    assert "meta-llama/Llama-3.1-8B-Instruct" in res.output
+
+
+def test_router_block_size_must_match_the_engine():
+    res = CliRunner().invoke(app, ["serve", "graphs.disagg:Frontend", "-f",
+                                   "configs/trtllm_disagg.yaml", "--dry-run",
+                                   "--Router.block_size=16"])
+    assert res.exit_code != 0 and "tokens_per_block" in res.output, res.output
