@@ -86,7 +86,8 @@ async def main(ctx: ComponentContext) -> None:
     port = server.servers[0].sockets[0].getsockname()[1]
     url = f"http://{cfg.host}:{port}"
     ctx.report("loading", endpoint=url, detail="loading tokenizer")
-    state.codec = await asyncio.to_thread(_load_codec, cfg.model_dir)
+    state.codec = await asyncio.to_thread(_load_codec, cfg.model_dir,
+                                          ctx.run.common.effective_context_length())
     ctx.report("ready", endpoint=url)
     log.info("serving %s at %s (links: %s)", state.model_name, url, ", ".join(links))
     await ctx.stopping.wait()
@@ -95,13 +96,14 @@ async def main(ctx: ComponentContext) -> None:
     await asyncio.wait_for(serve_task, ctx.run.common.shutdown_timeout_s)
 
 
-def _load_codec(model_dir: str | None) -> TextCodec:
+def _load_codec(model_dir: str | None, context_length: int) -> TextCodec:
     if model_dir:
-        return TextCodec.from_dir(Path(model_dir))
+        return TextCodec.from_dir(Path(model_dir), context_length)
     from splitserve.common.cache import model_cache_dir
     from splitserve.components.engines.model_dir import export_model_dir, served_model_name
 
-    return TextCodec.from_dir(export_model_dir(model_cache_dir(served_model_name())))
+    return TextCodec.from_dir(export_model_dir(model_cache_dir(served_model_name())),
+                              context_length)
 
 
 if __name__ == "__main__":

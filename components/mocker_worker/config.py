@@ -60,7 +60,8 @@ class MockerEngineArgs(StrictModel):
     def _no_managed_flags_in_extra_args(self) -> MockerEngineArgs:
         managed = {"--endpoint", "--model-path", "--model-name", "--num-workers",
                    "--engine-type", "--block-size", "--disaggregation-mode",
-                   "--discovery-backend", "--event-plane", "--request-plane"}
+                   "--discovery-backend", "--event-plane", "--request-plane",
+                   "--max-model-len"}
         clashes = sorted({a.split("=", 1)[0] for a in self.extra_args} & managed)
         if clashes:
             raise ValueError(f"extra_args {clashes} are set from other fields of this section "

@@ -87,7 +87,8 @@ async def start_engines(ctx: ComponentContext, args: MockerEngineArgs,
             argv = mocker_argv(args.model_copy(update={"disaggregation_mode": mode}),
                                namespace=ctx.namespace, component=name, model_dir=model_dir,
                                model_name=ctx.run.common.model,
-                               request_plane=ctx.run.common.request_plane)
+                               request_plane=ctx.run.common.request_plane,
+                               max_model_len=ctx.run.common.context_length)
             log.info("starting %s engine: %s", role, " ".join(argv[1:]))
             proc = spawn(argv, env=mocker_env(dict(os.environ)))
             children.append(EngineChild(role, mode, proc,

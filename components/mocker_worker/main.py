@@ -49,8 +49,14 @@ def model_dir_for(cfg: MockerEngineArgs) -> Path:
 
 
 def mocker_argv(cfg: MockerEngineArgs, *, namespace: str, component: str, model_dir: Path,
-                model_name: str, request_plane: str) -> list[str]:
-    """The full ``python -m dynamo.mocker`` command line for one replica (pure)."""
+                model_name: str, request_plane: str,
+                max_model_len: int | None = None) -> list[str]:
+    """The full ``python -m dynamo.mocker`` command line for one replica (pure).
+
+    ``max_model_len`` is ``Common.context_length`` when configured (the mocker then
+    refuses longer sequences like a real engine); None leaves the mocker unbounded, the
+    frontend's check against the model's own window being the limit.
+    """
     argv = [
         sys.executable, "-m", "dynamo.mocker",
         "--model-path", str(model_dir), "--model-name", model_name,
@@ -70,6 +76,8 @@ def mocker_argv(cfg: MockerEngineArgs, *, namespace: str, component: str, model_
                 else "--no-enable-prefix-caching")
     if cfg.kv_transfer_bandwidth is not None:
         argv += ["--kv-transfer-bandwidth", str(cfg.kv_transfer_bandwidth)]
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
     return argv + list(cfg.extra_args)
 
 
@@ -165,7 +173,8 @@ async def run_mocker(ctx: ComponentContext, cfg: MockerEngineArgs) -> None:
     model_dir = await asyncio.to_thread(export_model_dir, model_dir_for(cfg))
     argv = mocker_argv(cfg, namespace=ctx.namespace, component=component, model_dir=model_dir,
                        model_name=ctx.run.common.model,
-                       request_plane=ctx.run.common.request_plane)
+                       request_plane=ctx.run.common.request_plane,
+                       max_model_len=ctx.run.common.context_length)
     log.info("starting mocker: %s", " ".join(argv[1:]))
     # Own session so a terminal's Ctrl-C reaches only the supervisor; parent-death
     # signal so a SIGKILLed replica cannot leave an engine registered behind it.

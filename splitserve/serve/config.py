@@ -23,6 +23,11 @@ NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
 # The GPU engines (SGLang, TensorRT-LLM) serve Llama 3.1 8B; the Frontend then needs
 # its tokenizer directory as `model_dir`.
 SERVED_MODELS = ("SmolLM2-135M-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
+# Each served model's own context window (config.json's max_position_embeddings).
+MODEL_CONTEXT_LENGTH = {"SmolLM2-135M-Instruct": 8192, "meta-llama/Llama-3.1-8B-Instruct": 131072}
+# Engines that can be given a context window beyond the model's own: the mocker only
+# simulates the KV cache, so a long-context fleet can be replayed with a small model.
+CONTEXT_UNBOUNDED_ENGINES = ("mocker",)
 LOOPBACK = "127.0.0.1"
 
 
@@ -77,6 +82,13 @@ class CommonConfig(StrictModel):
                                    "report ready before it counts as failed (model loading).")
     shutdown_timeout_s: float = Field(20.0, gt=0, description="Deadline for the ordered "
                                       "shutdown; replicas still alive then are killed.")
+    context_length: int | None = Field(None, gt=0, description="Context window in tokens "
+                                       "(prompt plus answer) of the served model: the "
+                                       "frontend's context check and the mocker's max "
+                                       "model length use it.  null = the model's own (8192 "
+                                       "for SmolLM2).  Above the model's own only when "
+                                       "every engine of the graph is the mocker (simulated "
+                                       "long-context fleets).")
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     infra: InfraPolicy = Field(default_factory=InfraPolicy)
 
@@ -101,6 +113,31 @@ class CommonConfig(StrictModel):
             raise ValueError("give this machine's address on the network the other nodes "
                              "use, not a wildcard address")
         return v
+
+
+    def effective_context_length(self) -> int:
+        """The context window every component enforces: the configured one, else the model's."""
+        return self.context_length or MODEL_CONTEXT_LENGTH[self.model]
+
+
+def context_length_checks(common: CommonConfig, sections: dict[str, Any]) -> list[str]:
+    """Refuse a context window beyond the model's own unless every engine can serve it.
+
+    Called by ``build_plan`` once every section validated; ``sections`` maps component
+    names to their configs (those with an ``engine`` field run an engine).  Returns lines
+    of ``Section.field: message``.
+    """
+    own = MODEL_CONTEXT_LENGTH[common.model]
+    if common.context_length is None or common.context_length <= own:
+        return []
+    engines = sorted({f"{name} ({cfg.engine})" for name, cfg in sections.items()
+                      if getattr(cfg, "engine", None) is not None
+                      and cfg.engine not in CONTEXT_UNBOUNDED_ENGINES})
+    if not engines:
+        return []
+    return [f"Common.context_length: {common.context_length} exceeds {common.model}'s own "
+            f"context window of {own} tokens, which {', '.join(engines)} cannot go beyond "
+            f"(only the mocker can simulate a longer one)"]
 
 
 class ComponentConfig(StrictModel):

@@ -19,6 +19,7 @@ from splitserve.serve.config import (
     ComponentConfig,
     ConfigError,
     apply_overrides,
+    context_length_checks,
     format_validation_error,
     read_yaml,
 )
@@ -141,6 +142,7 @@ def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
         graph_checks = getattr(c.config, "graph_checks", None)
         if graph_checks is not None:
             errors += [f"{c.name}.{p}" for p in graph_checks(sections)]
+    errors += context_length_checks(common, sections)
     allowed = set(graph.components) | graph.defined | (known_sections or set()) | {"Common"}
     ignored = []
     for key in data:
