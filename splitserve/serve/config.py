@@ -135,9 +135,9 @@ def context_length_checks(common: CommonConfig, sections: dict[str, Any]) -> lis
                       and cfg.engine not in CONTEXT_UNBOUNDED_ENGINES})
     if not engines:
         return []
-    return [f"Common.context_length: {common.context_length} exceeds {common.model}'s own "
-            f"context window of {own} tokens, which {', '.join(engines)} cannot go beyond "
-            f"(only the mocker can simulate a longer one)"]
+    return [(f"Common.context_length: {common.context_length} exceeds {common.model}'s own "
+             f"context window of {own} tokens, which {', '.join(engines)} cannot go beyond "
+             f"(only the mocker can simulate a longer one)")]
 
 
 class ComponentConfig(StrictModel):

@@ -53,8 +53,8 @@ def test_real_engine_accepts_a_shorter_window():
 
 
 def test_mocker_gets_max_model_len_only_when_configured():
-    base = dict(namespace="ns", component="worker", model_dir=Path("/m"),
-                model_name="SmolLM2-135M-Instruct", request_plane="tcp")
+    base = {"namespace": "ns", "component": "worker", "model_dir": Path("/m"),
+            "model_name": "SmolLM2-135M-Instruct", "request_plane": "tcp"}
     argv = mocker_argv(MockerEngineArgs(), **base, max_model_len=100000)
     assert argv[argv.index("--max-model-len") + 1] == "100000"
     assert "--max-model-len" not in mocker_argv(MockerEngineArgs(), **base)
