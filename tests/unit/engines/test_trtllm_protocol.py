@@ -124,3 +124,15 @@ async def test_kv_events_and_stats_become_project_types():
     ld = agg.load()
     assert (ld.active, ld.waiting, ld.kv_used_blocks, ld.kv_total_blocks) == (3, 1, 5, 100)
     await agg.shutdown()
+
+
+async def test_both_adapters_implement_the_engine_protocol():
+    from splitserve.components.engines.interface import Engine
+    from splitserve.components.engines.sglang.config import SglangEngineArgs
+    from splitserve.components.engines.sglang.engine import SglangEngine
+
+    args = SglangEngineArgs.model_construct(**{
+        k: f.default for k, f in SglangEngineArgs.model_fields.items()
+        if k != "extra_server_args"}, extra_server_args={})
+    assert isinstance(SglangEngine(args, "m"), Engine)
+    assert isinstance(TrtllmEngine(TrtllmEngineArgs(), "m"), Engine)
