@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from splitserve.components.engines.disagg_sections import (
     EngineDecodeSection,
@@ -49,6 +49,15 @@ class SglangDecodeWorkerConfig(EngineDecodeSection):
     local_prefill_engine: bool = Field(
         False, description="Start an aggregated SGLang engine beside the decode engine "
         "for local prefills (both engines then share the GPU).")
+
+    @model_validator(mode="after")
+    def _two_engines_fit(self) -> SglangDecodeWorkerConfig:
+        frac = self.engine_args.mem_fraction_static
+        if self.local_prefill_engine and (frac is None or 2 * frac > 0.95):
+            raise ValueError(f"local_prefill_engine: true starts two engines on one GPU; "
+                             f"engine_args.mem_fraction_static {frac} must be set and at "
+                             f"most 0.475")
+        return self
 
     def graph_checks(self, sections: dict[str, Any]) -> list[str]:
         """Called by the plan builder with every validated section of the graph."""

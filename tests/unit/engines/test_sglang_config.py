@@ -77,3 +77,11 @@ def test_disaggregated_sections_validate_the_offload_policy():
         SglangDecodeWorkerConfig(disaggregated_router={"enable": True, "bogus": 1})
     assert SglangDecodeWorkerConfig().local_prefill_engine is False
     assert SglangPrefillWorkerConfig().engine_args.bootstrap_port == 8998
+
+
+def test_a_paired_local_prefill_engine_must_fit_beside_the_decode_engine():
+    with pytest.raises(ValidationError, match="mem_fraction_static 0.85"):
+        SglangDecodeWorkerConfig(local_prefill_engine=True)
+    ok = SglangDecodeWorkerConfig(local_prefill_engine=True,
+                                  engine_args={"mem_fraction_static": 0.45})
+    assert ok.local_prefill_engine
