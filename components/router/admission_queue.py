@@ -60,6 +60,12 @@ class AdmissionQueue:
             limit = min(limit, max(0.0, deadline - now))
         try:
             return await asyncio.wait_for(asyncio.shield(waiter.future), limit)
+        except asyncio.CancelledError:
+            # The caller gave up (its route call timed out): leave no waiter and no slot.
+            if not self.queue.remove(waiter) and waiter.future.done() \
+                    and waiter.future.result() == "go":
+                self.placed_one()
+            raise
         except TimeoutError:
             if self.queue.remove(waiter):
                 if sheddable:

@@ -141,18 +141,23 @@ class QosGate:
                                          max_tokens=max(1, call.max_tokens)),
                         estimate, self.config, LoadSignals(prefill_queue_depth=depth,
                                                            decode_kv_usage=kv))
-        if record and verdict.admit:
+        if record:
+            self.record(call, verdict, inflight)
+        return verdict
+
+    def record(self, call: RouteCall, verdict: Verdict, inflight: int) -> None:
+        """Count a verdict that takes effect (``check`` with record, or a verdict reached
+        before queueing that is acted on when the request leaves the queue)."""
+        if verdict.admit:
             self.load_at_admission[call.request_id] = inflight
             while len(self.load_at_admission) > MAX_TRACKED:
                 self.load_at_admission.popitem(last=False)
-        if record:
-            outcome = "admitted" if verdict.admit else "rejected"
-            self.metrics.verdicts.labels(verdict.class_name, outcome, verdict.reason).inc()
-            for step in verdict.degrade:
-                self.metrics.degradations.labels(verdict.class_name, step.kind).inc()
-            if verdict.est_ttft_ms is not None:
-                self.metrics.est_ttft.labels(verdict.class_name).set(verdict.est_ttft_ms)
-        return verdict
+        outcome = "admitted" if verdict.admit else "rejected"
+        self.metrics.verdicts.labels(verdict.class_name, outcome, verdict.reason).inc()
+        for step in verdict.degrade:
+            self.metrics.degradations.labels(verdict.class_name, step.kind).inc()
+        if verdict.est_ttft_ms is not None:
+            self.metrics.est_ttft.labels(verdict.class_name).set(verdict.est_ttft_ms)
 
     def observe(self, call: ReleaseCall, now: float, inflight: int, workers: int) -> None:
         """Learn from a finished request's timings (release calls carry them).

@@ -26,6 +26,7 @@ from splitserve.components.protocol import (
     RouterStatus,
     WorkerLoad,
 )
+from splitserve.components.qos import Verdict
 
 from .admission_queue import AdmissionQueue
 from .builtin import BUILTIN_CONFIGS, builtin_config
@@ -122,8 +123,13 @@ class RouterService:
         return RouterStatus(workers=self.fleet.candidates(time.monotonic()),
                             endpoint=self.worker_endpoint)
 
-    def decide(self, call: RouteCall) -> tuple[RouteReply, Any]:
-        """Build the snapshot and run the core; records the placement unless explaining."""
+    def decide(self, call: RouteCall, admitted: Verdict | None = None
+               ) -> tuple[RouteReply, Any]:
+        """Build the snapshot and run the core; records the placement unless explaining.
+
+        ``admitted``: the verdict of a request that waited in the admission queue; it is
+        not judged again (the queue's deadline already decided whether it still may run).
+        """
         now = time.monotonic()
         self._refresh_live()
         for wid in call.failed_workers:
@@ -137,8 +143,13 @@ class RouterService:
         record = call.record and not call.explain
         snapshot = self.fleet.snapshot(now, overlap, recent)
         best_cached = max(overlap.values(), default=0) * self.cfg.block_size
-        verdict = self.qos.check(call, snapshot.workers, best_cached, now, record,
-                                 inflight=len(self.fleet.placed) + len(self.admission.queue))
+        if admitted is not None:
+            verdict = admitted
+            if record:
+                self.qos.record(call, verdict, len(self.fleet.placed))
+        else:
+            verdict = self.qos.check(call, snapshot.workers, best_cached, now, record,
+                                     inflight=len(self.fleet.placed) + len(self.admission.queue))
         qos = verdict.model_dump(mode="json")
         if not verdict.admit:
             return RouteReply(worker_id=None, reason=f"rejected-{verdict.reason}",
@@ -172,28 +183,34 @@ class RouterService:
         except ValueError as exc:
             yield RouteReply(worker_id=None, reason=f"bad-request: {exc}").model_dump()
             return
-        queued = await self._wait_for_slot(call)
-        if queued is not None:
-            yield queued.model_dump(mode="json")
+        shed, admitted = await self._wait_for_slot(call)
+        if shed is not None:
+            yield shed.model_dump(mode="json")
             return
         try:
-            reply, _ = self.decide(call)
+            reply, _ = self.decide(call, admitted)
         finally:
-            self.admission.placed_one()
+            if admitted is not None:  # it held a slot: hand it on if it was not used
+                self.admission.placed_one()
+                now = time.monotonic()
+                self.admission.dispatch(now, len(self.fleet.placed),
+                                        len(self.fleet.candidates(now)))
         yield reply.model_dump(mode="json")
 
-    async def _wait_for_slot(self, call: RouteCall) -> RouteReply | None:
+    async def _wait_for_slot(self, call: RouteCall
+                             ) -> tuple[RouteReply | None, Verdict | None]:
         """With the admission queue on (``qos.queue``), hold an admitted request until a
-        worker has a slot; returns the rejection if it was shed, None to go on."""
+        worker has a slot.  Returns (the rejection, None) if it was shed, (None, its
+        verdict) once it holds a slot, (None, None) when the queue does not apply."""
         self.admission.reconfigure(self.qos.config.queue)
         if not self.admission.enabled or call.explain or not call.record:
-            return None
+            return None, None
         now = time.monotonic()
         self._refresh_live()
         verdict = self.qos.check(call, self.fleet.workers(now), 0, now, record=False,
                                  inflight=len(self.fleet.placed) + len(self.admission.queue))
         if not verdict.admit:
-            return None  # decide() rejects it and records why
+            return None, None  # decide() judges it again, rejects it and records why
         cls = self.qos.config.class_named(verdict.class_name)
         sheddable = (cls is not None and cls.may_reject
                      and self.qos.config.enable_early_rejection)
@@ -201,13 +218,13 @@ class RouterService:
         outcome = await self.admission.wait(deadline, sheddable, now, len(self.fleet.placed),
                                             len(self.fleet.candidates(now)))
         if outcome == "go":
-            return None
+            return None, verdict
         reason = "deadline-passed" if outcome == "doomed" else "queue-full"
         self.qos.metrics.verdicts.labels(verdict.class_name, "rejected", reason).inc()
         return RouteReply(worker_id=None, reason=f"rejected-{reason}",
                           class_name=verdict.class_name, retry_after_s=1,
                           qos={"admit": False, "reason": reason,
-                               "class_name": verdict.class_name})
+                               "class_name": verdict.class_name}), None
 
     async def release(self, request: dict, context=None):
         """Endpoint handler: forget a placement."""

@@ -93,3 +93,18 @@ def test_queue_off_by_default_places_over_any_count():
         for i in range(5):
             assert (await route(svc, f"r{i}"))["worker_id"] == 1
     asyncio.run(scenario())
+
+
+def test_a_caller_that_gives_up_while_waiting_leaves_no_waiter_and_no_slot_behind():
+    async def scenario():
+        svc = service()
+        assert (await route(svc, "a"))["worker_id"] == 1
+        gave_up = asyncio.create_task(route(svc, "b"))
+        await asyncio.sleep(0.01)
+        gave_up.cancel()
+        await asyncio.gather(gave_up, return_exceptions=True)
+        assert len(svc.admission.queue) == 0
+        await release(svc, "a")
+        assert svc.admission.reserved == 0
+        assert (await route(svc, "c"))["worker_id"] == 1  # the slot is free again
+    asyncio.run(scenario())
