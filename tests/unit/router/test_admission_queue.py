@@ -4,6 +4,7 @@ waiter, a rejectable request whose deadline passes while waiting is shed."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -107,4 +108,30 @@ def test_a_caller_that_gives_up_while_waiting_leaves_no_waiter_and_no_slot_behin
         await release(svc, "a")
         assert svc.admission.reserved == 0
         assert (await route(svc, "c"))["worker_id"] == 1  # the slot is free again
+    asyncio.run(scenario())
+
+
+def test_a_request_leaving_the_queue_is_placed_even_when_newcomers_would_be_rejected():
+    async def scenario():
+        svc = service()
+        now = time.monotonic()
+        for i in range(6):  # measured rates and a completion rate for the queue wait
+            svc.qos.observe(ReleaseCall(request_id=f"t{i}", worker_id=1, prompt_tokens=32,
+                                        output_tokens=8, ttft_s=0.01, duration_s=0.1),
+                            now, inflight=0, workers=1)
+        assert (await route(svc, "a"))["worker_id"] == 1
+        waiting = asyncio.create_task(route(svc, "b"))  # admitted, queued behind "a"
+        await asyncio.sleep(0.01)
+        assert len(svc.admission.queue) == 1
+        # From now on a newcomer of class low is rejected: its target is 1 ms.
+        strict = svc.qos.config.model_copy(update={
+            "classes": tuple(c.model_copy(update={"ttft_ms": 1.0}) if c.name == "low" else c
+                             for c in svc.qos.config.classes),
+            "low_priority_threshold_ms": 0.0})
+        svc.qos.reconfigure(strict)
+        assert (await route(svc, "probe"))["reason"] == "rejected-ttft-slo-risk"
+        await release(svc, "a")
+        reply = await asyncio.wait_for(waiting, 1.0)
+        assert reply["worker_id"] == 1  # placed on the verdict it was admitted with
+        assert svc.admission.reserved == 0
     asyncio.run(scenario())
