@@ -32,9 +32,6 @@ class RouterComponentConfig(ComponentConfig):
     down_ttl_s: float = Field(30.0, gt=0, description="A worker a frontend could not "
                               "reach is not routed to until it reports its load again, "
                               "leaves discovery, or this long has passed.")
-    down_ttl_s: float = Field(30.0, gt=0, description="A worker a frontend could not "
-                              "reach is not routed to until it reports its load again, "
-                              "leaves discovery, or this long has passed.")
     qos: QosConfig = Field(default_factory=QosConfig, description="Priority classes, "
                            "admission control and graceful degradation (see docs/qos.md).")
 
