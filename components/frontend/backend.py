@@ -50,6 +50,8 @@ class StreamMeta:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     route_reason: str = ""
+    router_id: int | None = None
+    """Instance id of the router replica that placed the request: its release goes there."""
 
 
 def chunk_data(item: Any) -> dict[str, Any]:
@@ -174,6 +176,11 @@ class RoutedBackend:
     Worker clients are opened per endpoint the router names (``connect(path)``), so the
     frontend needs no knowledge of which component the router routes to.  ``watch``
     polls the router's status (the workers it would route to) for ``ready``.
+
+    With several router replicas each keeps its own in-flight accounting, so the frontend
+    picks the replica itself (round robin over discovery) and sends the release to the
+    one that placed the request, by instance id; a round-robin release would leave the
+    load on the placing replica and subtract it from another.
     """
 
     def __init__(self, router_client, connect, route_timeout_s: float = 5.0,
@@ -192,6 +199,15 @@ class RoutedBackend:
         self.status: RouterStatus | None = None
         self.status_at = 0.0
         self._release_tasks: set[asyncio.Task] = set()
+        self._next_router = 0
+
+    def pick_router(self) -> int:
+        """The router replica for the next route call: round robin over discovery.
+
+        Called once per route call; raises IndexError when discovery lists none."""
+        ids = self.router.instance_ids()
+        self._next_router += 1
+        return ids[self._next_router % len(ids)]
 
     def ready(self) -> bool:
         """True while a request would be served now: the router's recent status names a
@@ -246,10 +262,11 @@ class RoutedBackend:
             await asyncio.sleep(0.02)
         return client
 
-    async def route(self, call: RouteCall) -> RouteReply:
-        """One RPC to the router; the reply names a worker or says why none."""
+    async def route(self, call: RouteCall, router_id: int) -> RouteReply:
+        """One RPC to router replica ``router_id``; the reply names a worker or says why
+        none."""
         async def _call() -> RouteReply:
-            stream = await self.router.round_robin(call.model_dump(mode="json"))
+            stream = await self.router.direct(call.model_dump(mode="json"), router_id)
             async for item in stream:
                 return RouteReply.model_validate(chunk_data(item))
             raise upstream_error("router returned no decision")
@@ -269,10 +286,15 @@ class RoutedBackend:
         max_tokens = request["stop_conditions"]["max_tokens"]
         failed: list[int] = []
         while True:
+            try:
+                meta.router_id = self.pick_router()
+            except IndexError:
+                raise overloaded("the router is not available yet", retry_after_s=2,
+                                 code="no_router") from None
             reply = await self.route(RouteCall(
                 request_id=meta.request_id, token_ids=request["token_ids"],
                 priority=meta.priority, user=meta.user, metadata=meta.metadata,
-                max_tokens=max_tokens, failed_workers=failed))
+                max_tokens=max_tokens, failed_workers=failed), meta.router_id)
             self._check_reply(reply, failed)
             self._apply_reply(request, reply, meta, max_tokens)
             try:
@@ -351,15 +373,21 @@ class RoutedBackend:
             output_tokens=meta.output_tokens,
             ttft_s=(meta.first_token_at - started) if meta.first_token_at else None,
             duration_s=time.monotonic() - started)
-        task = asyncio.ensure_future(self._send_release(call))
+        task = asyncio.ensure_future(self._send_release(call, meta.router_id))
         self._release_tasks.add(task)
         task.add_done_callback(self._release_tasks.discard)
 
-    async def _send_release(self, call: ReleaseCall) -> None:
+    async def _send_release(self, call: ReleaseCall, router_id: int | None) -> None:
+        """Tell the replica that placed the request; if it has left discovery (its
+        accounting left with it), any replica still learns the outcome."""
         if self.release_client is None:
             return
+        payload = call.model_dump(mode="json")
         try:
-            stream = await self.release_client.round_robin(call.model_dump(mode="json"))
+            if router_id is not None and router_id in self.release_client.instance_ids():
+                stream = await self.release_client.direct(payload, router_id)
+            else:
+                stream = await self.release_client.round_robin(payload)
             async for _ in stream:
                 pass
         except Exception as exc:  # noqa: BLE001 - the router expires unreleased requests

@@ -50,13 +50,17 @@ class Workers:
 class RouterClient:
     """Dynamo's client to the router's endpoints, calling a real RouterService."""
 
-    def __init__(self, svc: RouterService, handler) -> None:
-        self.svc, self.handler = svc, handler
+    def __init__(self, svc: RouterService, handler, instance_id: int = 99) -> None:
+        self.svc, self.handler, self.instance_id = svc, handler, instance_id
 
     def instance_ids(self):
-        return [99]
+        return [self.instance_id]
 
     async def round_robin(self, request, context=None):
+        return self.handler(request)
+
+    async def direct(self, request, instance_id, context=None):
+        assert instance_id == self.instance_id
         return self.handler(request)
 
 
@@ -170,7 +174,10 @@ def test_a_consumer_that_stops_after_the_last_chunk_releases_as_ok():
     sent: list[dict] = []
 
     class Release:
-        async def round_robin(self, call, context=None):
+        def instance_ids(self):
+            return [99]
+
+        async def direct(self, call, instance_id, context=None):
             sent.append(call)
             return RouterClient(svc, svc.release).handler(call)
 
@@ -187,3 +194,47 @@ def test_a_consumer_that_stops_after_the_last_chunk_releases_as_ok():
         await asyncio.sleep(0.05)
     asyncio.run(go())
     assert svc.fleet.placed == {}
+
+
+class Replicas:
+    """Dynamo's client to one endpoint of several router replicas (real RouterServices):
+    ``round_robin`` cycles through them like Dynamo's, ``direct`` reaches the one named."""
+
+    def __init__(self, handlers: dict[int, object]) -> None:
+        self.handlers = handlers
+        self.turn = 0
+
+    def instance_ids(self):
+        return list(self.handlers)
+
+    async def round_robin(self, request, context=None):
+        self.turn += 1
+        return self.handlers[list(self.handlers)[self.turn % len(self.handlers)]](request)
+
+    async def direct(self, request, instance_id, context=None):
+        return self.handlers[instance_id](request)
+
+
+def test_each_release_reaches_the_router_replica_that_placed_the_request():
+    workers = Workers([1, 2])
+    cfg = RouterComponentConfig(policy="round_robin", use_kv_events=False)
+    svcs = {rid: RouterService(cfg, load_policy(cfg), Workers(workers.ids),
+                               worker_endpoint=ENDPOINT) for rid in (11, 12)}
+
+    async def connect(path):
+        return workers
+
+    backend = RoutedBackend(Replicas({r: s.route for r, s in svcs.items()}), connect,
+                            metrics=BackendMetrics())
+    backend.release_client = Replicas({r: s.release for r, s in svcs.items()})
+    # Routes and releases interleave differently under load: a release client that
+    # cycles on its own would send this release to the other replica.
+    backend.release_client.turn = 1
+
+    async def go():
+        for i in range(5):
+            meta = StreamMeta(f"r{i}", None)
+            assert [c async for c in backend.stream(request(), meta, None)]
+            await asyncio.sleep(0.01)  # the release is sent in the background
+    asyncio.run(go())
+    assert {r: s.fleet.placed for r, s in svcs.items()} == {11: {}, 12: {}}
