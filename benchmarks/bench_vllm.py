@@ -131,8 +131,8 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/vllm_vs_torch.json")
     args = ap.parse_args()
 
-    # vLLM is not imported before the torch engine's runs: importing it changes the
-    # process's CPU threading (its CPU backend loads its own OpenMP runtime).
+    # vLLM is imported only for its own runs, so the torch engine's runs happen in a
+    # process where nothing of vLLM is loaded.
     from importlib.metadata import version
 
     import torch
