@@ -7,6 +7,9 @@ workers, the same speedup, block size and KV capacity), the **same trace window*
 
 - ``splitserve-agg-kv``: ``graphs.agg_router:Frontend`` with ``configs/mocker_agg_router.yaml``
   (this project's frontend and KV-aware router, N agg workers);
+- ``splitserve-admission``: the same graph with admission on (docs/qos.md): the default
+  class is rejectable with a TTFT target (``--admission-ttft-ms``) and the router's
+  admission queue caps each worker at ``--admission-queue-per-worker`` requests;
 - ``splitserve-disagg``: ``graphs.disagg:Frontend`` with ``configs/mocker_disagg.yaml``
   (this project's frontend, router, score-based offload decider and prefill queue;
   N/2 decode + N/2 prefill workers);
@@ -30,6 +33,17 @@ kept), pause, and finally stop everything it started (by process group and pid).
 
     python benchmarks/compare.py                 # defaults: see --help; ~10-15 minutes
     python benchmarks/compare.py --configs dynamo-kv --rate-scales 4   # one piece
+
+The goodput sweep (``--loads``) offers multiples of the fleet's capacity
+(``--capacity-rps``) instead of multiples of the trace's rate: each multiple gets a trace
+window long enough to last ``--window-s`` of wall time, ``--sustained-s`` from
+``--sustained-from`` times capacity up (benchmarks/sweep_plan.py); goodput is over the
+makespan (first send to last answer, drain included).  It writes
+``benchmarks/results/goodput_sweep.json`` and ``goodput_sweep.png`` and checks the goals
+against ``dynamo-kv``:
+
+    python benchmarks/compare.py --loads 0.5,1,1.5,2,2.5,3 \
+        --configs splitserve-admission dynamo-round-robin dynamo-kv
 
 Writes ``benchmarks/results/compare.json`` and PNGs ``benchmarks/results/compare_*.png``
 and prints the per-point table and the ratio table (this project ÷ the best other).
@@ -58,12 +72,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import sweep_plan as sp
 from graphrun import GraphRun
 
 from splitserve.bench import replay as rp
 from splitserve.bench import sweep as sw
 
-OURS = ["splitserve-agg-kv", "splitserve-disagg"]
+OURS = ["splitserve-agg-kv", "splitserve-admission", "splitserve-disagg"]
 OTHERS = ["dynamo-round-robin", "dynamo-kv"]
 SGLANG = "sglang-router-cache-aware"
 ALL = [*OURS, *OTHERS, SGLANG]
@@ -229,15 +244,30 @@ def probe_sglang_router(workers: WorkersRun, wait_s: float = 45) -> dict:
     return out
 
 
+def admission_overrides(args) -> list[str]:
+    """Admission on (docs/qos.md, "Admission on"): every request is in the rejectable
+    default class with the SLO's TPOT and ``--admission-ttft-ms``, no slack, and the
+    router's admission queue when ``--admission-queue-per-worker`` > 0."""
+    cls = (f"[{{name: default, ttft_ms: {args.admission_ttft_ms:g}, tpot_ms: "
+           f"{rp.parse_slo(args.slo).get('tpot_ms', 50):g}, may_reject: true, "
+           "may_degrade: false}]")
+    out = [f"--Router.qos.classes={cls}", "--Router.qos.low_priority_threshold_ms=0"]
+    if args.admission_queue_per_worker > 0:
+        out.append(f"--Router.qos.queue.max_inflight_per_worker="
+                   f"{args.admission_queue_per_worker}")
+    return out
+
+
 @contextlib.contextmanager
 def deployment(name: str, args, report: dict):
     """Start configuration ``name``; yields its base URL (and the WorkersRun, if any)."""
     n, s = args.workers, args.speedup
     t0 = time.monotonic()
-    if name == "splitserve-agg-kv":
+    if name in ("splitserve-agg-kv", "splitserve-admission"):
+        extra = admission_overrides(args) if name == "splitserve-admission" else []
         g = GraphRun("graphs.agg_router:Frontend", "configs/mocker_agg_router.yaml",
-                     [f"--Worker.replicas={n}", f"--Worker.engine_args.speedup_ratio={s}"],
-                     startup_timeout_s=args.startup_timeout_s)
+                     [f"--Worker.replicas={n}", f"--Worker.engine_args.speedup_ratio={s}",
+                      *extra], startup_timeout_s=args.startup_timeout_s)
         with g:
             report["startup_s"] = time.monotonic() - t0
             report["warmup_requests"] = wait_serving(g.url, 60, 2 * n)
@@ -294,6 +324,7 @@ def run_config(name: str, args, base: rp.ReplayConfig, prepared: dict) -> dict:
                                     deadline_s=deadline, reqs=reqs, workload=workload)
                 rp.print_summary(res["summary"], f"{name} x{rs:g}")
                 point = sw.point_from_result(res, name, rs)
+                point["capacity_multiple"] = args.multiple_of.get(rs)
                 point["loadavg_1m"] = [round(la0, 2), round(os.getloadavg()[0], 2)]
                 report["points"].append(point)
                 report["results"][f"x{rs:g}"] = {"summary": res["summary"],
@@ -350,18 +381,48 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--progress-s", type=float, default=10.0)
     p.add_argument("--request-timeout", type=float, default=60.0)
     p.add_argument("--startup-timeout-s", type=float, default=180.0)
-    p.add_argument("--out", default=str(REPO / "benchmarks/results/compare.json"))
+    p.add_argument("--loads", type=sp.parse_multiples, default=None,
+                   help="goodput sweep: offered loads as multiples of --capacity-rps "
+                        "(replaces --rate-scales and --duration-s)")
+    p.add_argument("--capacity-rps", type=float, default=40.0,
+                   help="the fleet's capacity: the default is the 4-worker fleet's peak "
+                        "goodput in the trace-rate comparison (docs/results/README.md)")
+    p.add_argument("--window-s", type=float, default=15.0,
+                   help="sweep: wall seconds of arrivals at loads below --sustained-from")
+    p.add_argument("--sustained-s", type=float, default=60.0,
+                   help="sweep: wall seconds of arrivals at the top loads")
+    p.add_argument("--sustained-from", type=float, default=2.0)
+    p.add_argument("--admission-ttft-ms", type=float, default=1000.0,
+                   help="splitserve-admission: the default class's TTFT target")
+    p.add_argument("--admission-queue-per-worker", type=int, default=4,
+                   help="splitserve-admission: the router queue's per-worker cap (0: off)")
+    p.add_argument("--out", default=None, help="default benchmarks/results/compare.json, "
+                   "goodput_sweep.json with --loads")
     p.add_argument("--plots", default=str(REPO / "benchmarks/results"),
-                   help="directory for compare_*.png")
+                   help="directory for compare_*.png / goodput_sweep.png")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = str(REPO / "benchmarks/results" /
+                       ("goodput_sweep.json" if args.loads else "compare.json"))
 
     base = rp.ReplayConfig(trace=args.trace, start_s=args.start_s, duration_s=args.duration_s,
                            token_scale=args.token_scale, output_scale=args.output_scale,
                            context=args.context, seed=args.seed, slo=rp.parse_slo(args.slo),
                            timeout_s=args.request_timeout, model=MODEL)
+    durations: dict[float, float | None] = {}
+    args.multiple_of = {}
+    if args.loads:
+        rows = rp.load_trace(rp.resolve_trace(args.trace))
+        arrivals = [r.t_s - args.start_s for r in rows if r.t_s >= args.start_s]
+        plan = sp.plan_loads(arrivals, args.capacity_rps, args.loads, args.window_s,
+                             args.sustained_s, args.sustained_from)
+        args.rate_scales = [round(pt.rate_scale, 3) for pt in plan]
+        durations = {round(pt.rate_scale, 3): pt.duration_trace_s for pt in plan}
+        args.multiple_of = {round(pt.rate_scale, 3): pt.multiple for pt in plan}
     prepared = {}
     for i, rs in enumerate(args.rate_scales):  # identical requests for every configuration
-        prepared[rs] = rp.prepare(replace(base, rate_scale=rs, seed=base.seed + i))
+        prepared[rs] = rp.prepare(replace(base, rate_scale=rs, seed=base.seed + i,
+                                          duration_s=durations.get(rs, base.duration_s)))
     w = prepared[args.rate_scales[0]][1]
     print(f"window: {w['window_requests']} requests, trace {w['window_trace_s'][0]:.0f}-"
           f"{w['window_trace_s'][1]:.0f}s; prompt tokens p50 {w['prompt_tokens']['p50']:.0f} "
@@ -397,6 +458,12 @@ def main(argv: list[str] | None = None) -> None:
                   f"ratio {sw.fmt(pk['ratio'])}")
     if sglang:
         print(f"\n{SGLANG}: not measured: {sglang.get('reason')}")
+    goal_rows = []
+    if args.loads and "dynamo-kv" in reports:
+        for c in ours:
+            rows_ = sp.goals(points, c, "dynamo-kv", saturated=2.0, below=1.0)
+            goal_rows += [{"config": c, **r} for r in rows_]
+            print(f"\ngoals, {c} vs dynamo-kv:\n" + sp.markdown_goals(rows_, c, "dynamo-kv"))
 
     result = {
         "command": "python " + " ".join([str(Path(__file__).relative_to(REPO)),
@@ -407,7 +474,7 @@ def main(argv: list[str] | None = None) -> None:
         "workloads": {f"x{rs:g}": prepared[rs][1] for rs in args.rate_scales},
         "points": points, "ratios": table, "peak_goodput_ratios": peaks,
         "saturation": {c: None if p is None else p["rate_scale"] for c, p in sat.items()},
-        "sglang_router": sglang,
+        "sglang_router": sglang, "goals": goal_rows,
         "configs": {c: {k: v for k, v in r.items() if k != "points"} for c, r in reports.items()},
         "total_wall_s": time.monotonic() - t0,
     }
@@ -424,6 +491,12 @@ def main(argv: list[str] | None = None) -> None:
     title = (f"{Path(args.trace).name} [{args.start_s:g}, {args.start_s + args.duration_s:g}) s, "
              f"tokens /{args.token_scale}, outputs /{args.output_scale:g}; {args.workers} mocker "
              f"workers (sglang, speedup {args.speedup:g})")
+    if args.loads:
+        title = (f"{Path(args.trace).name}, {', '.join(f'{m:g}' for m in args.loads)} x "
+                 f"capacity ({args.capacity_rps:g} req/s); tokens /{args.token_scale}, outputs "
+                 f"/{args.output_scale:g}; {args.workers} mocker workers (sglang)")
+        print(f"wrote {plot_sweep(points, plots / 'goodput_sweep.png', title=title, slo=base.slo)}")
+        return
     written = [plot_sweep(points, plots / "compare_sweep.png", title=title, slo=base.slo)]
     for rs in args.rate_scales:
         res = {c: r["results"][f"x{rs:g}"] for c, r in reports.items()
