@@ -39,7 +39,6 @@ def _context_factory():
 async def main(ctx: ComponentContext) -> None:
     cfg = ctx.config(FrontendConfig)
     links = ctx.run.links
-    ns = ctx.namespace
     metrics = FrontendMetrics()
     backend_metrics = BackendMetrics(metrics.registry)
     if "Router" in links:
