@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from splitserve.components.engines.interface import EngineHandoff
+
 from .config import PrefillQueueConfig
 
 WIRE_VERSION = 1
@@ -65,6 +67,12 @@ class PrefillRequest(BaseModel):
         "after the reply. When set, `nixl_agent` only names the decode worker and "
         "`block_ids` are the logical blocks the prompt occupies (no KV memory exists). "
         "None on the torch path, where the NIXL write itself announces the KV.")
+    handoff: EngineHandoff | None = Field(
+        default=None, description="For engines that move KV themselves (SGLang, "
+        "TensorRT-LLM, vLLM): a handoff the decode side already holds for the prefill "
+        "engine (versioned, tagged by `kind`). None when the prefill side creates it (an "
+        "SGLang bootstrap room, a TensorRT-LLM context result) and sends it back on "
+        "`handoff_subject`; jobs written before this field existed parse unchanged.")
     trace_id: str | None = Field(default=None, description="Distributed trace id.")
     parent_span_id: str | None = Field(default=None, description="Enqueuing span's id.")
 

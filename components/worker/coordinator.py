@@ -1,0 +1,235 @@
+"""The decode coordinator for engines that move KV themselves (SGLang, TensorRT-LLM).
+
+It reaches the engine only through ``splitserve.components.engines.interface.Engine``.
+Per request: the disaggregated router's decider gives a verdict, ``plan_offload`` turns
+it into a step the engine can honour (a decode-mode SGLang engine cannot prefill, so
+"local" becomes remote under ``engine-no-local-prefill``; with no prefill worker alive
+the request waits a bounded time, then is refused with 503 and Retry-After).  Remote:
+a prefill job is enqueued naming this replica's handoff subject; the prefill worker
+sends the engine's handoff back there (the same NATS request/reply the mocker path
+uses), and ``engine.decode(request, handoff)`` streams every token.  Local:
+``engine.generate``.  A remote prefill that fails or times out is planned again by
+``plan_after_remote_failure``.  Closing the stream (client gone) aborts in the engine;
+a request still waiting for its handoff stops waiting, and the prefill worker that
+finds nobody waiting aborts its side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from pydantic import Field, TypeAdapter
+
+from splitserve.common.models import StrictModel
+from splitserve.components.disagg import OffloadDecision, OffloadRequest, OffloadSnapshot
+from splitserve.components.engines.interface import (
+    Engine,
+    EngineHandoff,
+    GenerateParams,
+    TokenDelta,
+)
+from splitserve.components.engines.sglang.offload import (
+    OffloadPlan,
+    plan_after_remote_failure,
+    plan_offload,
+)
+from splitserve.components.mocker_worker.handoff import HandoffInbox
+from splitserve.components.prefill_queue import EnqueueRejected, PrefillRequest
+from splitserve.components.protocol import WorkerRequest, output_chunk
+
+from .disagg_metrics import DisaggMetrics
+
+log = logging.getLogger("splitserve.coordinator")
+
+HANDOFF_ADAPTER: TypeAdapter = TypeAdapter(EngineHandoff)
+
+
+class CoordinatorSettings(StrictModel):
+    """Timings of the decode coordinator (a decode worker section's fields)."""
+
+    remote_prefill_timeout_s: float = Field(
+        30.0, gt=0, description="How long a request waits for its prefill handoff before "
+        "the fallback plan (local prefill, or 503 where the engine cannot prefill).")
+    max_wait_for_prefill_worker_s: float = Field(
+        5.0, ge=0, description="Engines that cannot prefill locally: how long a request "
+        "waits for a live prefill worker before 503.")
+    retry_after_s: float = Field(2.0, gt=0, description="Retry-After of those 503s.")
+    poll_s: float = Field(0.1, gt=0, description="Re-check period while waiting.")
+
+
+class Rejected(Exception):
+    """The request cannot be served now: answer 503 with ``Retry-After``."""
+
+    def __init__(self, reason: str, retry_after_s: float) -> None:
+        super().__init__(reason)
+        self.reason, self.retry_after_s = reason, retry_after_s
+
+
+def params_of(wreq: WorkerRequest) -> GenerateParams:
+    """The engine's view of a wire request (raises ValueError on an unusable one)."""
+    max_tokens = wreq.stop_conditions.max_tokens
+    if not wreq.token_ids or not max_tokens or max_tokens < 1:
+        raise ValueError("token_ids and max_tokens >= 1 are required")
+    s = wreq.sampling_options
+    stops = tuple(wreq.eos_token_ids) + tuple(wreq.stop_conditions.stop_token_ids_hidden or ())
+    return GenerateParams(
+        token_ids=tuple(wreq.token_ids), max_tokens=max_tokens,
+        temperature=s.temperature if s.temperature is not None else 1.0,
+        top_p=s.top_p if s.top_p is not None else 1.0, seed=s.seed,
+        stop_token_ids=stops, ignore_eos=bool(wreq.stop_conditions.ignore_eos))
+
+
+class EngineDecodeCoordinator:
+    """One decode worker replica's request handling around an ``Engine``.
+
+    ``queue`` has ``async enqueue(PrefillRequest)``; ``live_prefill_workers`` and
+    ``queue_depth`` are read just before each decision (no I/O); ``inbox`` receives the
+    handoffs sent to ``subject``.
+    """
+
+    def __init__(self, engine: Engine, decider, queue, inbox: HandoffInbox, subject: str,
+                 worker_id: int, *, live_prefill_workers: Callable[[], int],
+                 queue_depth: Callable[[], int], metrics: DisaggMetrics,
+                 settings: CoordinatorSettings) -> None:
+        self.engine, self.decider, self.queue, self.inbox = engine, decider, queue, inbox
+        self.subject, self.worker_id = subject, worker_id
+        self.live_prefill_workers, self.queue_depth = live_prefill_workers, queue_depth
+        self.metrics, self.settings = metrics, settings
+        self.inflight = 0
+
+    def snapshot(self) -> OffloadSnapshot:
+        """The decider's load inputs."""
+        load = self.engine.load()
+        usage = (load.kv_used_blocks / load.kv_total_blocks) if load.kv_total_blocks else 0.0
+        return OffloadSnapshot(prefill_queue_depth=self.queue_depth(),
+                               decode_active_requests=self.inflight,
+                               decode_kv_usage=min(1.0, max(0.0, usage)),
+                               live_prefill_workers=self.live_prefill_workers())
+
+    async def generate(self, request: dict, context=None) -> AsyncIterator[dict]:
+        """The ``generate`` endpoint: output chunks; a refusal is one error chunk that
+        carries ``retry_after_s`` (the frontend answers 503 with Retry-After)."""
+        try:
+            wreq = WorkerRequest.model_validate(request)
+            params = params_of(wreq)
+        except Exception as exc:  # noqa: BLE001 - the client gets the reason
+            yield output_chunk([], "error", error=f"request refused: {exc}")
+            return
+        meta = wreq.meta()
+        rid = meta.request_id or uuid.uuid4().hex
+        produced = 0
+        try:
+            async with contextlib.aclosing(self.serve(
+                    rid, params, meta.priority, prefill_locally=meta.prefill_locally)) as s:
+                async for d in s:
+                    produced += len(d.token_ids)
+                    yield output_chunk(list(d.token_ids), _finish(d), **(
+                        {"prompt_tokens": d.prompt_tokens, "cached_tokens": d.cached_tokens,
+                         "completion_tokens": produced} if d.finished else {}))
+        except Rejected as exc:
+            chunk = output_chunk([], "error", error=f"overloaded: {exc.reason}")
+            chunk["retry_after_s"] = exc.retry_after_s
+            yield chunk
+
+    async def serve(self, rid: str, params: GenerateParams, priority: str = "default", *,
+                    prefill_locally: bool = False) -> AsyncIterator[TokenDelta]:
+        """Decide, prefill (remotely or here) and stream the engine's deltas; raises
+        ``Rejected`` when the request must be refused.  Closing it aborts the request."""
+        self.inflight += 1
+        try:
+            plan = await self._plan(rid, params, priority, prefill_locally)
+            if plan.action == "remote":
+                handoff, failure = await self._remote_prefill(rid, params, priority)
+                if handoff is not None:
+                    async with contextlib.aclosing(
+                            self.engine.decode(rid, params, handoff)) as stream:
+                        async for d in stream:
+                            yield d
+                    return
+                self.metrics.fallbacks.labels(failure).inc()
+                plan = plan_after_remote_failure(
+                    failure, supports_local_prefill=self.engine.info.supports_local_prefill,
+                    retry_after_s=self.settings.retry_after_s)
+                if plan.action == "reject":
+                    raise Rejected(plan.reason, plan.retry_after_s or 0.0)
+            async with contextlib.aclosing(self.engine.generate(rid, params)) as stream:
+                async for d in stream:
+                    yield d
+        finally:
+            self.inflight -= 1
+
+    async def _plan(self, rid: str, params: GenerateParams, priority: str,
+                    prefill_locally: bool) -> OffloadPlan:
+        if prefill_locally:
+            decision = OffloadDecision(remote=False, reason="qos-local-prefill")
+        else:
+            decision = self.decider.decide(
+                OffloadRequest(request_id=rid, prompt_length=len(params.token_ids),
+                               priority=priority), self.snapshot())
+        waited = 0.0
+        s = self.settings
+        while True:
+            plan = plan_offload(decision.remote, decision.reason,
+                                supports_local_prefill=self.engine.info.supports_local_prefill,
+                                live_prefill_workers=self.live_prefill_workers(),
+                                waited_s=waited, max_wait_s=s.max_wait_for_prefill_worker_s,
+                                retry_after_s=s.retry_after_s, poll_s=s.poll_s)
+            if plan.action != "wait":
+                break
+            await asyncio.sleep(plan.wait_s)
+            waited += plan.wait_s
+        where = {"reject": "rejected"}.get(plan.action, plan.action)
+        self.metrics.decisions.labels(where, plan.reason).inc()
+        if plan.action == "reject":
+            log.info("request %s refused: %s (waited %.1fs)", rid, plan.reason, waited)
+            raise Rejected(plan.reason, plan.retry_after_s or s.retry_after_s)
+        return plan
+
+    async def _remote_prefill(self, rid: str, params: GenerateParams, priority: str
+                              ) -> tuple[EngineHandoff | None, str]:
+        """Enqueue the job and wait for the handoff; (handoff, "") or (None, failure)."""
+        timeout = self.settings.remote_prefill_timeout_s
+        block = self.engine.info.kv_block_size
+        try:
+            job = PrefillRequest(
+                request_id=rid, priority=priority, token_ids=list(params.token_ids),
+                decode_worker_id=f"{self.worker_id:x}",
+                nixl_agent=f"{self.engine.info.name}-{self.worker_id:x}",
+                block_ids=list(range(math.ceil(len(params.token_ids) / block))),
+                block_size=block, enqueued_at=time.time(), max_wait_s=timeout,
+                temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+                stop_token_ids=list(params.stop_token_ids), handoff_subject=self.subject)
+        except ValueError as exc:
+            log.info("request %s cannot be offloaded (%s)", rid, str(exc).splitlines()[0])
+            return None, "invalid-job"
+        waiting = self.inbox.expect(rid)  # before enqueue: a fast result must find it
+        started = time.monotonic()
+        try:
+            try:
+                await self.queue.enqueue(job)
+            except EnqueueRejected as exc:
+                return None, f"queue-{exc.reason}"
+            try:
+                got = await asyncio.wait_for(waiting, timeout)
+            except TimeoutError:
+                return None, "timeout"
+        finally:
+            self.inbox.forget(rid)  # also when the client leaves while waiting
+        self.metrics.remote_wait.observe(time.monotonic() - started)
+        try:
+            return HANDOFF_ADAPTER.validate_python(got.disaggregated_params), ""
+        except ValueError as exc:
+            log.warning("request %s: unreadable handoff: %s", rid, exc)
+            return None, "bad-handoff"
+
+
+def _finish(d: TokenDelta):
+    if not d.finished:
+        return None
+    return {"abort": "cancelled"}.get(d.finish_reason or "", d.finish_reason or "length")

@@ -1,0 +1,142 @@
+"""The prefill loop for engines that move KV themselves (SGLang, TensorRT-LLM).
+
+It reaches the engine only through ``splitserve.components.engines.interface.Engine``
+(plus SGLang's ``begin_prefill`` where ``info.extras["handoff_before_prefill"]`` says
+the handoff exists before the prefill runs).  Per job:
+
+- handoff first (SGLang): ``begin_prefill`` -> send the bootstrap handoff to the decode
+  worker at once (it must join the room before the prefill computes) -> await the
+  result -> ack;
+- result first (TensorRT-LLM): ``prefill()`` -> send the opaque result to the waiting
+  decode worker -> ack.
+
+The handoff travels as the mocker path's ``PrefillHandoff`` NATS request/reply on the
+job's ``handoff_subject``.  Long jobs are heartbeated; failures nak (redelivery); a
+decode worker that is gone terminates the job; one that stopped waiting gets the job
+acked and, for SGLang, the begun prefill aborted (nobody will join its room).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from pydantic import Field
+
+from splitserve.common.models import StrictModel
+from splitserve.components.engines.interface import Engine, GenerateParams
+from splitserve.components.mocker_worker.disagg_prefill import keep_alive
+from splitserve.components.mocker_worker.handoff import PrefillHandoff, hand_over
+from splitserve.components.prefill_queue import PrefillRequest
+
+from .disagg_metrics import PrefillMetrics
+
+log = logging.getLogger("splitserve.prefill_loop")
+
+
+class PrefillLoopSettings(StrictModel):
+    """Timings of the prefill loop (a prefill worker section's fields)."""
+
+    max_concurrent_jobs: int = Field(4, ge=1, description="Jobs in progress at once.")
+    handoff_timeout_s: float = Field(5.0, gt=0, description="How long to wait for the "
+                                     "decode worker's reply to a handoff before naking.")
+    heartbeat_s: float = Field(10.0, gt=0, description="in_progress period during a job "
+                               "(keep it well under the queue's ack_wait_s).")
+    prefill_timeout_s: float = Field(120.0, gt=0, description="A prefill that takes "
+                                     "longer is aborted and the job nak'ed.")
+    drain_timeout_s: float = Field(30.0, ge=0, description="On stop: how long jobs in "
+                                   "hand may still finish.")
+
+
+def job_params(req: PrefillRequest) -> GenerateParams:
+    """The engine's view of a job: the prompt, one token, the request's sampling."""
+    return GenerateParams(token_ids=tuple(req.token_ids), max_tokens=1,
+                          temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                          stop_token_ids=tuple(req.stop_token_ids))
+
+
+async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
+                      worker_id: int, metrics: PrefillMetrics) -> str:
+    """Prefill one job, hand it over, settle the job; returns the outcome, never raises."""
+    import nats.errors
+
+    req = job.request
+    rid = req.request_id
+    outcome = "done"
+    heartbeat = asyncio.create_task(keep_alive(job, settings.heartbeat_s))
+    pending = None
+    try:
+        if req.handoff_subject is None:
+            await job.term("no-handoff-subject")  # it waits for a transfer we cannot make
+            outcome = "unservable"
+            return outcome
+        t0 = time.monotonic()
+        params = job_params(req)
+        if engine.info.extras.get("handoff_before_prefill"):
+            ticket = await engine.begin_prefill(rid, params)
+            pending = ticket.result
+            first_token, handoff = 0, ticket.handoff  # the decode engine streams token 1
+        else:
+            result = await asyncio.wait_for(engine.prefill(rid, params),
+                                            settings.prefill_timeout_s)
+            first_token, handoff = result.first_token, result.handoff
+            metrics.compute.observe(result.compute_s)
+        message = PrefillHandoff(
+            request_id=rid, first_token=first_token,
+            disaggregated_params=handoff.model_dump(mode="json"),
+            prefill_worker_id=f"{worker_id:x}", compute_s=time.monotonic() - t0,
+            transfer_s=0.0)
+        try:
+            reply = await hand_over(nc, req.handoff_subject, message,
+                                    settings.handoff_timeout_s)
+        except nats.errors.NoRespondersError:
+            await job.term("decode-gone")
+            outcome = "decode-gone"
+            return outcome
+        if not reply.accepted:
+            # The decode worker stopped waiting (timeout, fallback, client gone): another
+            # delivery would only repeat the work.
+            await job.ack()
+            outcome = "orphaned"
+            return outcome
+        if pending is not None:
+            result = await asyncio.wait_for(pending, settings.prefill_timeout_s)
+            pending = None
+            metrics.compute.observe(result.compute_s)
+        await job.ack()
+        return outcome
+    except Exception as exc:  # noqa: BLE001 - settle the job whatever happened
+        log.warning("prefill of %s failed: %s", rid, exc)
+        outcome = "failed"
+        try:
+            await job.nak(delay_s=0.1)
+        except Exception as nak_exc:  # noqa: BLE001 - redelivery after ack_wait covers it
+            log.debug("nak of %s failed: %s", rid, nak_exc)
+        return outcome
+    finally:
+        heartbeat.cancel()
+        if pending is not None:  # begun and not finished: nobody will take its KV
+            pending.cancel()
+            with contextlib.suppress(Exception):
+                await engine.abort(rid)
+        metrics.jobs.labels(outcome).inc()
+
+
+async def pull_loop(engine: Engine, nc, queue, settings: PrefillLoopSettings, worker_id: int,
+                    metrics: PrefillMetrics, stopping: asyncio.Event) -> None:
+    """Keep up to ``max_concurrent_jobs`` jobs running until ``stopping``, then drain."""
+    running: set[asyncio.Task] = set()
+    while not stopping.is_set():
+        room = settings.max_concurrent_jobs - len(running)
+        if room <= 0:
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            continue
+        for job in await queue.pull(batch=room, timeout=0.5):
+            t = asyncio.create_task(prefill_one(engine, nc, job, settings, worker_id,
+                                                metrics))
+            running.add(t)
+            t.add_done_callback(running.discard)
+    if running:
+        await asyncio.wait(running, timeout=settings.drain_timeout_s)

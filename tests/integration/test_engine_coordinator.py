@@ -1,0 +1,286 @@
+"""The decode coordinator and prefill loop for SGLang and TensorRT-LLM, driven in process
+with the engine doubles (which enforce each engine's disaggregation rules) over a real
+NATS JetStream prefill queue and the real NATS handoff request/reply."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Self
+
+import nats
+import pytest
+from prometheus_client import CollectorRegistry
+
+from splitserve.common.metrics import PREFIX
+from splitserve.components.disagg.forced import ForcedDecider, Params
+from splitserve.components.engines.interface import GenerateParams
+from splitserve.components.engines.sglang.config import SglangEngineArgs
+from splitserve.components.engines.sglang.engine import SglangEngine
+from splitserve.components.engines.trtllm.config import TrtllmEngineArgs
+from splitserve.components.engines.trtllm.engine import TrtllmEngine
+from splitserve.components.mocker_worker.handoff import HandoffInbox, handoff_subject
+from splitserve.components.prefill_queue import PrefillQueue, PrefillQueueConfig
+from splitserve.components.protocol import worker_request
+from splitserve.components.worker.coordinator import (
+    CoordinatorSettings,
+    EngineDecodeCoordinator,
+    Rejected,
+)
+from splitserve.components.worker.disagg_metrics import DisaggMetrics, PrefillMetrics
+from splitserve.components.worker.prefill_loop import PrefillLoopSettings, pull_loop
+from splitserve.infra.embedded import EmbeddedInfra
+from tests.fixtures.engine_doubles import (
+    BootstrapRooms,
+    LlmApiDouble,
+    SglangEngineDouble,
+    tokens_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(30)]
+
+MODEL = "org/model"
+PROMPT = (5, 6, 7, 8, 9)
+P = GenerateParams(token_ids=PROMPT, max_tokens=6, temperature=0.0)
+EXPECTED = tokens_for(list(PROMPT), 6)
+ARGS = SglangEngineArgs.model_construct(**{
+    k: f.default for k, f in SglangEngineArgs.model_fields.items() if k != "extra_server_args"},
+    extra_server_args={})
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with EmbeddedInfra(tmp_path_factory.mktemp("infra")) as ep:
+        yield ep.nats
+
+
+def qconfig() -> PrefillQueueConfig:
+    return PrefillQueueConfig.model_validate({
+        "ack_wait_s": 1.0, "max_deliver": 5, "idle_recheck_s": 0.1, "depth_refresh_s": 0.1,
+        "request_timeout_s": 1.0, "max_age_s": 30.0, "duplicate_window_s": 5.0,
+        "storage": "memory"})
+
+
+DOUBLES: dict[SglangEngine, SglangEngineDouble] = {}
+
+
+def double_of(engine: SglangEngine) -> SglangEngineDouble:
+    """The SGLang double an adapter was built with (recorded by its factory)."""
+    return DOUBLES[engine]
+
+
+async def sglang(role: str, rooms: BootstrapRooms) -> SglangEngine:
+    built: list[SglangEngineDouble] = []
+
+    def factory(**a):
+        built.append(SglangEngineDouble(rooms, **a))
+        return built[-1]
+
+    e = SglangEngine(ARGS, "m", role, factory=factory)
+    await e.start()
+    DOUBLES[e] = built[0]
+    return e
+
+
+async def trtllm(role: str, states: dict) -> TrtllmEngine:
+    e = TrtllmEngine(TrtllmEngineArgs(), "m", role,
+                     api_factory=lambda: LlmApiDouble(role, states))
+    await e.start()
+    return e
+
+
+class Rig:
+    """One decode coordinator and any number of prefill loops on one namespace."""
+
+    def __init__(self, url: str, decode_engine, *, remote: bool, live: int = 1,
+                 **settings: float) -> None:
+        self.url, self.engine, self.remote, self.live = url, decode_engine, remote, live
+        self.settings = CoordinatorSettings(**{"remote_prefill_timeout_s": 10.0,
+                                               "max_wait_for_prefill_worker_s": 0.5,
+                                               "poll_s": 0.05, **settings})
+        self.ns = f"t{uuid.uuid4().hex[:8]}"
+        self.registry = CollectorRegistry()
+        self.prefill_metrics = PrefillMetrics(CollectorRegistry())
+        self.stopping = asyncio.Event()
+        self.loops: list[asyncio.Task] = []
+        self.closers: list = []
+
+    async def __aenter__(self) -> Self:
+        self.queue = await PrefillQueue.connect(self.url, self.ns, MODEL, qconfig())
+        self.closers.append(self.queue.close)
+        self.nc = await nats.connect(self.url)
+        self.closers.append(self.nc.close)
+        inbox = HandoffInbox()
+        subject = handoff_subject(self.ns, "DecodeWorker", 0xD1)
+        await self.nc.subscribe(subject, cb=inbox.on_message)
+        self.coord = EngineDecodeCoordinator(
+            self.engine, ForcedDecider(Params(remote=self.remote)), self.queue, inbox,
+            subject, 0xD1, live_prefill_workers=lambda: self.live, queue_depth=lambda: 0,
+            metrics=DisaggMetrics(self.registry), settings=self.settings)
+        return self
+
+    async def start_prefill(self, engine, worker_id: int = 0xA1) -> None:
+        q = await PrefillQueue.connect(self.url, self.ns, MODEL, qconfig())
+        self.closers.append(q.close)
+        self.loops.append(asyncio.create_task(pull_loop(
+            engine, self.nc, q, PrefillLoopSettings(heartbeat_s=0.3, handoff_timeout_s=2.0),
+            worker_id, self.prefill_metrics, self.stopping)))
+
+    def decisions(self, where: str, reason: str) -> float:
+        return self.registry.get_sample_value(f"{PREFIX}_disagg_decisions_total",
+                                              {"where": where, "reason": reason}) or 0.0
+
+    def jobs(self, outcome: str) -> float:
+        return self.prefill_metrics.registry.get_sample_value(
+            f"{PREFIX}_prefill_jobs_total", {"outcome": outcome}) or 0.0
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for t in self.loops:
+            t.cancel()
+        await asyncio.gather(*self.loops, return_exceptions=True)
+        for close in reversed(self.closers):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(close(), 5)
+
+
+async def tokens(coord: EngineDecodeCoordinator, rid: str) -> list[int]:
+    out: list[int] = []
+    async for d in coord.serve(rid, P):
+        out += d.token_ids
+    return out
+
+
+async def test_sglang_remote_end_to_end(nats_url: str) -> None:
+    rooms = BootstrapRooms()
+    dec, pre = await sglang("decode", rooms), await sglang("prefill", rooms)
+    async with Rig(nats_url, dec, remote=True) as rig:
+        await rig.start_prefill(pre)
+        assert await tokens(rig.coord, "r1") == EXPECTED
+        assert rig.decisions("remote", "forced-remote") == 1
+        for _ in range(50):  # the prefill side acks after its result
+            if rig.jobs("done"):
+                break
+            await asyncio.sleep(0.05)
+        assert rig.jobs("done") == 1
+        # one room, created by the prefill side and joined by the decode engine
+        [room] = rooms.used
+        assert double_of(dec).calls[0]["bootstrap_room"] == room
+
+
+async def test_sglang_local_verdict_served_remotely_and_counted(nats_url: str) -> None:
+    rooms = BootstrapRooms()
+    dec, pre = await sglang("decode", rooms), await sglang("prefill", rooms)
+    assert not dec.info.supports_local_prefill
+    async with Rig(nats_url, dec, remote=False) as rig:
+        await rig.start_prefill(pre)
+        assert await tokens(rig.coord, "r2") == EXPECTED
+        assert rig.decisions("remote", "engine-no-local-prefill") == 1
+        assert rig.decisions("local", "forced-local") == 0
+
+
+async def test_no_prefill_worker_bounded_wait_then_503(nats_url: str) -> None:
+    rooms = BootstrapRooms()
+    dec = await sglang("decode", rooms)
+    async with Rig(nats_url, dec, remote=True, live=0, retry_after_s=3.0) as rig:
+        t0 = time.monotonic()
+        with pytest.raises(Rejected) as err:
+            await tokens(rig.coord, "r3")
+        waited = time.monotonic() - t0
+        assert 0.45 <= waited < 3.0
+        assert err.value.retry_after_s == 3.0 and err.value.reason == "no-prefill-worker"
+        assert rig.decisions("rejected", "no-prefill-worker") == 1
+        req = worker_request(model=MODEL, token_ids=list(PROMPT), max_tokens=4,
+                             temperature=0.0, top_p=None, seed=None, eos_token_ids=[],
+                             request_id="r3b", priority="default")
+        chunks = [c async for c in rig.coord.generate(req)]
+        assert chunks[-1]["finish_reason"] == "error" and chunks[-1]["retry_after_s"] == 3.0
+        assert dec.inflight() == 0 and rig.coord.inflight == 0
+
+
+async def test_trtllm_remote_uses_opaque_state_once(nats_url: str) -> None:
+    states: dict = {}
+    dec, pre = await trtllm("decode", states), await trtllm("prefill", states)
+    async with Rig(nats_url, dec, remote=True) as rig:
+        await rig.start_prefill(pre)
+        assert await tokens(rig.coord, "r4") == EXPECTED
+        assert states == {}  # the context state was created and consumed once
+        kinds = [c["disaggregated_params"].request_type for c in dec.api.llm.calls]
+        assert kinds == ["generation_only"]
+        assert [c["disaggregated_params"].request_type for c in pre.api.llm.calls] == \
+            ["context_only"]
+
+
+async def test_trtllm_local_is_context_and_generation(nats_url: str) -> None:
+    dec = await trtllm("decode", {})
+    async with Rig(nats_url, dec, remote=False, live=0) as rig:
+        assert await tokens(rig.coord, "r5") == EXPECTED
+        assert [c["disaggregated_params"].request_type for c in dec.api.llm.calls] == \
+            ["context_and_generation"]
+        assert rig.decisions("local", "forced-local") == 1
+
+
+async def test_cancellation_mid_stream_aborts_in_engine(nats_url: str) -> None:
+    rooms = BootstrapRooms()
+    dec, pre = await sglang("decode", rooms), await sglang("prefill", rooms)
+    async with Rig(nats_url, dec, remote=True) as rig:
+        await rig.start_prefill(pre)
+        stream = rig.coord.serve("r6", GenerateParams(token_ids=PROMPT, max_tokens=50))
+        got = [await anext(stream), await anext(stream)]
+        assert len(got) == 2
+        await stream.aclose()  # the client went away
+        assert "r6" in double_of(dec).aborted
+        assert dec.inflight() == 0 and rig.coord.inflight == 0
+
+
+async def test_prefill_worker_dies_mid_job_then_redelivered(nats_url: str) -> None:
+    states: dict = {}
+    dec, pre = await trtllm("decode", states), await trtllm("prefill", states)
+    async with Rig(nats_url, dec, remote=True) as rig:
+        dead = await PrefillQueue.connect(nats_url, rig.ns, MODEL, qconfig())
+        rig.closers.append(dead.close)
+        serving = asyncio.create_task(tokens(rig.coord, "r7"))
+        taken = []
+        for _ in range(40):  # a worker pulls the job and dies without settling it
+            taken = await dead.pull(timeout=0.2)
+            if taken:
+                break
+        assert taken and taken[0].request.request_id == "r7"
+        await rig.start_prefill(pre)  # a live worker gets it after ack_wait (1 s)
+        assert await asyncio.wait_for(serving, 15) == EXPECTED
+        assert states == {}
+
+
+async def test_remote_timeout_falls_back_per_engine(nats_url: str) -> None:
+    # no prefill loop consumes the job: TRT-LLM prefills locally, SGLang answers 503
+    dec = await trtllm("decode", {})
+    async with Rig(nats_url, dec, remote=True, remote_prefill_timeout_s=0.3) as rig:
+        assert await tokens(rig.coord, "r8") == EXPECTED
+        assert rig.registry.get_sample_value(f"{PREFIX}_disagg_fallbacks_total",
+                                             {"reason": "timeout"}) == 1
+    sdec = await sglang("decode", BootstrapRooms())
+    async with Rig(nats_url, sdec, remote=True, remote_prefill_timeout_s=0.3) as rig:
+        with pytest.raises(Rejected):
+            await tokens(rig.coord, "r9")
+
+
+async def test_job_carries_a_typed_handoff_and_old_jobs_still_parse() -> None:
+    from splitserve.components.engines.interface import SglangBootstrapHandoff
+    from splitserve.components.prefill_queue import PrefillRequest, triage
+
+    old = {"version": 1, "request_id": "o", "token_ids": [1, 2], "decode_worker_id": "d",
+           "nixl_agent": "a", "block_ids": [0], "block_size": 16, "enqueued_at": time.time()}
+    assert triage(json.dumps(old).encode(), time.time()).request.handoff is None
+    new = PrefillRequest.model_validate({**old, "handoff": {
+        "kind": "sglang-bootstrap", "bootstrap_host": "127.0.0.1", "bootstrap_port": 8998,
+        "bootstrap_room": 7}})
+    got = triage(new.encode(), time.time())
+    assert got.verdict == "ok"
+    assert got.request.handoff == SglangBootstrapHandoff(
+        bootstrap_host="127.0.0.1", bootstrap_port=8998, bootstrap_room=7)
+    bad = triage(json.dumps({**old, "handoff": {"kind": "nope"}}).encode(), time.time())
+    assert bad.verdict == "bad-shape"
