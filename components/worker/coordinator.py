@@ -112,6 +112,23 @@ class EngineDecodeCoordinator:
                                decode_kv_usage=min(1.0, max(0.0, usage)),
                                live_prefill_workers=self.live_prefill_workers())
 
+    async def explain(self, request: dict, context=None) -> AsyncIterator[dict]:
+        """The ``explain`` endpoint: the decider's verdict for ``token_ids`` and the step
+        this engine would take, without acting (as the torch and mocker workers answer)."""
+        req = OffloadRequest(request_id="explain",
+                             prompt_length=len(request.get("token_ids") or []),
+                             priority=request.get("priority", "default"))
+        snap = self.snapshot()
+        decision = self.decider.decide(req, snap)
+        plan = plan_offload(decision.remote, decision.reason,
+                            supports_local_prefill=self.engine.info.supports_local_prefill,
+                            live_prefill_workers=snap.live_prefill_workers, waited_s=0.0,
+                            max_wait_s=self.settings.max_wait_for_prefill_worker_s,
+                            retry_after_s=self.settings.retry_after_s)
+        yield {"worker_id": self.worker_id, "request": req.model_dump(),
+               "snapshot": snap.model_dump(), "decision": decision.model_dump(),
+               "plan": {"action": plan.action, "reason": plan.reason}}
+
     async def generate(self, request: dict, context=None) -> AsyncIterator[dict]:
         """The ``generate`` endpoint: output chunks; a refusal is one error chunk that
         carries ``retry_after_s`` (the frontend answers 503 with Retry-After)."""

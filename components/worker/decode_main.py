@@ -1,7 +1,8 @@
 """DecodeWorker process: `python -m splitserve.components.worker.decode_main --config FILE`.
 
-Dispatches on the section's ``engine``: ``torch`` (real model, KV over NIXL) or
-``mocker`` (Dynamo's simulated engines behind the same decider and prefill queue).
+Dispatches on the section's ``engine``: ``torch`` (real model, KV over NIXL),
+``mocker`` (Dynamo's simulated engines behind the same decider and prefill queue), or
+``sglang`` / ``trtllm`` (the engine moves KV itself; the interface-driven coordinator).
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ from splitserve.serve.component import ComponentContext, run
 
 
 async def main(ctx: ComponentContext) -> None:
-    if ctx.run.config.get("engine", "torch") == "mocker":
+    engine = ctx.run.config.get("engine", "torch")
+    if engine in ("sglang", "trtllm"):
+        # Engines that move KV themselves: the interface-driven decode coordinator.
+        from .engine_processes import engine_decode_section, run_engine_decode_worker
+
+        await run_engine_decode_worker(ctx, ctx.config(engine_decode_section(engine)))
+    elif engine == "mocker":
         # The mocker's own config module: a mocker fleet never imports torch or NIXL.
         from splitserve.components.mocker_worker.disagg_config import MockerDecodeWorkerConfig
         from splitserve.components.mocker_worker.disagg_decode import run_mocker_decode_worker

@@ -284,3 +284,44 @@ async def test_job_carries_a_typed_handoff_and_old_jobs_still_parse() -> None:
         bootstrap_host="127.0.0.1", bootstrap_port=8998, bootstrap_room=7)
     bad = triage(json.dumps({**old, "handoff": {"kind": "nope"}}).encode(), time.time())
     assert bad.verdict == "bad-shape"
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+async def test_mains_run_gpu_engines_on_the_coordinator(monkeypatch, engine, role) -> None:
+    import importlib
+    from types import SimpleNamespace
+
+    from splitserve.components.worker import engine_processes
+
+    main = importlib.import_module(f"splitserve.components.worker.{role}_main")
+    seen = []
+
+    async def fake_run(ctx, cfg):
+        seen.append((cfg.engine, type(cfg).__name__))
+
+    monkeypatch.setattr(engine_processes, f"run_engine_{role}_worker", fake_run)
+    raw = {"engine": engine}
+    ctx = SimpleNamespace(run=SimpleNamespace(config=raw),
+                          config=lambda model: model.model_validate(raw))
+    await main.main(ctx)
+    prefix = {"sglang": "Sglang", "trtllm": "Trtllm"}[engine]
+    assert seen == [(engine, f"{prefix}{role.capitalize()}WorkerConfig")]
+
+
+async def test_generate_endpoint_streams_chunks_and_explain_shows_the_plan(
+        nats_url: str) -> None:
+    rooms = BootstrapRooms()
+    dec, pre = await sglang("decode", rooms), await sglang("prefill", rooms)
+    async with Rig(nats_url, dec, remote=False) as rig:
+        await rig.start_prefill(pre)
+        req = worker_request(model=MODEL, token_ids=list(PROMPT), max_tokens=6,
+                             temperature=0.0, top_p=None, seed=None, eos_token_ids=[],
+                             request_id="g1", priority="default")
+        chunks = [c async for c in rig.coord.generate(req)]
+        assert [t for c in chunks for t in c["token_ids"]] == EXPECTED
+        assert chunks[-1]["finish_reason"] == "length"
+        assert chunks[-1]["completion_usage"]["completion_tokens"] == 6
+        [answer] = [a async for a in rig.coord.explain({"token_ids": list(PROMPT)})]
+        assert answer["decision"]["remote"] is False
+        assert answer["plan"] == {"action": "remote", "reason": "engine-no-local-prefill"}
