@@ -53,9 +53,14 @@ ARGS = SglangEngineArgs.model_construct(**{
 
 
 @pytest.fixture(scope="module")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     with EmbeddedInfra(tmp_path_factory.mktemp("infra")) as ep:
-        yield ep.nats
+        yield ep
+
+
+@pytest.fixture(scope="module")
+def nats_url(infra) -> str:
+    return infra.nats
 
 
 def qconfig() -> PrefillQueueConfig:
@@ -325,3 +330,69 @@ async def test_generate_endpoint_streams_chunks_and_explain_shows_the_plan(
         [answer] = [a async for a in rig.coord.explain({"token_ids": list(PROMPT)})]
         assert answer["decision"]["remote"] is False
         assert answer["plan"] == {"action": "remote", "reason": "engine-no-local-prefill"}
+
+
+async def test_worker_processes_serve_through_dynamo(infra, monkeypatch, tmp_path) -> None:
+    """The DecodeWorker and PrefillWorker mains, in process on a real Dynamo runtime
+    (etcd discovery, TCP request plane), with TensorRT-LLM doubles as their engines."""
+    from splitserve.components.worker import decode_main, engine_processes, prefill_main
+    from splitserve.serve.component import ComponentContext, make_runtime
+    from splitserve.serve.config import CommonConfig
+    from splitserve.serve.plan import ComponentRunConfig
+
+    monkeypatch.setenv("ETCD_ENDPOINTS", infra.etcd)
+    monkeypatch.setenv("NATS_SERVER", infra.nats)
+    states: dict = {}
+    engines = {"decode": TrtllmEngine(TrtllmEngineArgs(), "m", "decode",
+                                      api_factory=lambda: LlmApiDouble("decode", states)),
+               "prefill": TrtllmEngine(TrtllmEngineArgs(), "m", "prefill",
+                                       api_factory=lambda: LlmApiDouble("prefill", states))}
+    monkeypatch.setattr(engine_processes, "make_engine", lambda ctx, cfg, role: engines[role])
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    stopping = asyncio.Event()
+    queue = {"ack_wait_s": 2.0, "storage": "memory"}
+    sections = {
+        "DecodeWorker": {"engine": "trtllm", "metrics_port": None, "prefill_queue": queue,
+                         "disaggregated_router": {"enable": True, "decider": "forced",
+                                                  "remote": True}},
+        "PrefillWorker": {"engine": "trtllm", "metrics_port": None, "prefill_queue": queue}}
+
+    runtime = make_runtime(asyncio.get_running_loop(), "tcp")
+
+    def ctx(component: str) -> ComponentContext:
+        run = ComponentRunConfig(component=component, replica=0,
+                                 common=CommonConfig(namespace=ns, model="SmolLM2-135M-Instruct"),
+                                 config=sections[component], links=[],
+                                 status_file=str(tmp_path / f"{component}.json"))
+        return ComponentContext(run=run, runtime=runtime, stopping=stopping)
+
+    contexts = [ctx("PrefillWorker"), ctx("DecodeWorker")]
+    mains = [asyncio.create_task(prefill_main.main(contexts[0])),
+             asyncio.create_task(decode_main.main(contexts[1]))]
+    done: set = set()
+    try:
+        client = await runtime.endpoint(f"{ns}.decodeworker.generate").client()
+        await asyncio.wait_for(client.wait_for_instances(), 10)
+        prefill = await runtime.endpoint(f"{ns}.prefillworker.generate").client()
+        await asyncio.wait_for(prefill.wait_for_instances(), 10)
+        req = worker_request(model=MODEL, token_ids=list(PROMPT), max_tokens=6,
+                             temperature=0.0, top_p=None, seed=None, eos_token_ids=[],
+                             request_id="p1", priority="default")
+        stream = await client.round_robin(req)
+        chunks = [c.data() if callable(getattr(c, "data", None)) else c.data
+                  async for c in stream]
+        assert [t for c in chunks for t in c["token_ids"]] == EXPECTED, chunks
+        assert states == {}
+        assert [c["disaggregated_params"].request_type
+                for c in engines["prefill"].api.llm.calls] == ["context_only"]
+        assert [c["disaggregated_params"].request_type
+                for c in engines["decode"].api.llm.calls] == ["generation_only"]
+    finally:
+        stopping.set()
+        done, pending = await asyncio.wait(mains, timeout=15)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*mains, return_exceptions=True)
+        runtime.shutdown()
+    for t in done:
+        assert t.exception() is None, t.exception()
