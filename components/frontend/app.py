@@ -185,6 +185,12 @@ async def token_events(state: FrontendState, p: Prepared, meta: StreamMeta, star
             except asyncio.TimeoutError:
                 raise upstream_error(f"no token from the worker within {timeout:.0f}s", 504,
                                      "worker_timeout") from None
+            if chunk.get("retry_after_s") is not None and meta.first_token_at is None:
+                # A worker that refuses the request before any token (e.g. no prefill
+                # worker for an engine that cannot prefill locally): 503 + Retry-After.
+                raise overloaded(f"worker: {chunk.get('error')}",
+                                 retry_after_s=float(chunk["retry_after_s"]),
+                                 code="worker_overloaded")
             if chunk.get("error") or chunk.get("finish_reason") in ("error", "cancelled"):
                 raise upstream_error(f"worker error: {chunk.get('error') or chunk.get('text')}")
             ids = chunk.get("token_ids") or []

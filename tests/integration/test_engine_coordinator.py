@@ -396,3 +396,36 @@ async def test_worker_processes_serve_through_dynamo(infra, monkeypatch, tmp_pat
         runtime.shutdown()
     for t in done:
         assert t.exception() is None, t.exception()
+
+
+async def test_frontend_answers_503_with_retry_after_for_a_refused_request(
+        nats_url: str, smollm2_dir) -> None:
+    """The coordinator's refusal chunk becomes HTTP 503 with Retry-After at the frontend."""
+    import httpx
+
+    from splitserve.components.frontend.app import FrontendState, build_app
+    from splitserve.components.frontend.textcodec import TextCodec
+
+    dec = await sglang("decode", BootstrapRooms())
+    async with Rig(nats_url, dec, remote=True, live=0, retry_after_s=3.0,
+                   max_wait_for_prefill_worker_s=0.2) as rig:
+
+        class CoordinatorBackend:
+            def ready(self) -> bool:
+                return True
+
+            def stream(self, request, meta, context):
+                return rig.coord.generate(request)
+
+        state = FrontendState(model_name="SmolLM2-135M-Instruct",
+                              codec=TextCodec.from_dir(smollm2_dir),
+                              backend=CoordinatorBackend())
+        transport = httpx.ASGITransport(app=build_app(state))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "Hi"}]}
+            for stream in (False, True):
+                r = await client.post("/v1/chat/completions", json={**body, "stream": stream})
+                assert r.status_code == 503, r.text
+                assert r.headers["retry-after"] == "3"
+                assert r.json()["error"]["code"] == "worker_overloaded"
