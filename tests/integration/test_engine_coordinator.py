@@ -429,3 +429,27 @@ async def test_frontend_answers_503_with_retry_after_for_a_refused_request(
                 assert r.status_code == 503, r.text
                 assert r.headers["retry-after"] == "3"
                 assert r.json()["error"]["code"] == "worker_overloaded"
+
+
+async def test_client_gone_before_the_prefill_abandons_the_job(nats_url: str) -> None:
+    """A request cancelled while its job waits in the queue: the prefill worker that pulls
+    it later finds nobody waiting, acks it and aborts the SGLang prefill it began."""
+    rooms = BootstrapRooms()
+    dec, pre = await sglang("decode", rooms), await sglang("prefill", rooms)
+    async with Rig(nats_url, dec, remote=True) as rig:
+        serving = asyncio.create_task(tokens(rig.coord, "r10"))
+        for _ in range(40):
+            if (await rig.queue.depth()).total:
+                break
+            await asyncio.sleep(0.05)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        assert rig.coord.inflight == 0
+        await rig.start_prefill(pre)
+        for _ in range(100):
+            if rig.jobs("orphaned"):
+                break
+            await asyncio.sleep(0.05)
+        assert rig.jobs("orphaned") == 1
+        assert "r10" in double_of(pre).aborted and pre.inflight() == 0
+        assert (await rig.queue.depth()).total == 0
