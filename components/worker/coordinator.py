@@ -153,6 +153,10 @@ class EngineDecodeCoordinator:
             chunk = output_chunk([], "error", error=f"overloaded: {exc.reason}")
             chunk["retry_after_s"] = exc.retry_after_s
             yield chunk
+        except Exception as exc:  # noqa: BLE001 - the client gets an error chunk instead
+            log.warning("request %s failed in the %s engine: %s", rid, self.engine.info.name,
+                        exc)
+            yield output_chunk([], "error", error=f"{self.engine.info.name} engine: {exc}")
 
     async def serve(self, rid: str, params: GenerateParams, priority: str = "default", *,
                     prefill_locally: bool = False) -> AsyncIterator[TokenDelta]:

@@ -453,3 +453,26 @@ async def test_client_gone_before_the_prefill_abandons_the_job(nats_url: str) ->
         assert rig.jobs("orphaned") == 1
         assert "r10" in double_of(pre).aborted and pre.inflight() == 0
         assert (await rig.queue.depth()).total == 0
+
+
+async def test_engine_failure_is_an_error_chunk(nats_url: str) -> None:
+    """An engine that refuses the handoff (a TensorRT-LLM decode engine whose context
+    state is gone) ends the request with an error chunk, not a broken stream."""
+    states: dict = {}
+    dec, pre = await trtllm("decode", states), await trtllm("prefill", states)
+    async with Rig(nats_url, dec, remote=True) as rig:
+        await rig.start_prefill(pre)
+        original = pre.prefill
+
+        async def prefill_then_lose_state(rid, params):
+            result = await original(rid, params)
+            states.clear()  # the context server restarted: its state is gone
+            return result
+
+        pre.prefill = prefill_then_lose_state
+        req = worker_request(model=MODEL, token_ids=list(PROMPT), max_tokens=4,
+                             temperature=0.0, top_p=None, seed=None, eos_token_ids=[],
+                             request_id="e1", priority="default")
+        chunks = [c async for c in rig.coord.generate(req)]
+        assert chunks[-1]["finish_reason"] == "error" and "trtllm engine" in chunks[-1]["error"]
+        assert "retry_after_s" not in chunks[-1] and rig.coord.inflight == 0
