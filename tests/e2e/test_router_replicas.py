@@ -1,0 +1,42 @@
+"""Two router replicas behind one frontend: each release reaches the replica that placed
+the request, so every replica's in-flight accounting returns to zero."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import start_graph
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def samples(metrics_url: str, name: str) -> float:
+    total = 0.0
+    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_each_router_replica_gets_the_releases_of_what_it_placed(tmp_path):
+    run, url = start_graph(tmp_path, "graphs.agg_router:Frontend",
+                           "configs/mocker_agg_router.yaml", "--Router.replicas=2",
+                           "--Worker.replicas=2", "--Worker.engine_args.speedup_ratio=100")
+    try:
+        for i in range(12):
+            r = httpx.post(f"{url}/v1/completions", timeout=30, json={
+                "model": "SmolLM2-135M-Instruct", "prompt": [1000 + i, 2000, 3000],
+                "max_tokens": 2})
+            assert r.status_code == 200, r.text
+        time.sleep(1.0)  # releases are sent in the background
+        counts = [(samples(m, "splitserve_router_decisions_total"),
+                   samples(m, "splitserve_router_released_total"))
+                  for m in (rep["metrics"] for rep in run.replicas("Router"))]
+    finally:
+        assert run.stop() == 0, run.output()[-3000:]
+    assert len(counts) == 2
+    assert all(placed > 0 for placed, _ in counts), counts  # both replicas routed
+    assert all(placed == released for placed, released in counts), counts
