@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def samples(metrics_url: str, name: str) -> float:
     total = 0.0
     for line in httpx.get(metrics_url, timeout=5).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if line.startswith((name + "{", name + " ")):
             total += float(line.rsplit(" ", 1)[1])
     return total
 
