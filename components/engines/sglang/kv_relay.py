@@ -12,7 +12,6 @@ engines' events: the worker's publisher, NATS, the routers' radix trees.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -20,6 +19,7 @@ import msgspec
 
 from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored, KvEvent
 from splitserve.components.engines.vllm.kv_relay import block_hash, free_loopback_port
+from splitserve.components.engines.zmq_relay import relay_batches
 
 log = logging.getLogger("splitserve.sglang")
 
@@ -64,30 +64,4 @@ async def relay(endpoint: str, page_size: int, sink: Callable[[list[KvEvent]], N
                 ready: asyncio.Event | None = None) -> None:
     """Listen on ``endpoint`` (``tcp://127.0.0.1:PORT``) and feed ``sink`` until
     cancelled; ``ready`` is set once the socket is bound (start the engine after)."""
-    import zmq
-    import zmq.asyncio
-
-    if not endpoint.startswith("tcp://127.0.0.1:"):
-        raise ValueError(f"the KV event relay listens on loopback only, got {endpoint!r}")
-    ctx = zmq.asyncio.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.bind(endpoint)
-    if ready is not None:
-        ready.set()
-    try:
-        while True:
-            parts = await sub.recv_multipart()
-            if len(parts) != 3:
-                continue
-            try:
-                events = convert_batch(parts[2], page_size)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.warning("undecodable KV event batch: %s", exc)
-                continue
-            if events:
-                sink(events)
-    finally:
-        with contextlib.suppress(Exception):
-            sub.close(0)
+    await relay_batches(endpoint, lambda raw: convert_batch(raw, page_size), sink, log, ready)

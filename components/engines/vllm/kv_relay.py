@@ -9,7 +9,6 @@ hands them to the publisher that feeds the routers' radix trees.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from collections.abc import Callable
 import msgspec
 
 from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored, KvEvent
+from splitserve.components.engines.zmq_relay import relay_batches
 
 log = logging.getLogger("splitserve.vllm")
 
@@ -78,28 +78,4 @@ async def relay(endpoint: str, block_size: int, sink: Callable[[list[KvEvent]], 
     before the engine: then no early event is missed and nothing listens beyond
     127.0.0.1.
     """
-    import zmq
-    import zmq.asyncio
-
-    ctx = zmq.asyncio.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.bind(endpoint)
-    if ready is not None:
-        ready.set()
-    try:
-        while True:
-            parts = await sub.recv_multipart()
-            if len(parts) != 3:
-                continue
-            try:
-                events = convert_batch(parts[2], block_size)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.warning("undecodable KV event batch: %s", exc)
-                continue
-            if events:
-                sink(events)
-    finally:
-        with contextlib.suppress(Exception):
-            sub.close(0)
+    await relay_batches(endpoint, lambda raw: convert_batch(raw, block_size), sink, log, ready)
