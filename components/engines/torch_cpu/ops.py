@@ -13,6 +13,12 @@ import torch
 # picks a K-blocking that depends on M once K is large (1536 here), which
 # changes per-row rounding with batch size; at K <= 768 it does not.
 _MAX_K_CHUNK = 768
+# Rows of every matmul are padded to a multiple of this. On AVX2-only CPUs (AMD EPYC
+# seen) MKL rounds rows differently for some row counts even on the NN path (16 of 70
+# rows differed), and M = 1 always takes a GEMV path; with M a multiple of 4 each row's
+# result was bitwise the same for every batch size from 1 to 300 there (on the AVX-512
+# machines measured before, the NN path was M-invariant for every M already).
+_ROW_MULTIPLE = 4
 
 
 class Linear:
@@ -21,8 +27,9 @@ class Linear:
     Built once at load time from a ``[out, in]`` weight. Three measured rules
     keep each output row bitwise independent of how many rows are computed:
     the weight is stored transposed and contiguous (``[in, out]``: MKL's NN
-    path is M-invariant, its NT path is not); a single row is padded to two
-    (M = 1 takes a GEMV path that rounds differently); K is split into fixed
+    path is M-invariant where its NT path is not); rows are padded with zeros
+    to a multiple of 4 (M = 1 takes a GEMV path that rounds differently, and on
+    AVX2-only CPUs some other M do too); K is split into fixed
     chunks of at most 768 whose partial products are added in a fixed order.
     """
 
@@ -38,8 +45,9 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Apply to ``x`` [rows, in]; returns [rows, out]."""
         rows = x.shape[0]
-        if rows == 1:
-            x = x.repeat(2, 1)
+        pad = -rows % _ROW_MULTIPLE
+        if pad:
+            x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
         if len(self.chunks) == 1:
             y = x @ self.chunks[0]
         else:
@@ -47,7 +55,7 @@ class Linear:
             y = x[:, a:b] @ w
             for (a, b), w in zip(self.bounds[1:], self.chunks[1:]):
                 y += x[:, a:b] @ w
-        return y[:1] if rows == 1 else y
+        return y[:rows] if pad else y
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
