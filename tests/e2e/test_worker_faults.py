@@ -75,10 +75,14 @@ async def direct_requests(env: dict[str, str], path: str, token_lists: list[list
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    """The in-test Dynamo client reads ETCD_ENDPOINTS/NATS_SERVER; restore them after."""
-    for key in ("ETCD_ENDPOINTS", "NATS_SERVER"):
-        monkeypatch.delenv(key, raising=False)
+    """The in-test Dynamo client reads ETCD_ENDPOINTS/NATS_SERVER from the environment:
+    restore the whole environment afterwards, so later tests in this process do not see
+    this graph's endpoints (``delenv`` of an unset key would record nothing to undo)."""
+    saved = dict(os.environ)
     monkeypatch.setenv("DYN_TCP_RPC_HOST", "127.0.0.1")
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_out_of_vocabulary_ids_sent_to_the_worker_do_not_take_it_down(tmp_path, clean_env):
