@@ -11,13 +11,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
-from splitserve.components.engines.torch_cpu.kv_events import KvEvent
+from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored, KvEvent
 
 LOOPBACK_PREFIX = "tcp://127.0.0.1:"
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the relay binds it moments later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def block_hash(h: bytes | int) -> int:
+    """An engine's block hash (bytes or int) as the signed 64-bit int Dynamo's events carry.
+
+    Only identity matters: the router indexes tokens by its own hash and uses these to
+    chain parents and to remove blocks, so any stable injective-enough map works.
+    """
+    if isinstance(h, int):
+        return ((h + (1 << 63)) % (1 << 64)) - (1 << 63)
+    return int.from_bytes(bytes(h)[:8].ljust(8, b"\0"), "little", signed=True)
+
+
+def stored_event(ev: Any, block_size: int) -> BlockStored:
+    """A ``BlockStored`` of vLLM's or SGLang's (same fields) as this project's event; the
+    caller has checked that its tokens fill its blocks of ``block_size``."""
+    parent = None if ev.parent_block_hash is None else block_hash(ev.parent_block_hash)
+    return BlockStored(block_hashes=tuple(block_hash(h) for h in ev.block_hashes),
+                       parent_hash=parent, token_ids=tuple(ev.token_ids),
+                       num_block_tokens=(block_size,) * len(ev.block_hashes))
+
+
+def removed_event(ev: Any) -> BlockRemoved:
+    """A ``BlockRemoved`` of vLLM's or SGLang's as this project's event."""
+    return BlockRemoved(tuple(block_hash(h) for h in ev.block_hashes))
 
 
 async def relay_batches(endpoint: str, convert: Callable[[bytes], list[KvEvent]],

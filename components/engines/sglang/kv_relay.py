@@ -17,9 +17,13 @@ from collections.abc import Callable
 
 import msgspec
 
-from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored, KvEvent
-from splitserve.components.engines.vllm.kv_relay import block_hash, free_loopback_port
-from splitserve.components.engines.zmq_relay import relay_batches
+from splitserve.components.engines.torch_cpu.kv_events import KvEvent
+from splitserve.components.engines.zmq_relay import (
+    free_loopback_port,
+    relay_batches,
+    removed_event,
+    stored_event,
+)
 
 log = logging.getLogger("splitserve.sglang")
 
@@ -50,13 +54,9 @@ def convert_batch(raw: bytes, page_size: int) -> list[KvEvent]:
                 log.warning("skipping a BlockStored of %d tokens for %d blocks of %d "
                             "(page size %d)", len(ev.token_ids), n, bs, page_size)
                 continue
-            parent = None if ev.parent_block_hash is None else block_hash(ev.parent_block_hash)
-            events.append(BlockStored(
-                block_hashes=tuple(block_hash(h) for h in ev.block_hashes),
-                parent_hash=parent, token_ids=tuple(ev.token_ids),
-                num_block_tokens=(bs,) * n))
+            events.append(stored_event(ev, bs))
         elif isinstance(ev, SBlockRemoved):
-            events.append(BlockRemoved(tuple(block_hash(h) for h in ev.block_hashes)))
+            events.append(removed_event(ev))
     return events
 
 

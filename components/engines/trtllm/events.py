@@ -15,7 +15,7 @@ from typing import Any
 
 from splitserve.components.engines.interface import LoadSample
 from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored, KvEvent
-from splitserve.components.engines.vllm.kv_relay import block_hash
+from splitserve.components.engines.zmq_relay import block_hash
 
 
 def convert_event(event: dict[str, Any], block_size: int) -> list[KvEvent]:

@@ -10,33 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Callable
 
 import msgspec
 
-from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored, KvEvent
-from splitserve.components.engines.zmq_relay import relay_batches
+from splitserve.components.engines.torch_cpu.kv_events import KvEvent
+from splitserve.components.engines.zmq_relay import (
+    block_hash,
+    free_loopback_port,
+    relay_batches,
+    removed_event,
+    stored_event,
+)
+
+__all__ = ["block_hash", "convert_batch", "free_loopback_port", "relay"]
 
 log = logging.getLogger("splitserve.vllm")
-
-
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the relay binds it moments later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def block_hash(h: bytes | int) -> int:
-    """vLLM block hash (bytes or int) as the signed 64-bit int Dynamo's events carry.
-
-    Only identity matters: the router indexes tokens by its own hash and uses these to
-    chain parents and to remove blocks, so any stable injective-enough map works.
-    """
-    if isinstance(h, int):
-        return ((h + (1 << 63)) % (1 << 64)) - (1 << 63)
-    return int.from_bytes(bytes(h)[:8].ljust(8, b"\0"), "little", signed=True)
 
 
 def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
@@ -59,13 +48,9 @@ def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
                 log.warning("skipping a BlockStored of %d tokens for %d blocks of %d",
                             len(ev.token_ids), n, bs)
                 continue
-            parent = None if ev.parent_block_hash is None else block_hash(ev.parent_block_hash)
-            events.append(BlockStored(
-                block_hashes=tuple(block_hash(h) for h in ev.block_hashes),
-                parent_hash=parent, token_ids=tuple(ev.token_ids),
-                num_block_tokens=(bs,) * n))
+            events.append(stored_event(ev, bs))
         elif isinstance(ev, VBlockRemoved):
-            events.append(BlockRemoved(tuple(block_hash(h) for h in ev.block_hashes)))
+            events.append(removed_event(ev))
     return events
 
 
