@@ -107,6 +107,10 @@ class PrefillResult:
     handoff: EngineHandoff
     cached_tokens: int = 0
     compute_s: float = 0.0
+    transfer_s: float = 0.0
+    """Time the prefill side spent moving KV itself (torch's NIXL write, the mocker's
+    simulated transfer); 0 where the decode engine pulls."""
+    transfer_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,10 @@ class EngineInfo:
     supports_local_prefill: bool
     """False for engines that cannot prefill where they decode (an SGLang decode-mode
     engine): the decode coordinator then turns "local" verdicts into remote ones."""
+    pushes_kv: bool = False
+    """True for engines whose prefill side writes KV into blocks the decode side reserved
+    first (torch): the decode engine is then also a ``RemoteKvTarget`` and the prefill
+    engine's ``prefill`` takes the job's ``destination``."""
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -155,9 +163,13 @@ class Engine(Protocol):
         """Prefill-for-job: compute the prompt's KV, sample the first token, and return the
         handoff the decode engine needs to take the KV over."""
 
-    def decode(self, request_id: str, params: GenerateParams,
-               handoff: EngineHandoff) -> AsyncIterator[TokenDelta]:
-        """Decode-with-handoff: continue a request whose prompt was prefilled elsewhere."""
+    def decode(self, request_id: str, params: GenerateParams, handoff: EngineHandoff,
+               first_token: int | None = None) -> AsyncIterator[TokenDelta]:
+        """Decode-with-handoff: continue a request whose prompt was prefilled elsewhere.
+
+        ``first_token`` is the token the prefill engine sampled: engines that resume
+        after it (torch, the mocker) stream it first; engines that sample the first
+        token again from the transferred KV (vLLM, SGLang) ignore it."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its KV; unknown or finished ids are ignored."""
@@ -177,3 +189,22 @@ class Engine(Protocol):
     async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
         """Stop accepting, let in-flight requests finish for up to ``drain_timeout_s``,
         abort the rest and release the engine."""
+
+
+@runtime_checkable
+class RemoteKvTarget(Protocol):
+    """The decode side of an engine with ``info.pushes_kv``: it reserves the blocks a
+    prefill engine will write into before the job is enqueued, and releases them when
+    the request does not go on to ``decode``."""
+
+    async def reserve_remote(self, request_id: str, params: GenerateParams
+                             ) -> TorchBlocksHandoff | None:
+        """Reserve the prompt's blocks (reusing this engine's cached prefix); the
+        destination the job carries, or None when there is no room now."""
+
+    async def release_remote(self, request_id: str, late_write_possible: bool) -> None:
+        """Give a reservation up.  ``late_write_possible``: the job may still be running
+        somewhere, so the blocks stay held until a late write can no longer land."""
+
+    async def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> int:
+        """Prompt tokens this engine's prefix cache holds now (for the decider)."""

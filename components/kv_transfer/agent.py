@@ -283,6 +283,11 @@ class KvTransferAgent:
                 asyncio.get_running_loop().create_task(self._answer())
         return self._inbox.take_ready()
 
+    def cancel(self, request_id: str) -> None:
+        """Decode side: nobody will wait for ``request_id`` any more; its arrival, past
+        or late, is dropped (a late staged payload is not unpacked)."""
+        self._inbox.cancel(request_id)
+
     async def wait_for(self, request_id: str, timeout: float | None = None) -> Arrival:
         """Decode side: wait until ``request_id``'s KV is in the pool; returns its Arrival.
 

@@ -1,23 +1,29 @@
-"""The decode coordinator for engines that move KV themselves (SGLang, TensorRT-LLM).
+"""The decode coordinator: one per decode worker replica, for every engine.
 
-It reaches the engine only through ``splitserve.components.engines.interface.Engine``.
-Per request: the disaggregated router's decider gives a verdict, ``plan_offload`` turns
-it into a step the engine can honour (a decode-mode SGLang engine cannot prefill, so
-"local" becomes remote under ``engine-no-local-prefill``; with no prefill worker alive
-the request waits a bounded time, then is refused with 503 and Retry-After).  Remote:
-a prefill job is enqueued naming this replica's handoff subject; the prefill worker
-sends the engine's handoff back there (the same NATS request/reply the mocker path
-uses), and ``engine.decode(request, handoff)`` streams every token.  Local:
-``engine.generate``.  A remote prefill that fails or times out is planned again by
-``plan_after_remote_failure``.  Closing the stream (client gone) aborts in the engine;
-a request still waiting for its handoff stops waiting, and the prefill worker that
-finds nobody waiting aborts its side.
+It reaches the engine only through ``splitserve.components.engines.interface.Engine``
+(and ``RemoteKvTarget`` for engines whose prefill side pushes KV: torch).  Per request:
+the disaggregated router's decider gives a verdict (with this engine's prefix hit where
+it can tell), ``plan_offload`` turns it into a step the engine can honour (a decode-mode
+SGLang engine cannot prefill, so "local" becomes remote under ``engine-no-local-prefill``;
+with no prefill worker alive such a request waits a bounded time, then is refused with
+503 and Retry-After).
+
+Remote: a prefill job is enqueued naming this replica's handoff subject (and, for torch,
+the blocks reserved here first); the prefill worker sends a ``PrefillHandoff`` back there
+over NATS request/reply, and ``engine.decode(request, handoff, first_token)`` streams
+the tokens.  Local: ``engine.generate``.  A remote prefill that fails or times out is
+planned again by ``plan_after_remote_failure`` (local prefill where the engine can, 503
+where it cannot); a torch reservation that a late write could still reach is held until
+that cannot happen.  Closing the stream (client gone) aborts in the engine; a request
+still waiting for its handoff stops waiting and gives its reservation up, and the
+prefill worker that finds nobody waiting settles the job without another delivery.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -33,6 +39,7 @@ from splitserve.components.engines.interface import (
     EngineHandoff,
     GenerateParams,
     TokenDelta,
+    TorchBlocksHandoff,
 )
 from splitserve.components.engines.sglang.offload import (
     OffloadPlan,
@@ -71,6 +78,9 @@ class Rejected(Exception):
         self.reason, self.retry_after_s = reason, retry_after_s
 
 
+PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
+
+
 def params_of(wreq: WorkerRequest) -> GenerateParams:
     """The engine's view of a wire request (raises ValueError on an unusable one)."""
     max_tokens = wreq.stop_conditions.max_tokens
@@ -82,7 +92,17 @@ def params_of(wreq: WorkerRequest) -> GenerateParams:
         token_ids=tuple(wreq.token_ids), max_tokens=max_tokens,
         temperature=s.temperature if s.temperature is not None else 1.0,
         top_p=s.top_p if s.top_p is not None else 1.0, seed=s.seed,
-        stop_token_ids=stops, ignore_eos=bool(wreq.stop_conditions.ignore_eos))
+        stop_token_ids=stops, ignore_eos=bool(wreq.stop_conditions.ignore_eos),
+        priority=PRIORITY_RANK.get(wreq.meta().priority, 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class RemotePrefill:
+    """A finished remote prefill as the decode side receives it."""
+
+    handoff: EngineHandoff
+    first_token: int
+    cached_tokens: int = 0
 
 
 class EngineDecodeCoordinator:
@@ -96,12 +116,22 @@ class EngineDecodeCoordinator:
     def __init__(self, engine: Engine, decider, queue, inbox: HandoffInbox, subject: str,
                  worker_id: int, *, live_prefill_workers: Callable[[], int],
                  queue_depth: Callable[[], int], metrics: DisaggMetrics,
-                 settings: CoordinatorSettings) -> None:
+                 settings: CoordinatorSettings, requests=None) -> None:
         self.engine, self.decider, self.queue, self.inbox = engine, decider, queue, inbox
         self.subject, self.worker_id = subject, worker_id
         self.live_prefill_workers, self.queue_depth = live_prefill_workers, queue_depth
         self.metrics, self.settings = metrics, settings
+        self.requests = requests
+        """Optional Counter labelled by outcome (the worker's requests_total)."""
         self.inflight = 0
+
+    async def _cached_prefix(self, token_ids: tuple[int, ...]) -> int:
+        lookup = getattr(self.engine, "cached_prefix_tokens", None)
+        return await lookup(token_ids) if lookup is not None and token_ids else 0
+
+    def _count(self, outcome: str) -> None:
+        if self.requests is not None:
+            self.requests.labels(outcome).inc()
 
     def snapshot(self) -> OffloadSnapshot:
         """The decider's load inputs."""
@@ -115,8 +145,12 @@ class EngineDecodeCoordinator:
     async def explain(self, request: dict, context=None) -> AsyncIterator[dict]:
         """The ``explain`` endpoint: the decider's verdict for ``token_ids`` and the step
         this engine would take, without acting (as the torch and mocker workers answer)."""
-        req = OffloadRequest(request_id="explain",
-                             prompt_length=len(request.get("token_ids") or []),
+        tokens = tuple(request.get("token_ids") or [])
+        validate = getattr(self.engine, "validate", None)
+        if validate is not None and tokens:
+            validate(GenerateParams(token_ids=tokens))
+        req = OffloadRequest(request_id="explain", prompt_length=len(tokens),
+                             prefix_cached_length=await self._cached_prefix(tokens),
                              priority=request.get("priority", "default"))
         snap = self.snapshot()
         decision = self.decider.decide(req, snap)
@@ -135,28 +169,39 @@ class EngineDecodeCoordinator:
         try:
             wreq = WorkerRequest.model_validate(request)
             params = params_of(wreq)
+            validate = getattr(self.engine, "validate", None)
+            if validate is not None:
+                validate(params)
         except Exception as exc:  # noqa: BLE001 - the client gets the reason
+            self._count("rejected")
             yield output_chunk([], "error", error=f"request refused: {exc}")
             return
         meta = wreq.meta()
         rid = meta.request_id or uuid.uuid4().hex
         produced = 0
+        outcome = "cancelled"
         try:
             async with contextlib.aclosing(self.serve(
                     rid, params, meta.priority, prefill_locally=meta.prefill_locally)) as s:
                 async for d in s:
                     produced += len(d.token_ids)
+                    if d.finished:
+                        outcome = d.finish_reason or "stop"
                     yield output_chunk(list(d.token_ids), _finish(d), **(
                         {"prompt_tokens": d.prompt_tokens, "cached_tokens": d.cached_tokens,
                          "completion_tokens": produced} if d.finished else {}))
         except Rejected as exc:
+            outcome = "rejected"
             chunk = output_chunk([], "error", error=f"overloaded: {exc.reason}")
             chunk["retry_after_s"] = exc.retry_after_s
             yield chunk
         except Exception as exc:  # noqa: BLE001 - the client gets an error chunk instead
+            outcome = "error"
             log.warning("request %s failed in the %s engine: %s", rid, self.engine.info.name,
                         exc)
             yield output_chunk([], "error", error=f"{self.engine.info.name} engine: {exc}")
+        finally:
+            self._count(outcome)
 
     async def serve(self, rid: str, params: GenerateParams, priority: str = "default", *,
                     prefill_locally: bool = False) -> AsyncIterator[TokenDelta]:
@@ -165,21 +210,28 @@ class EngineDecodeCoordinator:
         self.inflight += 1
         try:
             plan = await self._plan(rid, params, priority, prefill_locally)
+            local_id = rid
             if plan.action == "remote":
-                handoff, failure = await self._remote_prefill(rid, params, priority)
-                if handoff is not None:
-                    async with contextlib.aclosing(
-                            self.engine.decode(rid, params, handoff)) as stream:
+                remote, failure = await self._remote_prefill(rid, params, priority)
+                if remote is not None:
+                    async with contextlib.aclosing(self.engine.decode(
+                            rid, params, remote.handoff, first_token=remote.first_token)
+                            ) as stream:
                         async for d in stream:
+                            if d.finished and remote.cached_tokens > d.cached_tokens:
+                                # The prefill worker's prefix hit is the one that saved work.
+                                d = dataclasses.replace(d, cached_tokens=remote.cached_tokens)
                             yield d
                     return
                 self.metrics.fallbacks.labels(failure).inc()
+                log.info("request %s: remote prefill abandoned (%s)", rid, failure)
                 plan = plan_after_remote_failure(
                     failure, supports_local_prefill=self.engine.info.supports_local_prefill,
                     retry_after_s=self.settings.retry_after_s)
                 if plan.action == "reject":
                     raise Rejected(plan.reason, plan.retry_after_s or 0.0)
-            async with contextlib.aclosing(self.engine.generate(rid, params)) as stream:
+                local_id = f"{rid}#local"  # the remote id may still be held in the engine
+            async with contextlib.aclosing(self.engine.generate(local_id, params)) as stream:
                 async for d in stream:
                     yield d
         finally:
@@ -188,10 +240,13 @@ class EngineDecodeCoordinator:
     async def _plan(self, rid: str, params: GenerateParams, priority: str,
                     prefill_locally: bool) -> OffloadPlan:
         if prefill_locally:
+            # QoS degradation (low priority while the prefill pool is busy): no offload.
             decision = OffloadDecision(remote=False, reason="qos-local-prefill")
         else:
             decision = self.decider.decide(
                 OffloadRequest(request_id=rid, prompt_length=len(params.token_ids),
+                               prefix_cached_length=await self._cached_prefix(
+                                   params.token_ids),
                                priority=priority), self.snapshot())
         waited = 0.0
         s = self.settings
@@ -213,41 +268,71 @@ class EngineDecodeCoordinator:
         return plan
 
     async def _remote_prefill(self, rid: str, params: GenerateParams, priority: str
-                              ) -> tuple[EngineHandoff | None, str]:
-        """Enqueue the job and wait for the handoff; (handoff, "") or (None, failure)."""
+                              ) -> tuple[RemotePrefill | None, str]:
+        """Reserve (engines that are written into), enqueue the job and wait for the
+        handoff; (result, "") or (None, failure)."""
         timeout = self.settings.remote_prefill_timeout_s
-        block = self.engine.info.kv_block_size
-        try:
-            job = PrefillRequest(
-                request_id=rid, priority=priority, token_ids=list(params.token_ids),
-                decode_worker_id=f"{self.worker_id:x}",
-                nixl_agent=f"{self.engine.info.name}-{self.worker_id:x}",
-                block_ids=list(range(math.ceil(len(params.token_ids) / block))),
-                block_size=block, enqueued_at=time.time(), max_wait_s=timeout,
-                temperature=params.temperature, top_p=params.top_p, seed=params.seed,
-                stop_token_ids=list(params.stop_token_ids), handoff_subject=self.subject)
-        except ValueError as exc:
-            log.info("request %s cannot be offloaded (%s)", rid, str(exc).splitlines()[0])
-            return None, "invalid-job"
-        waiting = self.inbox.expect(rid)  # before enqueue: a fast result must find it
-        started = time.monotonic()
+        info = self.engine.info
+        block = info.kv_block_size
+        dest: TorchBlocksHandoff | None = None
+        if info.pushes_kv:
+            dest = await self.engine.reserve_remote(rid, params)
+            if dest is None:
+                return None, "no-kv-room"
+        settled = False  # True once the reservation was handed to decode() or released
+
+        async def release(late_write_possible: bool) -> None:
+            nonlocal settled
+            if dest is not None and not settled:
+                settled = True
+                await self.engine.release_remote(rid, late_write_possible)
+
         try:
             try:
-                await self.queue.enqueue(job)
-            except EnqueueRejected as exc:
-                return None, f"queue-{exc.reason}"
+                job = PrefillRequest(
+                    request_id=rid, priority=priority, token_ids=list(params.token_ids),
+                    decode_worker_id=f"{self.worker_id:x}",
+                    nixl_agent=dest.nixl_agent if dest else f"{info.name}-{self.worker_id:x}",
+                    block_ids=(dest.block_ids if dest else
+                               list(range(math.ceil(len(params.token_ids) / block)))),
+                    num_cached_tokens=dest.num_cached_tokens if dest else 0,
+                    block_size=block, enqueued_at=time.time(), max_wait_s=timeout,
+                    temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+                    stop_token_ids=list(params.stop_token_ids), handoff_subject=self.subject)
+            except ValueError as exc:
+                log.info("request %s cannot be offloaded (%s)", rid, str(exc).splitlines()[0])
+                await release(False)
+                return None, "invalid-job"
+            waiting = self.inbox.expect(rid)  # before enqueue: a fast result must find it
+            started = time.monotonic()
             try:
-                got = await asyncio.wait_for(waiting, timeout)
-            except TimeoutError:
-                return None, "timeout"
+                try:
+                    await self.queue.enqueue(job)
+                except EnqueueRejected as exc:
+                    await release(False)
+                    return None, f"queue-{exc.reason}"
+                try:
+                    got = await asyncio.wait_for(waiting, timeout)
+                except TimeoutError:
+                    await release(True)  # the job may still run and write late
+                    return None, "timeout"
+            finally:
+                self.inbox.forget(rid)  # also when the client leaves while waiting
+            self.metrics.remote_wait.observe(time.monotonic() - started)
+            try:
+                handoff = HANDOFF_ADAPTER.validate_python(got.disaggregated_params)
+            except ValueError as exc:
+                log.warning("request %s: unreadable handoff: %s", rid, exc)
+                await release(True)
+                return None, "bad-handoff"
+            usage = got.completion_usage or {}
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            settled = True  # decode() takes the reservation over
+            return RemotePrefill(handoff, got.first_token, int(cached)), ""
         finally:
-            self.inbox.forget(rid)  # also when the client leaves while waiting
-        self.metrics.remote_wait.observe(time.monotonic() - started)
-        try:
-            return HANDOFF_ADAPTER.validate_python(got.disaggregated_params), ""
-        except ValueError as exc:
-            log.warning("request %s: unreadable handoff: %s", rid, exc)
-            return None, "bad-handoff"
+            if not settled:  # cancelled while waiting (client gone, shutdown)
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(release(True))
 
 
 def _finish(d: TokenDelta):

@@ -1,8 +1,10 @@
 """DecodeWorker process: `python -m splitserve.components.worker.decode_main --config FILE`.
 
-Dispatches on the section's ``engine``: ``torch`` (real model, KV over NIXL),
-``mocker`` (Dynamo's simulated engines behind the same decider and prefill queue), or
-``sglang`` / ``trtllm`` (the engine moves KV itself; the interface-driven coordinator).
+Every engine runs the same decode worker (``engine_processes.run_engine_decode_worker``:
+the decode coordinator around the engine interface); the section's ``engine`` picks only
+the config model and how the engine is brought up: ``torch`` (real model, KV pushed over
+NIXL), ``mocker`` (Dynamo's simulated engines; never imports torch or NIXL), or an
+in-process GPU engine (``vllm``, ``sglang``, ``trtllm``: the engine moves KV itself).
 """
 
 from __future__ import annotations
@@ -10,24 +12,27 @@ from __future__ import annotations
 from splitserve.serve.component import ComponentContext, run
 
 
-async def main(ctx: ComponentContext) -> None:
-    engine = ctx.run.config.get("engine", "torch")
-    if engine in ("sglang", "trtllm"):
-        # Engines that move KV themselves: the interface-driven decode coordinator.
-        from .engine_processes import engine_decode_section, run_engine_decode_worker
-
-        await run_engine_decode_worker(ctx, ctx.config(engine_decode_section(engine)))
-    elif engine == "mocker":
+def section_model(engine: str) -> type:
+    """The DecodeWorker section model of ``engine``."""
+    if engine == "mocker":
         # The mocker's own config module: a mocker fleet never imports torch or NIXL.
         from splitserve.components.mocker_worker.disagg_config import MockerDecodeWorkerConfig
-        from splitserve.components.mocker_worker.disagg_decode import run_mocker_decode_worker
 
-        await run_mocker_decode_worker(ctx, ctx.config(MockerDecodeWorkerConfig))
-    else:
-        from .decode_worker import run_decode_worker
+        return MockerDecodeWorkerConfig
+    if engine == "torch":
         from .disagg_config import DecodeWorkerConfig
 
-        await run_decode_worker(ctx, ctx.config(DecodeWorkerConfig))
+        return DecodeWorkerConfig
+    from .engine_processes import engine_decode_section
+
+    return engine_decode_section(engine)
+
+
+async def main(ctx: ComponentContext) -> None:
+    from .engine_processes import run_engine_decode_worker
+
+    engine = ctx.run.config.get("engine", "torch")
+    await run_engine_decode_worker(ctx, ctx.config(section_model(engine)))
 
 
 if __name__ == "__main__":

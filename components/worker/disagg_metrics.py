@@ -15,6 +15,7 @@ class DisaggMetrics:
     """Offload decisions and fallbacks, on the worker's registry."""
 
     def __init__(self, registry) -> None:
+        self.registry = registry
         self.decisions = Counter(f"{PREFIX}_disagg_decisions_total",
                                  "Offload decisions by where and why", ["where", "reason"],
                                  registry=registry)

@@ -1,27 +1,26 @@
-"""DecodeWorker and PrefillWorker processes around an in-process engine of the interface
-(``engine: sglang`` / ``engine: trtllm``): the adapters for the decode coordinator
-(``coordinator.py``) and the prefill loop (``prefill_loop.py``).
+"""The DecodeWorker and PrefillWorker processes of every engine (torch, mocker, vLLM,
+SGLang, TensorRT-LLM): the shells around the decode coordinator (``coordinator.py``)
+and the prefill loop (``prefill_loop.py``); ``engine_hosts.py`` brings each kind of
+engine up, ``make_engine`` builds the in-process ones.
 
-Same endpoints as the torch and mocker workers: a decode worker serves
-``<ns>.decodeworker.generate`` and ``explain`` and takes prefill handoffs on its NATS
-handoff subject; a prefill worker pulls jobs and serves a presence endpoint on
-``<ns>.prefillworker.generate`` by which decode workers count live prefill workers.
+A decode worker serves ``<ns>.decodeworker.generate`` and ``explain`` and takes prefill
+handoffs on its NATS handoff subject; a prefill worker pulls jobs and serves a presence
+endpoint on ``<ns>.prefillworker.generate`` by which decode workers count live prefill
+workers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-
-from prometheus_client import CollectorRegistry
 
 from splitserve.components.protocol import WorkerLoad, load_subject
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from .disagg_metrics import DisaggMetrics, PrefillMetrics
 from .loadreport import publish_load
-from .metrics import WorkerMetrics
 from .readiness import report_ready_when_registered
 
 log = logging.getLogger("splitserve.engine_worker")
@@ -66,113 +65,119 @@ def make_engine(ctx: ComponentContext, cfg, role: str):
 
 
 def coordinator_settings(cfg):
-    """The coordinator's timings from a decode worker section."""
+    """The coordinator's timings from a decode worker section (torch and mocker sections
+    have no engine-cannot-prefill waits: their defaults apply)."""
     from .coordinator import CoordinatorSettings
 
-    return CoordinatorSettings(remote_prefill_timeout_s=cfg.remote_prefill_timeout_s,
-                               max_wait_for_prefill_worker_s=cfg.no_prefill_worker_wait_s,
-                               retry_after_s=cfg.retry_after_s)
+    fields = {"remote_prefill_timeout_s": cfg.remote_prefill_timeout_s}
+    if hasattr(cfg, "no_prefill_worker_wait_s"):
+        fields["max_wait_for_prefill_worker_s"] = cfg.no_prefill_worker_wait_s
+    if hasattr(cfg, "retry_after_s"):
+        fields["retry_after_s"] = cfg.retry_after_s
+    return CoordinatorSettings(**fields)
 
 
 async def run_engine_decode_worker(ctx: ComponentContext, cfg) -> None:
-    """Component main of a DecodeWorker with an interface engine."""
-    from dynamo.llm import KvEventPublisher
-
+    """Component main of every DecodeWorker: the engine, its decode coordinator, the
+    prefill queue, the handoff subscription, load reports and policy updates."""
     from splitserve.common.connect import connect_nats
     from splitserve.components.disagg import build_decider
-    from splitserve.components.engines.vllm.worker import publish_kv_events
     from splitserve.components.mocker_worker.handoff import HandoffInbox, handoff_subject
     from splitserve.components.prefill_queue import PrefillQueue
+    from splitserve.policy.component import follow_policy
 
     from .coordinator import EngineDecodeCoordinator
+    from .engine_hosts import host_engine
 
     ns, component, nats_url = ctx.namespace, ctx.run.component, os.environ["NATS_SERVER"]
     decider = build_decider(cfg.disaggregated_router)
-    engine = make_engine(ctx, cfg, "decode")
-    ctx.report("loading", detail=f"starting {engine.info.name} (decode)")
-    endpoint = ctx.endpoint(component, "generate")
-    worker_id = endpoint.connection_id()
-    tasks: list[asyncio.Task] = []
-    cleanup: list = []
-    try:
-        publisher = KvEventPublisher(endpoint, kv_block_size=engine.info.kv_block_size)
-        relay_ready = asyncio.Event()
-        tasks.append(asyncio.create_task(engine.run_kv_events(
-            lambda evs: publish_kv_events(publisher, evs), relay_ready)))
-        await asyncio.wait_for(relay_ready.wait(), 10)
-        await engine.start()
+    async with contextlib.AsyncExitStack() as stack:
+        h = await host_engine(ctx, cfg, "decode", stack)
+        if h is None:
+            return
+        engine, worker_id, metrics = h.engine, h.worker_id, h.metrics
         queue = await PrefillQueue.connect(nats_url, ns, ctx.run.common.model,
-                                           cfg.prefill_queue, client_name="engine-decode")
-        cleanup.append(queue.close)
+                                           cfg.prefill_queue, client_name="decode-worker")
+        stack.push_async_callback(_bounded, queue.close)
         depth = queue.depth_monitor()
         await depth.start()
-        cleanup.append(depth.stop)
+        stack.push_async_callback(_bounded, depth.stop)
         inbox = HandoffInbox()
         subject = handoff_subject(ns, component, worker_id)
-        nc = await connect_nats(nats_url, name="engine-decode-handoff")
-        cleanup.append(nc.drain)
+        nc = await connect_nats(nats_url, name="decode-handoff")
+        stack.push_async_callback(_bounded, nc.drain)
         await nc.subscribe(subject, cb=inbox.on_message)
         prefill_client = await ctx.endpoint("PrefillWorker", "generate").client()
-        metrics = WorkerMetrics()
-        ctx.serve_metrics(metrics.registry)
         coord = EngineDecodeCoordinator(
             engine, decider, queue, inbox, subject, worker_id,
             live_prefill_workers=lambda: len(prefill_client.instance_ids()),
             queue_depth=lambda: depth.depth or 0, metrics=DisaggMetrics(metrics.registry),
-            settings=coordinator_settings(cfg))
+            settings=coordinator_settings(cfg), requests=metrics.requests)
 
-        def sample() -> WorkerLoad:
-            ld = engine.load()
-            metrics.update(ld.active, ld.waiting + inbox.waiting, ld.kv_used_blocks,
-                           ld.kv_total_blocks)
-            return WorkerLoad(worker_id=worker_id, active=ld.active,
-                              waiting=ld.waiting + inbox.waiting,
-                              kv_used_blocks=ld.kv_used_blocks,
-                              kv_total_blocks=ld.kv_total_blocks)
+        def apply_policy(policy, version: int) -> None:
+            if policy.disaggregated_router is not None:
+                coord.decider = build_decider(policy.disaggregated_router)
 
-        tasks.append(asyncio.create_task(publish_load(
-            nats_url, load_subject(ns, component), sample, cfg.load_report_interval_s,
-            ctx.stopping)))
+        watcher = await follow_policy(ns, component, f"{worker_id:x}", apply_policy)
+        stack.push_async_callback(_bounded, watcher.stop)
+        tasks: list[asyncio.Task] = []
+        stack.push_async_callback(_cancel_all, tasks)
+        if not h.publishes_load:
+            def sample() -> WorkerLoad:
+                ld = engine.load()
+                kv = (ld.kv_used_blocks, ld.kv_total_blocks) if h.report_kv else (0, 0)
+                waiting = ld.waiting + inbox.waiting
+                metrics.update(ld.active, waiting, *kv)
+                return WorkerLoad(worker_id=worker_id, active=ld.active, waiting=waiting,
+                                  kv_used_blocks=kv[0], kv_total_blocks=kv[1])
+
+            reporter = asyncio.create_task(publish_load(
+                nats_url, load_subject(ns, component), sample, cfg.load_report_interval_s,
+                ctx.stopping))
+            tasks.append(reporter)
         tasks.append(asyncio.ensure_future(
             ctx.endpoint(component, "explain").serve_endpoint(coord.explain)))
         tasks.append(asyncio.create_task(report_ready_when_registered(
-            ctx.report, endpoint, worker_id, endpoint=f"{ns}.{component.lower()}.generate",
-            detail=f"instance {worker_id:x} ({engine.info.name}), handoff {subject}")))
-        await serve_until_stopped(ctx, endpoint, coord.generate,
-                                  drain_timeout_s=cfg.drain_timeout_s,
-                                  inflight=lambda: coord.inflight)
-    finally:
-        await _close(tasks, cleanup)
-        await engine.shutdown(drain_timeout_s=0.0)
+            ctx.report, h.endpoint, worker_id, endpoint=f"{ns}.{component.lower()}.generate",
+            detail=f"instance {worker_id:x} ({engine.info.name}), handoff {subject}"
+                   + (f", {h.detail}" if h.detail else ""), **h.ready_fields)))
+        serving = asyncio.ensure_future(serve_until_stopped(
+            ctx, h.endpoint, coord.generate, drain_timeout_s=cfg.drain_timeout_s,
+            inflight=lambda: coord.inflight))
+        tasks.append(serving)
+        await _serve_or_die(serving, h.died)
+        if not h.publishes_load:
+            await asyncio.wait({reporter}, timeout=5)  # its last report says "draining"
 
 
 async def run_engine_prefill_worker(ctx: ComponentContext, cfg) -> None:
-    """Component main of a PrefillWorker with an interface engine; exits non-zero when
-    its pull loop fails."""
+    """Component main of every PrefillWorker; exits non-zero when its pull loop fails or
+    its engine dies."""
     from splitserve.common.connect import connect_nats
     from splitserve.components.prefill_queue import PrefillQueue
 
+    from .engine_hosts import host_engine
     from .prefill_loop import PrefillLoopSettings, pull_loop
 
     ns, component, nats_url = ctx.namespace, ctx.run.component, os.environ["NATS_SERVER"]
-    engine = make_engine(ctx, cfg, "prefill")
-    ctx.report("loading", detail=f"starting {engine.info.name} (prefill)")
-    await engine.start()
-    endpoint = ctx.endpoint(component, "generate")
-    worker_id = endpoint.connection_id()
-    settings = PrefillLoopSettings(max_concurrent_jobs=cfg.max_concurrent_jobs,
-                                   heartbeat_s=cfg.prefill_queue.ack_wait_s / 3,
-                                   drain_timeout_s=cfg.drain_timeout_s)
-    tasks: list[asyncio.Task] = []
-    cleanup: list = []
-    try:
-        metrics = PrefillMetrics(CollectorRegistry())
-        ctx.serve_metrics(metrics.registry)
+    async with contextlib.AsyncExitStack() as stack:
+        h = await host_engine(ctx, cfg, "prefill", stack)
+        if h is None:
+            return
+        engine, worker_id = h.engine, h.worker_id
+        settings = PrefillLoopSettings(
+            max_concurrent_jobs=cfg.max_concurrent_jobs,
+            heartbeat_s=cfg.prefill_queue.ack_wait_s / 3,
+            handoff_timeout_s=getattr(cfg, "handoff_timeout_s", 5.0),
+            drain_timeout_s=cfg.drain_timeout_s)
+        metrics = PrefillMetrics(h.metrics.registry)
         queue = await PrefillQueue.connect(nats_url, ns, ctx.run.common.model,
-                                           cfg.prefill_queue, client_name="engine-prefill")
-        cleanup.append(queue.close)
-        nc = await connect_nats(nats_url, name="engine-prefill-handoff")
-        cleanup.append(nc.drain)
+                                           cfg.prefill_queue, client_name="prefill-worker")
+        stack.push_async_callback(_bounded, queue.close)
+        nc = await connect_nats(nats_url, name="prefill-handoff")
+        stack.push_async_callback(_bounded, nc.drain)
+        tasks: list[asyncio.Task] = []
+        stack.push_async_callback(_cancel_all, tasks)
         puller = asyncio.create_task(pull_loop(engine, nc, queue, settings, worker_id,
                                                metrics, ctx.stopping))
         tasks.append(puller)
@@ -182,29 +187,39 @@ async def run_engine_prefill_worker(ctx: ComponentContext, cfg) -> None:
             yield {"ok": True, "engine": engine.info.name, "worker": f"{worker_id:x}"}
 
         tasks.append(asyncio.create_task(report_ready_when_registered(
-            ctx.report, endpoint, worker_id, endpoint=f"{ns}.{component.lower()}.generate",
-            detail=f"instance {worker_id:x} ({engine.info.name})")))
+            ctx.report, h.endpoint, worker_id, endpoint=f"{ns}.{component.lower()}.generate",
+            detail=f"instance {worker_id:x} ({engine.info.name})"
+                   + (f", {h.detail}" if h.detail else ""), **h.ready_fields)))
         serving = asyncio.ensure_future(serve_until_stopped(
-            ctx, endpoint, presence, drain_timeout_s=cfg.drain_timeout_s,
+            ctx, h.endpoint, presence, drain_timeout_s=cfg.drain_timeout_s,
             inflight=engine.inflight))
         tasks.append(serving)
-        await asyncio.wait({serving, puller}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({serving, puller, h.died}, return_when=asyncio.FIRST_COMPLETED)
+        if h.died.done():
+            raise h.died.result()
         if puller.done() and not ctx.stopping.is_set():
             puller.result()  # surface the pull loop's error
             raise RuntimeError("the pull loop ended while serving")
-        await serving
+        await serving  # deregistered: nobody sends new work
         await asyncio.wait_for(puller, cfg.drain_timeout_s + 5)  # jobs in hand finish
-    finally:
-        await _close(tasks, cleanup)
-        await engine.shutdown(drain_timeout_s=0.0)
 
 
-async def _close(tasks: list[asyncio.Task], cleanup: list) -> None:
+async def _serve_or_die(serving: asyncio.Future, died: asyncio.Future) -> None:
+    """Serve until stopped; an engine that dies first ends the replica with its error."""
+    await asyncio.wait({serving, died}, return_when=asyncio.FIRST_COMPLETED)
+    if died.done() and not serving.done():
+        raise died.result()
+    serving.result()
+
+
+async def _bounded(close) -> None:
+    try:
+        await asyncio.wait_for(close(), 5)
+    except Exception as exc:  # noqa: BLE001 - shutdown continues regardless
+        log.warning("cleanup step failed: %s", exc)
+
+
+async def _cancel_all(tasks: list[asyncio.Task]) -> None:
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    for close in reversed(cleanup):
-        try:
-            await asyncio.wait_for(close(), 5)
-        except Exception as exc:  # noqa: BLE001 - shutdown continues regardless
-            log.warning("cleanup step failed: %s", exc)

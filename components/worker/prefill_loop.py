@@ -1,19 +1,24 @@
-"""The prefill loop for engines that move KV themselves (SGLang, TensorRT-LLM).
+"""The prefill loop: one per prefill worker replica, for every engine.
 
 It reaches the engine only through ``splitserve.components.engines.interface.Engine``
 (plus SGLang's ``begin_prefill`` where ``info.extras["handoff_before_prefill"]`` says
-the handoff exists before the prefill runs).  Per job:
+the handoff exists before the prefill runs).  Per job, the engine request id is
+``<job id>@<delivery>`` so a redelivered job never collides with an earlier attempt
+still held in the engine:
 
 - handoff first (SGLang): ``begin_prefill`` -> send the bootstrap handoff to the decode
   worker at once (it must join the room before the prefill computes) -> await the
   result -> ack;
-- result first (TensorRT-LLM): ``prefill()`` -> send the opaque result to the waiting
-  decode worker -> ack.
+- result first (torch, mocker, vLLM, TensorRT-LLM): ``prefill()`` -> send the result to
+  the waiting decode worker -> ack.  Engines that push KV (``info.pushes_kv``: torch)
+  are given the job's destination blocks and have written them before ``prefill``
+  returns.
 
-The handoff travels as the mocker path's ``PrefillHandoff`` NATS request/reply on the
-job's ``handoff_subject``.  Long jobs are heartbeated; failures nak (redelivery); a
-decode worker that is gone terminates the job; one that stopped waiting gets the job
-acked and, for SGLang, the begun prefill aborted (nobody will join its room).
+The handoff travels as a ``PrefillHandoff`` NATS request/reply on the job's
+``handoff_subject``.  Long jobs are heartbeated; failures nak (redelivery); a decode
+worker that is gone terminates the job; one that stopped waiting gets the job acked
+(another delivery would only repeat the work) and, for SGLang, the begun prefill
+aborted (nobody will join its room).
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ import time
 from pydantic import Field
 
 from splitserve.common.models import StrictModel
-from splitserve.components.engines.interface import Engine, GenerateParams
-from splitserve.components.mocker_worker.disagg_prefill import keep_alive
+from splitserve.components.engines.interface import (
+    Engine,
+    GenerateParams,
+    TorchBlocksHandoff,
+)
 from splitserve.components.mocker_worker.handoff import PrefillHandoff, hand_over
 from splitserve.components.prefill_queue import PrefillRequest
 
@@ -50,6 +58,24 @@ class PrefillLoopSettings(StrictModel):
                                    "hand may still finish.")
 
 
+async def keep_alive(job, every_s: float) -> None:
+    """Push the job's redelivery deadline back while a long prefill (or transfer) runs,
+    so the queue does not hand it to a second worker."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await job.in_progress()
+        except Exception as exc:  # noqa: BLE001 - at worst the job is redelivered
+            log.debug("in_progress for %s failed: %s", job.request.request_id, exc)
+
+
+def destination_of(req: PrefillRequest) -> TorchBlocksHandoff:
+    """The decode worker's reserved blocks named in a job (engines that push KV)."""
+    return TorchBlocksHandoff(nixl_agent=req.nixl_agent, block_ids=list(req.block_ids),
+                              block_size=req.block_size,
+                              num_cached_tokens=req.num_cached_tokens)
+
+
 def job_params(req: PrefillRequest) -> GenerateParams:
     """The engine's view of a job: the prompt, one token, the request's sampling."""
     return GenerateParams(token_ids=tuple(req.token_ids), max_tokens=1,
@@ -64,6 +90,7 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
 
     req = job.request
     rid = req.request_id
+    eid = f"{rid}@{getattr(job, 'delivery_count', 1)}"
     outcome = "done"
     heartbeat = asyncio.create_task(keep_alive(job, settings.heartbeat_s))
     pending = None
@@ -74,20 +101,28 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
             return outcome
         t0 = time.monotonic()
         params = job_params(req)
+        transfer_s, usage = 0.0, None
         if engine.info.extras.get("handoff_before_prefill"):
-            ticket = await engine.begin_prefill(rid, params)
+            ticket = await engine.begin_prefill(eid, params)
             pending = ticket.result
             first_token, handoff = 0, ticket.handoff  # the decode engine streams token 1
         else:
-            result = await asyncio.wait_for(engine.prefill(rid, params),
+            kwargs = {"destination": destination_of(req)} if engine.info.pushes_kv else {}
+            result = await asyncio.wait_for(engine.prefill(eid, params, **kwargs),
                                             settings.prefill_timeout_s)
             first_token, handoff = result.first_token, result.handoff
+            transfer_s = result.transfer_s
             metrics.compute.observe(result.compute_s)
+            if result.transfer_bytes or result.transfer_s:
+                metrics.transfer.observe(result.transfer_s)
+                metrics.transfer_bytes.inc(result.transfer_bytes)
+            if result.cached_tokens:
+                usage = {"prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
         message = PrefillHandoff(
             request_id=rid, first_token=first_token,
-            disaggregated_params=handoff.model_dump(mode="json"),
-            prefill_worker_id=f"{worker_id:x}", compute_s=time.monotonic() - t0,
-            transfer_s=0.0)
+            disaggregated_params=handoff.model_dump(mode="json"), completion_usage=usage,
+            prefill_worker_id=f"{worker_id:x}",
+            compute_s=max(0.0, time.monotonic() - t0 - transfer_s), transfer_s=transfer_s)
         try:
             reply = await hand_over(nc, req.handoff_subject, message,
                                     settings.handoff_timeout_s)
@@ -120,7 +155,7 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
         if pending is not None:  # begun and not finished: nobody will take its KV
             pending.cancel()
             with contextlib.suppress(Exception):
-                await engine.abort(rid)
+                await engine.abort(eid)
         metrics.jobs.labels(outcome).inc()
 
 

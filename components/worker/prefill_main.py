@@ -1,8 +1,10 @@
 """PrefillWorker process: `python -m splitserve.components.worker.prefill_main --config FILE`.
 
-Dispatches on the section's ``engine``: ``torch`` (real model, KV over NIXL),
-``mocker`` (a simulated prefill engine; results handed to decode workers over NATS), or
-``sglang`` / ``trtllm`` (the engine moves KV itself; the interface-driven prefill loop).
+Every engine runs the same prefill worker (``engine_processes.run_engine_prefill_worker``:
+the prefill loop around the engine interface); the section's ``engine`` picks only the
+config model and how the engine is brought up: ``torch`` (real model; writes KV into the
+decode worker's blocks over NIXL), ``mocker`` (a simulated prefill engine), or an
+in-process GPU engine (``vllm``, ``sglang``, ``trtllm``: the engine moves KV itself).
 """
 
 from __future__ import annotations
@@ -10,24 +12,27 @@ from __future__ import annotations
 from splitserve.serve.component import ComponentContext, run
 
 
-async def main(ctx: ComponentContext) -> None:
-    engine = ctx.run.config.get("engine", "torch")
-    if engine in ("sglang", "trtllm"):
-        # Engines that move KV themselves: the interface-driven prefill loop.
-        from .engine_processes import engine_prefill_section, run_engine_prefill_worker
-
-        await run_engine_prefill_worker(ctx, ctx.config(engine_prefill_section(engine)))
-    elif engine == "mocker":
+def section_model(engine: str) -> type:
+    """The PrefillWorker section model of ``engine``."""
+    if engine == "mocker":
         # The mocker's own config module: a mocker fleet never imports torch or NIXL.
         from splitserve.components.mocker_worker.disagg_config import MockerPrefillWorkerConfig
-        from splitserve.components.mocker_worker.disagg_prefill import run_mocker_prefill_worker
 
-        await run_mocker_prefill_worker(ctx, ctx.config(MockerPrefillWorkerConfig))
-    else:
+        return MockerPrefillWorkerConfig
+    if engine == "torch":
         from .disagg_config import PrefillWorkerConfig
-        from .prefill_worker import run_prefill_worker
 
-        await run_prefill_worker(ctx, ctx.config(PrefillWorkerConfig))
+        return PrefillWorkerConfig
+    from .engine_processes import engine_prefill_section
+
+    return engine_prefill_section(engine)
+
+
+async def main(ctx: ComponentContext) -> None:
+    from .engine_processes import run_engine_prefill_worker
+
+    engine = ctx.run.config.get("engine", "torch")
+    await run_engine_prefill_worker(ctx, ctx.config(section_model(engine)))
 
 
 if __name__ == "__main__":

@@ -451,7 +451,7 @@ async def test_client_gone_before_the_prefill_abandons_the_job(nats_url: str) ->
                 break
             await asyncio.sleep(0.05)
         assert rig.jobs("orphaned") == 1
-        assert "r10" in double_of(pre).aborted and pre.inflight() == 0
+        assert "r10@1" in double_of(pre).aborted and pre.inflight() == 0
         assert (await rig.queue.depth()).total == 0
 
 

@@ -209,8 +209,8 @@ class SglangEngine:
         ticket = await self.begin_prefill(request_id, params)
         return await ticket.result
 
-    def decode(self, request_id: str, params: GenerateParams,
-               handoff: EngineHandoff) -> AsyncIterator[TokenDelta]:
+    def decode(self, request_id: str, params: GenerateParams, handoff: EngineHandoff,
+               first_token: int | None = None) -> AsyncIterator[TokenDelta]:
         """Decode-with-handoff: join the prefill's bootstrap room; SGLang pulls the KV
         and streams every token, the prefill's first token included."""
         if self.role != "decode":

@@ -164,8 +164,8 @@ class TrtllmEngine:
         return PrefillResult(first_token=tokens[0], handoff=handoff_from_params(dparams),
                              cached_tokens=last.cached_tokens, compute_s=time.monotonic() - t0)
 
-    def decode(self, request_id: str, params: GenerateParams,
-               handoff: EngineHandoff) -> AsyncIterator[TokenDelta]:
+    def decode(self, request_id: str, params: GenerateParams, handoff: EngineHandoff,
+               first_token: int | None = None) -> AsyncIterator[TokenDelta]:
         """Decode-with-handoff: a ``generation_only`` request with the context's params."""
         if self.role != "decode":
             raise RuntimeError(f"decode() needs a decode TensorRT-LLM engine, this is {self.role}")

@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from splitserve.components.engines.interface import OpaqueHandoff
 from splitserve.components.mocker_worker.disagg_config import MockerDecodeWorkerConfig
-from splitserve.components.mocker_worker.disagg_decode import MockerDecodeCoordinator
 from splitserve.components.mocker_worker.handoff import HandoffInbox, PrefillHandoff
+from splitserve.components.mocker_worker.mocker_engine import MockerEngine
 from splitserve.components.prefill_queue import QueueFull
 from splitserve.components.protocol import worker_request
+from splitserve.components.worker.coordinator import EngineDecodeCoordinator
+from splitserve.components.worker.disagg_metrics import DisaggMetrics
+from splitserve.components.worker.engine_processes import coordinator_settings
 from splitserve.components.worker.metrics import WorkerMetrics
 
 SEED_POLICY = {
@@ -50,8 +54,9 @@ class FakeQueue:
             raise QueueFull("stream limits reached")
         self.jobs.append(job)
         if self.answer == "handoff":
+            opaque = OpaqueHandoff(disaggregated_params="dummy").model_dump(mode="json")
             handoff = PrefillHandoff(request_id=job.request_id, first_token=7,
-                                     disaggregated_params="dummy", prefill_worker_id="p1",
+                                     disaggregated_params=opaque, prefill_worker_id="p1",
                                      compute_s=0.01, transfer_s=0.002)
             # Delivered later, as a NATS callback would be.
             asyncio.get_running_loop().call_soon(self.inbox.take, handoff.encode())
@@ -70,9 +75,10 @@ class FakePrefillPool:
         return list(range(self.n))
 
 
-def coordinator(*, answer: str = "handoff", prefill_workers: int = 2,
-                **cfg: Any) -> tuple[MockerDecodeCoordinator, dict[str, FakeEngine], FakeQueue]:
-    """A coordinator over fakes, with the seed's score policy unless overridden."""
+def coordinator(*, answer: str = "handoff", prefill_workers: int = 2, **cfg: Any
+                ) -> tuple[EngineDecodeCoordinator, dict[str, FakeEngine], FakeQueue]:
+    """The shared decode coordinator over a mocker engine of fakes, with the seed's score
+    policy unless overridden."""
     config = MockerDecodeWorkerConfig.model_validate(
         {"disaggregated_router": SEED_POLICY, "remote_prefill_timeout_s": 0.2, **cfg})
     from splitserve.components.disagg import build_decider
@@ -80,10 +86,17 @@ def coordinator(*, answer: str = "handoff", prefill_workers: int = 2,
     inbox = HandoffInbox()
     engines = {"decode": FakeEngine("decode"), "local": FakeEngine("local")}
     queue = FakeQueue(inbox, answer)
-    coord = MockerDecodeCoordinator(
-        config, engines, worker_id=0xABC, subject="splitserve.ns.decodeworker.handoff.abc",
-        decider=build_decider(config.disaggregated_router), queue=queue, depth=FakeDepth(),
-        prefill_client=FakePrefillPool(prefill_workers), inbox=inbox, metrics=WorkerMetrics())
+    args = config.engine_args
+    engine = MockerEngine(engines, "m", args.block_size, args.num_gpu_blocks,
+                          config.engine_idle_timeout_s)
+    metrics = WorkerMetrics()
+    pool, depth = FakePrefillPool(prefill_workers), FakeDepth()
+    coord = EngineDecodeCoordinator(
+        engine, build_decider(config.disaggregated_router), queue, inbox,
+        "splitserve.ns.decodeworker.handoff.abc", 0xABC,
+        live_prefill_workers=lambda: len(pool.instance_ids()),
+        queue_depth=lambda: depth.depth or 0, metrics=DisaggMetrics(metrics.registry),
+        settings=coordinator_settings(config), requests=metrics.requests)
     return coord, engines, queue
 
 
@@ -94,11 +107,11 @@ def request(prompt_tokens: int, max_tokens: int = 4, request_id: str = "req-1") 
                           eos_token_ids=[2], request_id=request_id, priority="default")
 
 
-async def collect(coord: MockerDecodeCoordinator, req: dict) -> list[dict]:
+async def collect(coord: EngineDecodeCoordinator, req: dict) -> list[dict]:
     return [chunk async for chunk in coord.generate(req)]
 
 
-def sample(coord: MockerDecodeCoordinator, name: str, **labels: str) -> float:
+def sample(coord: EngineDecodeCoordinator, name: str, **labels: str) -> float:
     """A metric sample's value from the coordinator's registry (0 when absent)."""
     value = coord.metrics.registry.get_sample_value(name, labels)
     return value or 0.0

@@ -1,4 +1,4 @@
-"""The mocker decode worker's per-request path, over fake engines and a fake queue."""
+"""The shared decode coordinator over a mocker engine: fake children, a fake queue."""
 
 from __future__ import annotations
 
@@ -25,13 +25,15 @@ async def test_long_prompt_is_prefilled_remotely_then_resumed_on_the_decode_engi
     assert resumed["prefill_result"] == {"disaggregated_params": "dummy"}
     assert engines["local"].requests == []
     assert sample(coord, DECISIONS, where="remote", reason="min-score-met") == 1
-    assert coord.inflight == 0 and coord.tokens_in_flight == 0 and coord.inbox.waiting == 0
+    assert coord.inflight == 0 and coord.engine.tokens_in_flight == 0
+    assert coord.inbox.waiting == 0
 
 
 async def test_remote_request_of_one_token_needs_no_decode_engine():
     coord, engines, _ = coordinator()
     chunks = await collect(coord, request(400, max_tokens=1))
-    assert [c["token_ids"] for c in chunks] == [[7], []]
+    assert [c["token_ids"] for c in chunks] == [[7]]
+    assert chunks[-1]["finish_reason"] == "length"
     assert engines["decode"].requests == []
 
 
@@ -85,7 +87,7 @@ async def test_requests_the_mocker_cannot_serve_are_refused_with_an_error_chunk(
 
 async def test_snapshot_reads_own_load_and_the_prefill_pool():
     coord, _, _ = coordinator(prefill_workers=3)
-    coord.inflight, coord.tokens_in_flight = 5, 16 * 1638
+    coord.inflight, coord.engine.tokens_in_flight = 5, 16 * 1638
     snap = coord.snapshot()
     assert (snap.decode_active_requests, snap.live_prefill_workers) == (5, 3)
     assert snap.decode_kv_usage == pytest.approx(0.1, abs=1e-3)  # 1638 of 16384 blocks

@@ -1,4 +1,5 @@
-"""One mocker prefill job end to end over fakes: engine, NATS request, queue job."""
+"""One mocker prefill job through the shared prefill loop, over fakes: engine, NATS
+request, queue job."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import nats.errors
 import pytest
 from prometheus_client import CollectorRegistry
 
-from splitserve.components.mocker_worker.disagg_config import MockerPrefillWorkerConfig
-from splitserve.components.mocker_worker.disagg_prefill import prefill_one
 from splitserve.components.mocker_worker.handoff import HandoffInbox, PrefillHandoff
+from splitserve.components.mocker_worker.mocker_engine import MockerEngine
 from splitserve.components.worker.disagg_metrics import PrefillMetrics
+from splitserve.components.worker.prefill_loop import PrefillLoopSettings, prefill_one
 from tests.unit.prefill_queue.factories import make_request
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
@@ -55,6 +56,7 @@ class FakeNats:
 class FakeJob:
     def __init__(self, **request_fields) -> None:
         self.request = make_request(**request_fields)
+        self.delivery_count = 1
         self.settled: list[str] = []
 
     async def ack(self) -> None:
@@ -77,8 +79,8 @@ def outcome(metrics: PrefillMetrics) -> dict[str, float]:
 
 async def run_one(job: FakeJob, nc: FakeNats, engine: PrefillEngine | None = None):
     metrics = PrefillMetrics(CollectorRegistry())
-    await prefill_one(engine or PrefillEngine(), nc, job, MockerPrefillWorkerConfig(), "m",
-                      0xBEEF, metrics)
+    mocker = MockerEngine({"prefill": engine or PrefillEngine()}, "m", 16, 1024, 5.0)
+    await prefill_one(mocker, nc, job, PrefillLoopSettings(), 0xBEEF, metrics)
     return outcome(metrics)
 
 
@@ -90,7 +92,9 @@ async def test_result_reaches_the_waiting_decode_worker_before_the_ack():
     assert await run_one(job, nc) == {"done": 1.0}
     assert job.settled == ["ack"]
     handoff = waiting.result()
-    assert (handoff.first_token, handoff.disaggregated_params) == (9, "dummy")
+    assert handoff.first_token == 9
+    assert handoff.disaggregated_params == {"version": 1, "kind": "opaque",
+                                            "disaggregated_params": "dummy"}
     assert handoff.prefill_worker_id == "beef" and nc.sent[0][0] == "subj.d1"
 
 

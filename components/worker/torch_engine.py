@@ -1,0 +1,234 @@
+"""The torch CPU engine behind the engine interface, for the decode coordinator and the
+prefill loop (``coordinator.py``, ``prefill_loop.py``).
+
+The engine core runs on its own thread (``EngineRunner``); this adapter only maps
+requests and outputs and owns the disaggregated steps of the torch path, where the
+prefill side *pushes* KV:
+
+- decode side: ``reserve_remote`` reserves the prompt's blocks (reusing the cached
+  prefix) before the job is enqueued; the job names them (a ``TorchBlocksHandoff``).
+  ``decode`` waits for the NIXL write's notification, resumes the request after the
+  prefill's first token and streams the rest.  ``release_remote`` gives a reservation
+  up: at once when no write can come, or after ``late_write_hold_s`` when the job may
+  still be running (a late write must not land in blocks already reused);
+- prefill side: ``prefill(destination=...)`` computes the prompt as a prefill-only
+  request, writes its blocks into the destination over NIXL, then frees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+
+from splitserve.components.engines.interface import (
+    EngineHandoff,
+    EngineInfo,
+    GenerateParams,
+    KvEventSink,
+    LoadSample,
+    PrefillResult,
+    TokenDelta,
+    TorchBlocksHandoff,
+)
+
+from .runner import EngineRunner
+
+FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
+
+
+class TorchEngine:
+    """An engine core on its runner thread; implements ``Engine`` and, with a KV
+    transfer agent, ``RemoteKvTarget`` (decode side) or the pushing prefill side."""
+
+    def __init__(self, core, runner: EngineRunner, block_size: int, agent=None, *,
+                 arrival_timeout_s: float = 10.0, late_write_hold_s: float = 35.0) -> None:
+        self.core, self.runner, self.agent = core, runner, agent
+        self.block_size = block_size
+        self.arrival_timeout_s = arrival_timeout_s
+        self.late_write_hold_s = late_write_hold_s
+        self.info = EngineInfo(name="torch", kv_block_size=block_size,
+                               supports_local_prefill=True, pushes_kv=True)
+        self._reserved: dict[str, asyncio.Queue] = {}
+        self._held: set[asyncio.Task] = set()
+
+    # ---- lifecycle (the worker shell loads the model and starts the runner) ------------
+    async def start(self) -> None:
+        """Nothing to do: the model is loaded and the runner started by the shell."""
+
+    async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
+        deadline = time.monotonic() + drain_timeout_s
+        while self.runner.inflight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for task in self._held:
+            task.cancel()
+
+    # ---- requests -----------------------------------------------------------------------
+    def validate(self, params: GenerateParams) -> None:
+        """Refuse token ids outside the model's vocabulary before anything is queued."""
+        self.core.check_token_ids(params.token_ids)
+
+    def _request(self, request_id: str, params: GenerateParams, **extra):
+        from splitserve.components.engines.torch_cpu import Request
+
+        return Request(request_id=request_id, prompt_token_ids=params.token_ids,
+                       max_tokens=params.max_tokens, temperature=params.temperature,
+                       top_p=params.top_p, seed=params.seed,
+                       stop_token_ids=params.stop_token_ids, priority=params.priority,
+                       **extra)
+
+    async def _deltas(self, request_id: str, q: asyncio.Queue) -> AsyncIterator[TokenDelta]:
+        """The runner's outputs of one request as deltas; aborts it if abandoned."""
+        finished = False
+        try:
+            while not finished:
+                out = await q.get()
+                if isinstance(out, BaseException):
+                    finished = True  # the runner already dropped the request
+                    raise out
+                finished = out.finished
+                if out.finish_reason == "error":
+                    raise RuntimeError(out.error or "engine error")
+                yield TokenDelta(
+                    token_ids=tuple(out.new_token_ids), finished=finished,
+                    finish_reason=FINISH.get(out.finish_reason or "", "stop")
+                    if finished else None,
+                    prompt_tokens=out.num_prompt_tokens, cached_tokens=out.num_cached_tokens)
+        finally:
+            if not finished:
+                self.runner.abort(request_id)
+
+    async def generate(self, request_id: str, params: GenerateParams
+                       ) -> AsyncIterator[TokenDelta]:
+        """Aggregated: prefill and decode here."""
+        q = self.runner.submit(self._request(request_id, params))
+        async with contextlib.aclosing(self._deltas(request_id, q)) as deltas:
+            async for d in deltas:
+                yield d
+
+    async def abort(self, request_id: str) -> None:
+        self.runner.abort(request_id)
+
+    # ---- decode side of a remote prefill ----------------------------------------------
+    async def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> int:
+        return await self.runner.call(self.core.cached_prefix_tokens, list(token_ids))
+
+    async def reserve_remote(self, request_id: str, params: GenerateParams
+                             ) -> TorchBlocksHandoff | None:
+        self._reserved[request_id] = self.runner.open_stream(request_id)
+        try:
+            alloc = await self.runner.call(self.core.allocate_remote,
+                                           self._request(request_id, params))
+        except BaseException:
+            self.runner.streams.pop(request_id, None)
+            self._reserved.pop(request_id, None)
+            raise
+        if alloc is None:
+            self.runner.streams.pop(request_id, None)
+            self._reserved.pop(request_id, None)
+            return None
+        skip = alloc.num_cached_tokens // self.block_size
+        return TorchBlocksHandoff(nixl_agent=self.agent.name,
+                                  block_ids=list(alloc.block_ids[skip:]),
+                                  block_size=self.block_size,
+                                  num_cached_tokens=skip * self.block_size)
+
+    async def release_remote(self, request_id: str, late_write_possible: bool) -> None:
+        if self._reserved.pop(request_id, None) is None:
+            return
+        self.runner.streams.pop(request_id, None)
+        if not late_write_possible:
+            self.runner.commands.put(("abort", request_id))
+            return
+        self.agent.cancel(request_id)  # a late staged payload is not unpacked
+
+        async def release_later() -> None:
+            await asyncio.sleep(self.late_write_hold_s)
+            self.runner.commands.put(("abort", request_id))
+
+        task = asyncio.ensure_future(release_later())
+        self._held.add(task)
+        task.add_done_callback(self._held.discard)
+
+    async def decode(self, request_id: str, params: GenerateParams, handoff: EngineHandoff,
+                     first_token: int | None = None) -> AsyncIterator[TokenDelta]:
+        """Resume a reserved request once its KV is in its blocks."""
+        q = self._reserved.get(request_id)
+        if q is None:
+            raise RuntimeError(f"request {request_id!r} has no reserved blocks")
+        if first_token is None:
+            raise ValueError("a torch decode needs the prefill's first token")
+        try:
+            # The prefill side writes, then hands over; the write's own notification
+            # normally is here already.
+            arrival = await self.agent.wait_for(request_id, self.arrival_timeout_s)
+            sent = json.loads(arrival.payload).get("first_token")
+            if sent is not None and sent != first_token:
+                raise RuntimeError(f"request {request_id!r}: handoff token {first_token} "
+                                   f"differs from the write's {sent}")
+            await self.runner.call(self.core.resume_remote, request_id, first_token)
+        except BaseException:
+            await self.release_remote(request_id, late_write_possible=True)
+            raise
+        self._reserved.pop(request_id, None)
+        async with contextlib.aclosing(self._deltas(request_id, q)) as deltas:
+            async for d in deltas:
+                yield d
+
+    # ---- prefill side ------------------------------------------------------------------
+    async def prefill(self, request_id: str, params: GenerateParams,
+                      destination: TorchBlocksHandoff | None = None) -> PrefillResult:
+        """Compute the prompt (prefix cache used), write its KV into ``destination``'s
+        blocks over NIXL with the first token as the notification, then free them."""
+        if not isinstance(destination, TorchBlocksHandoff) or self.agent is None:
+            raise ValueError("a torch prefill needs a torch-blocks destination and an agent")
+        t0 = time.monotonic()
+        q = self.runner.submit(self._request(request_id, params, prefill_only=True))
+        held = False
+        try:
+            while True:
+                out = await q.get()
+                if isinstance(out, BaseException):
+                    raise out
+                if out.finished:
+                    break
+            if out.finish_reason == "error":
+                raise RuntimeError(out.error)
+            held = out.finish_reason != "abort"
+            if not held or not out.new_token_ids:
+                raise RuntimeError(f"prefill of {request_id!r} ended without a token")
+            compute_s = time.monotonic() - t0
+            skip = destination.num_cached_tokens // destination.block_size
+            src = list(out.kv_block_ids[skip:skip + len(destination.block_ids)])
+            first = out.new_token_ids[0]
+            # The notification names the decode side's request id (the job's), not this
+            # engine's (which carries the delivery count).
+            rid = request_id.rsplit("@", 1)[0]
+            notify = json.dumps({"request_id": rid, "first_token": first}).encode()
+            res = await self.agent.write_blocks(destination.nixl_agent, src,
+                                                destination.block_ids, notify, request_id=rid)
+            return PrefillResult(first_token=first, handoff=destination,
+                                 cached_tokens=out.num_cached_tokens, compute_s=compute_s,
+                                 transfer_s=res.seconds, transfer_bytes=res.nbytes)
+        finally:
+            if held:
+                await self.runner.call(self.core.release_kv, request_id)
+            else:
+                self.runner.abort(request_id)
+
+    # ---- sources ------------------------------------------------------------------------
+    async def run_kv_events(self, sink: KvEventSink,
+                            ready: asyncio.Event | None = None) -> None:
+        """The runner publishes KV events itself (set up by the shell)."""
+        if ready is not None:
+            ready.set()
+
+    def load(self) -> LoadSample:
+        st = self.runner.last_stats or self.core.stats()
+        return LoadSample(active=st.num_running, waiting=st.num_waiting,
+                          kv_used_blocks=st.kv_blocks_used, kv_total_blocks=st.kv_blocks_total)
+
+    def inflight(self) -> int:
+        return self.runner.inflight()
