@@ -66,8 +66,11 @@ class Estimate(FrozenModel):
     est_ttft_ms: float = Field(ge=0, description="Estimated time to first token.")
     est_tpot_ms: float = Field(ge=0, description="Estimated time per output token.")
     queue_wait_ms: float = Field(ge=0, description="Prefill-queue wait + decode-queue wait.")
-    unloaded_ttft_ms: float = Field(ge=0, description="Own prefill + one decode step.")
-    prefill_per_token_ms: float = Field(gt=0, description="Prefill EMA used, ms per token.")
+    unloaded_ttft_ms: float = Field(ge=0, description="Own prefill (fixed + per token), "
+                                    "plus one decode step unless the fit holds it.")
+    prefill_per_token_ms: float = Field(gt=0, description="Prefill rate used, ms per token.")
+    prefill_fixed_ms: float = Field(default=0.0, ge=0, description="Prefill time that does "
+                                    "not grow with the prompt (the fit's intercept).")
     decode_per_token_ms: float = Field(gt=0, description="Decode EMA used, ms per token.")
     prefill_source: RateSource = Field(description="Where the prefill rate came from.")
     decode_source: RateSource = Field(description="Where the decode rate came from.")
