@@ -144,3 +144,52 @@ def test_staleness(case):
     e = measured(max_age).estimate(10, Backlog(at=at), now=now)
     assert e.age_s == pytest.approx(age) and e.stale is stale and e.computed_at == now
     assert e.usable is (not stale)
+
+
+FIT = {
+    # name: (samples as (tokens, seconds), expected fixed ms, expected ms per token)
+    "fixed floor and per-token slope": ([(4, 0.041), (1000, 0.140), (4000, 0.440),
+                                         (8000, 0.840)], 40.6, 0.1),
+    "equal sizes: the ratio through the origin": ([(400, 0.2), (400, 0.4)], 0.0,
+                                                  (0.5 * 0.4 + 0.5 * 0.2) * 1000 / 400),
+    "spread under 10% of the mean: the ratio": ([(1000, 0.2), (1050, 0.1)], 0.0,
+                                                0.5 * (200 + 100) / (0.5 * (1000 + 1050))),
+    "slope not positive: the ratio": ([(100, 0.3), (1000, 0.2)], 0.0,
+                                      0.5 * (300 + 200) / (0.5 * (100 + 1000))),
+    "intercept negative: the line through the origin": (
+        [(100, 0.01), (1000, 0.5)], 0.0, (100 * 10 + 1000 * 500) / (100 ** 2 + 1000 ** 2)),
+}
+
+
+@pytest.mark.parametrize("case", FIT.values(), ids=FIT.keys())
+def test_prefill_time_is_fitted_as_fixed_plus_per_token(case):
+    samples, fixed, per_token = case
+    est = estimator(smoothing=0.5)
+    for t, (tokens, seconds) in enumerate(samples):
+        est.observe_prefill("w1", "pool-a", tokens, seconds, now=float(t))
+    for rate in (est.rate("prefill", "pool-a", "w1"), est.rate("prefill", "pool-a")):
+        assert rate.fixed_ms == pytest.approx(fixed, abs=0.5)
+        assert rate.value == pytest.approx(per_token, rel=0.02)
+        assert rate.samples == len(samples)
+
+
+def test_short_warmup_prompts_do_not_make_long_prompts_look_slow():
+    """Four-token prompts at 40 ms each, then a few real prompts: per token the warm-up
+    alone says 10 ms/token, i.e. 20 s for 2,000 tokens; the fit keeps the 40 ms floor."""
+    est = estimator(smoothing=0.2)
+    for t in range(8):
+        est.observe_prefill("w1", "pool", 4, 0.040, now=float(t))
+    for t, (tokens, seconds) in enumerate([(1700, 0.11), (300, 0.05), (6000, 0.28)]):
+        est.observe_prefill("w1", "pool", tokens, seconds, now=10.0 + t)
+    e = est.estimate(2000, Backlog(at=20.0), now=20.0, prefill_pool="pool",
+                     decode_pool="pool", first_step=False)
+    assert 50.0 < e.unloaded_ttft_ms < 200.0
+    assert e.prefill_fixed_ms > 20.0
+
+
+def test_first_step_is_left_out_when_the_fit_holds_it():
+    est = measured()
+    with_step = est.estimate(100, Backlog(at=0.0), now=0.0)
+    without = est.estimate(100, Backlog(at=0.0), now=0.0, first_step=False)
+    assert with_step.unloaded_ttft_ms - without.unloaded_ttft_ms == pytest.approx(20.0)
+    assert without.unloaded_ttft_ms == pytest.approx(100 * 0.5)
