@@ -1,8 +1,8 @@
-"""Fields shared by the DecodeWorker / PrefillWorker sections of the GPU engines.
+"""Fields shared by the DecodeWorker / PrefillWorker sections of every engine.
 
-SGLang and TensorRT-LLM move the KV themselves, so their disaggregated sections carry no
-NIXL agent config: only the offload policy, the prefill queue and the waits.  The field
-names and meanings repeat the torch and mocker sections' so one YAML shape fits all.
+The offload policy, the prefill queue and the waits mean the same for torch, the mocker,
+vLLM, SGLang and TensorRT-LLM, so one YAML shape fits all; each engine's section adds
+its ``engine_args`` (and torch its NIXL agent config).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from splitserve.components.worker.config import WorkerCommon
 
 
 class EngineDecodeSection(WorkerCommon):
-    """Common fields of a GPU engine's decode worker (which runs the offload decider)."""
+    """Common fields of a decode worker (which runs the offload decider)."""
 
     disaggregated_router: dict[str, Any] = Field(
         default_factory=lambda: {"enable": True},
@@ -42,7 +42,7 @@ class EngineDecodeSection(WorkerCommon):
 
 
 class EnginePrefillSection(WorkerCommon):
-    """Common fields of a GPU engine's prefill worker."""
+    """Common fields of a prefill worker."""
 
     max_concurrent_jobs: int = Field(8, ge=1, description="Prefill jobs in flight at once "
                                      "(the engine batches their prompts).")

@@ -2,18 +2,21 @@
 
 Kept apart from the torch sections (``components/worker/disagg_config.py``, which
 selects between both) because those import the KV-transfer stack, and with it torch:
-about 1 s and 300 MiB per process that a mocker replica has no use for.  The decode
-policy fields therefore repeat the torch section's, with the same names and meaning.
+about 1 s and 300 MiB per process that a mocker replica has no use for.  The policy,
+queue and timing fields come from the sections every engine shares
+(``components/engines/disagg_sections.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
-from splitserve.components.prefill_queue.config import PrefillQueueConfig
-from splitserve.components.worker.config import WorkerCommon
+from splitserve.components.engines.disagg_sections import (
+    EngineDecodeSection,
+    EnginePrefillSection,
+)
 
 from .config import MockerEngineArgs
 
@@ -32,7 +35,7 @@ def _check_engine_args(args: MockerEngineArgs) -> MockerEngineArgs:
     return args
 
 
-class MockerDecodeWorkerConfig(WorkerCommon):
+class MockerDecodeWorkerConfig(EngineDecodeSection):
     """A decode worker fronting two mocker engines: a decode-mode engine for requests
     prefilled remotely, and an aggregated engine for local prefills (a decode-mode mocker
     does not simulate prefill compute)."""
@@ -41,14 +44,6 @@ class MockerDecodeWorkerConfig(WorkerCommon):
     engine_args: MockerEngineArgs = Field(
         default_factory=MockerEngineArgs, description="Arguments of both engines of this "
         "replica; `disaggregation_mode` is set per engine by the component.")
-    disaggregated_router: dict[str, Any] = Field(
-        default_factory=lambda: {"enable": True},
-        description="The offload policy (`enable`, `decider`: score | threshold | forced, "
-        "and the decider's parameters); the seed's score-based YAML loads as written.")
-    remote_prefill_timeout_s: float = Field(
-        30.0, gt=0, description="How long to wait for a remote prefill's result before "
-        "prefilling locally instead.")
-    prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)
     engine_idle_timeout_s: float = Field(
         60.0, gt=0, description="Longest wait for the next chunk from an engine before the "
         "request ends with an error (a malformed request can hang a mocker stream).")
@@ -58,16 +53,8 @@ class MockerDecodeWorkerConfig(WorkerCommon):
     def _engine_args_fit(cls, v: MockerEngineArgs) -> MockerEngineArgs:
         return _check_engine_args(v)
 
-    @field_validator("disaggregated_router")
-    @classmethod
-    def _policy_is_valid(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from splitserve.components.disagg import parse_disaggregated_router
 
-        parse_disaggregated_router(v)  # raises with the field path; value unchanged
-        return v
-
-
-class MockerPrefillWorkerConfig(WorkerCommon):
+class MockerPrefillWorkerConfig(EnginePrefillSection):
     """A prefill worker fronting one prefill-mode mocker engine: pulls jobs, runs the
     simulated prefill (and KV transfer delay), hands the result to the decode worker."""
 
@@ -78,7 +65,6 @@ class MockerPrefillWorkerConfig(WorkerCommon):
         "simulated transfer time (prompt tokens x KV bytes per token / bandwidth).")
     max_concurrent_jobs: int = Field(16, ge=1, description="Prefill jobs in flight at once "
                                      "(the engine batches their prompts).")
-    prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)
     handoff_timeout_s: float = Field(
         5.0, gt=0, description="How long to wait for the decode worker to confirm a "
         "prefill result before handing the job back to the queue.")
