@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> dict:
                       + " ".join(sys.argv[1:] if argv is None else argv),
            "load_x_capacity": args.load, "offered_rps": workload["offered_rps"],
            "requests": summary["requests"], "outcomes": summary["outcomes"],
+           "goodput_rps": summary["goodput_rps"], "slo_attainment": summary["slo_attainment"],
            "ttft_ms": {k: summary["ttft_ms"][k] for k in ("p50", "p90", "p99")},
+           "tpot_ms": {k: summary["tpot_ms"][k] for k in ("p50", "p99")},
            "warmup_requests": warmup,
            "router_verdicts_incl_warmup": verdicts, "wall_s": round(time.monotonic() - t0, 1)}
     print(json.dumps(out, indent=1))

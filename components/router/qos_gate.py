@@ -1,8 +1,10 @@
 """QoS admission in the router process: class resolution, the estimate, the verdict.
 
-Glue between the pure QoS core (`components/qos/`) and what the router observes: the
-fleet's queues (load reports, its own placements, the prefill-queue depth) and every
-finished request's timings (release calls), which feed the per-token EMAs.
+Glue between the pure QoS core (`components/qos/`) and what the router observes: its
+own placements and admission queue, the routable workers, the prefill-queue depth, and
+every finished request's timings (release calls), which feed the prefill fit (fixed +
+per token) and the decode rate.  Workers' load reports feed only the degradation steps
+(KV usage): what waits in an engine is already among this router's placements.
 """
 
 from __future__ import annotations
