@@ -183,10 +183,17 @@ class RouterService:
         except ValueError as exc:
             yield RouteReply(worker_id=None, reason=f"bad-request: {exc}").model_dump()
             return
+        reply = await self.place(call)
+        yield reply.model_dump(mode="json")
+
+    async def place(self, call: RouteCall) -> RouteReply:
+        """Admit (waiting in the admission queue when it is on) and route one request.
+
+        Called by the ``route`` endpoint and, with ``Frontend.routing: in_process``, by the
+        frontend directly.  Returns the reply: a worker, or why none / a rejection."""
         shed, admitted = await self._wait_for_slot(call)
         if shed is not None:
-            yield shed.model_dump(mode="json")
-            return
+            return shed
         try:
             reply, _ = self.decide(call, admitted)
         finally:
@@ -195,7 +202,7 @@ class RouterService:
                 now = time.monotonic()
                 self.admission.dispatch(now, len(self.fleet.placed),
                                         len(self.fleet.candidates(now)))
-        yield reply.model_dump(mode="json")
+        return reply
 
     async def _wait_for_slot(self, call: RouteCall
                              ) -> tuple[RouteReply | None, Verdict | None]:
@@ -233,6 +240,13 @@ class RouterService:
         except ValueError as exc:
             yield {"ok": False, "error": str(exc)}
             return
+        self.complete(call)
+        yield {"ok": True}
+
+    def complete(self, call: ReleaseCall) -> None:
+        """A placed request is over: free its slot, learn from it, and mark its worker
+        down if it was unreachable.  Called by the ``release`` endpoint and, in process,
+        by the frontend."""
         self.fleet.release(call.request_id)
         self.admission.dispatch(time.monotonic(), len(self.fleet.placed),
                                 len(self.fleet.candidates(time.monotonic())))
@@ -242,8 +256,6 @@ class RouterService:
             self.mark_down(call.worker_id, time.monotonic())
         self.qos.observe(call, time.monotonic(), inflight=len(self.fleet.placed),
                          workers=len(self.fleet.live))
-        yield {"ok": True}
-
 
     async def status_handler(self, request: dict, context=None):
         """Endpoint handler: one RouterStatus."""

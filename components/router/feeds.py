@@ -1,0 +1,115 @@
+"""A RouterService and the feeds that keep it current, built in one place.
+
+Used by the router process (``router/main.py``, which serves the service's endpoints) and
+by the frontend when it routes in its own process (``Frontend.routing: in_process``), so
+both observe the fleet the same way:
+
+- discovery: the worker client's instance ids (read on every decision);
+- KV events: ``KvEventIndex`` over NATS, for prefix overlap (``use_kv_events``);
+- load reports: ``watch_loads`` on the workers' load subject;
+- policy versions: ``follow_policy`` (router and QoS sections of `dynamo policy apply`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from splitserve.components.protocol import load_subject
+
+from .seed_policy import SeedRouting
+from .service import RouterMetrics, RouterService, load_policy, watch_loads
+from .service_config import RouterComponentConfig
+
+log = logging.getLogger("splitserve.router")
+
+
+def routed_component(cfg: RouterComponentConfig, links: list[str]) -> str:
+    """The component whose workers are routed to: ``worker_component`` if set, else the
+    first linked component whose name ends in "Worker" (the router's own links are only
+    workers; the frontend's may also name the Planner)."""
+    return cfg.worker_component or next((n for n in links if n.endswith("Worker")), "Worker")
+
+
+@dataclass
+class RouterFeeds:
+    """A running RouterService with its feeds; ``close`` stops them (after ``stopping``)."""
+
+    service: RouterService
+    component: str
+    worker_client: Any
+    indexer: Any
+    loads: asyncio.Task
+    watcher: Any
+
+    async def close(self) -> None:
+        """Called once the component's ``stopping`` event is set: stop following policy
+        versions, wait for the load subscription to drain, close the KV event index."""
+        await self.watcher.stop()
+        try:
+            await asyncio.wait_for(self.loads, 5)
+        except (TimeoutError, Exception) as exc:  # noqa: BLE001 - shutting down anyway
+            log.debug("load reports did not stop cleanly: %s", exc)
+        if self.indexer is not None:
+            await self.indexer.close()
+
+
+def policy_applier(service: RouterService, cfg: RouterComponentConfig):
+    """The function ``follow_policy`` calls with each policy version for this service."""
+
+    def apply_policy(policy, version: int) -> None:
+        # Build everything first, then swap: a failure leaves the running policy intact.
+        router_core = service.router
+        if policy.router is not None:
+            router_core = load_policy(cfg.model_copy(update={"policy": policy.router}))
+        if policy.qos is not None:
+            service.qos.reconfigure(policy.qos)
+        # The routing sections (cache, split_policy, hotspot prevention) of this version.
+        service.router = router_core.with_seed(SeedRouting.from_policy(policy))
+        log.info("policy v%d routing: %s", version, service.router.seed.describe())
+
+    return apply_policy
+
+
+async def start_routing(ctx, cfg: RouterComponentConfig, instance: str,
+                        registry: CollectorRegistry | None = None) -> RouterFeeds:
+    """Build the RouterService for ``ctx``'s graph and start its feeds.
+
+    ``instance`` names this process in `dynamo policy show`; ``registry`` is where the
+    router's metrics go (the frontend passes its own, so they appear on its /metrics).
+    Returns once discovery, KV events, load reports and the policy watcher are running.
+    """
+    component = routed_component(cfg, ctx.run.links)
+    router = load_policy(cfg)
+    client = await ctx.endpoint(component, "generate").client()
+    indexer = None
+    hash_blocks = None
+    if cfg.use_kv_events:
+        from dynamo.llm import compute_block_hash_for_seq
+
+        from .kv_index import KvEventIndex
+
+        indexer = KvEventIndex(ctx.namespace, component)
+        await indexer.start(os.environ["NATS_SERVER"])
+
+        def hash_blocks(tokens: list[int]) -> list[int]:
+            return compute_block_hash_for_seq(tokens, cfg.block_size)
+    service = RouterService(cfg, router, client, indexer, metrics=RouterMetrics(registry),
+                            hash_blocks=hash_blocks,
+                            worker_endpoint=f"{ctx.namespace}.{component.lower()}.generate")
+    loads = asyncio.create_task(watch_loads(
+        os.environ["NATS_SERVER"], load_subject(ctx.namespace, component), service,
+        ctx.stopping))
+    from splitserve.policy.component import follow_policy
+
+    watcher = await follow_policy(ctx.namespace, "Router", instance,
+                                  policy_applier(service, cfg))
+    log.info("routing to %s.%s with profiles %s", ctx.namespace, component.lower(),
+             router.profile_names)
+    return RouterFeeds(service=service, component=component, worker_client=client,
+                       indexer=indexer, loads=loads, watcher=watcher)
