@@ -279,22 +279,27 @@ class RoutedBackend:
         except Exception as exc:  # noqa: BLE001
             raise upstream_error(f"router unavailable: {exc}", 503, "router_unavailable") from None
 
-    async def stream(self, request: dict, meta: StreamMeta, context) -> AsyncIterator[dict]:
+    async def place(self, call: RouteCall, meta: StreamMeta) -> RouteReply:
+        """Have a router replica (round robin) place ``call``; ``meta.router_id`` records
+        which one, so the release goes back to it.  Called once per attempt."""
         if not self.router.instance_ids():
             raise overloaded("the router is not available yet", retry_after_s=2,
                              code="no_router")
+        try:
+            meta.router_id = self.pick_router()
+        except IndexError:
+            raise overloaded("the router is not available yet", retry_after_s=2,
+                             code="no_router") from None
+        return await self.route(call, meta.router_id)
+
+    async def stream(self, request: dict, meta: StreamMeta, context) -> AsyncIterator[dict]:
         max_tokens = request["stop_conditions"]["max_tokens"]
         failed: list[int] = []
         while True:
-            try:
-                meta.router_id = self.pick_router()
-            except IndexError:
-                raise overloaded("the router is not available yet", retry_after_s=2,
-                                 code="no_router") from None
-            reply = await self.route(RouteCall(
+            reply = await self.place(RouteCall(
                 request_id=meta.request_id, token_ids=request["token_ids"],
                 priority=meta.priority, user=meta.user, metadata=meta.metadata,
-                max_tokens=max_tokens, failed_workers=failed), meta.router_id)
+                max_tokens=max_tokens, failed_workers=failed), meta)
             self._check_reply(reply, failed)
             self._apply_reply(request, reply, meta, max_tokens)
             try:
@@ -373,6 +378,11 @@ class RoutedBackend:
             output_tokens=meta.output_tokens,
             ttft_s=(meta.first_token_at - started) if meta.first_token_at else None,
             duration_s=time.monotonic() - started)
+        self.deliver_release(call, meta)
+
+    def deliver_release(self, call: ReleaseCall, meta: StreamMeta) -> None:
+        """Send ``call`` to the router replica that placed the request, in the
+        background (the client's response does not wait for it)."""
         task = asyncio.ensure_future(self._send_release(call, meta.router_id))
         self._release_tasks.add(task)
         task.add_done_callback(self._release_tasks.discard)

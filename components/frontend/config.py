@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from pydantic import Field
 
+from splitserve.components.router.service_config import RouterComponentConfig
 from splitserve.serve.config import ComponentConfig
+
+# Sections a router (in process or not) can send requests to.
+ROUTABLE = ("Worker", "DecodeWorker")
+# RouterComponentConfig fields that describe a process of its own: in process, the
+# frontend's own `replicas`, `env` and `metrics_port` apply instead.
+PROCESS_FIELDS = ("replicas", "env", "metrics_port")
 
 
 class FrontendConfig(ComponentConfig):
@@ -46,3 +55,61 @@ class FrontendConfig(ComponentConfig):
                                    "requests (never the event loop).")
     max_pending_tokenizations: int = Field(64, ge=1, description="Requests waiting for or "
                                            "in tokenisation; more are refused with 503.")
+    routing: Literal["router", "in_process"] = Field(
+        "router", description="Where routing decisions are made when the graph routes: "
+        "`router` asks the graph's Router process (one RPC per request, one release "
+        "after it; the Router section configures it); `in_process` runs the same "
+        "routing service inside this frontend (no RPC, no Router process: serve a graph "
+        "without one, e.g. graphs.agg or graphs.disagg; `router` below configures it). "
+        "With several frontend replicas in process, each keeps its own in-flight "
+        "accounting and admission state.")
+    router: RouterComponentConfig | None = Field(
+        None, description="Routing settings with `routing: in_process` (the fields of a "
+        "Router section: policy, block_size, use_kv_events, qos, ...); default: the "
+        "Router section's defaults.  Not read with `routing: router`.")
+
+    def router_settings(self) -> RouterComponentConfig:
+        """The settings of in-process routing: ``router`` as given, else the defaults."""
+        return self.router if self.router is not None else RouterComponentConfig()
+
+    def preflight(self) -> list[str]:
+        """Settings that would be silently ignored, and the in-process routing policy
+        (built once, so a missing policy file fails validation, not the frontend)."""
+        if self.routing == "router":
+            if self.router is not None:
+                return [("router: only read with routing: in_process (routing is 'router': "
+                         "the graph's Router section configures routing)")]
+            return []
+        cfg = self.router_settings()
+        errors = [f"router.{f}: not used in process (the frontend's own {f} applies)"
+                  for f in PROCESS_FIELDS if f in cfg.model_fields_set]
+        return errors + [f"router.{p}" for p in cfg.preflight()]
+
+    def graph_checks(self, sections: dict[str, Any]) -> list[str]:
+        """Called by the plan builder with every section of the graph: in-process routing
+        needs a worker section to route to, no Router process beside it, and the
+        workers' KV block size (a mismatch would make every prefix lookup miss)."""
+        if self.routing != "in_process":
+            return []
+        if "Router" in sections:
+            return [("routing: in_process routes inside the frontend, but this graph also "
+                     "starts a Router process that no request would reach and whose "
+                     "section would be ignored; serve a graph without a Router (e.g. "
+                     "graphs.agg, graphs.disagg) or set routing: router")]
+        cfg = self.router_settings()
+        if cfg.worker_component is not None:
+            if cfg.worker_component not in sections:
+                return [(f"router.worker_component: {cfg.worker_component!r} is not a "
+                         f"component of this graph ({', '.join(sorted(sections))})")]
+            target = cfg.worker_component
+        else:
+            target = next((n for n in ROUTABLE if n in sections), None)
+            if target is None:
+                return [("routing: in_process needs a Worker or DecodeWorker in the graph "
+                         "to route to")]
+        size = getattr(getattr(sections[target], "engine_args", None), "block_size", None)
+        if size is not None and size != cfg.block_size:
+            return [(f"router.block_size: {cfg.block_size} differs from {target}."
+                     f"engine_args.block_size {size}; routing must use the workers' block "
+                     "size")]
+        return []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from .app import FrontendState, build_app
 from .backend import BackendMetrics, DirectBackend, RoutedBackend
 from .config import FrontendConfig
 from .http_server import HttpLimits, server_config
+from .inproc import InProcessBackend
 from .metrics import FrontendMetrics
 from .textcodec import TextCodec
 
@@ -41,7 +43,10 @@ async def main(ctx: ComponentContext) -> None:
     links = ctx.run.links
     metrics = FrontendMetrics()
     backend_metrics = BackendMetrics(metrics.registry)
-    if "Router" in links:
+    routing = None
+    if cfg.routing == "in_process":
+        backend, routing = await _in_process_backend(ctx, cfg, metrics, backend_metrics)
+    elif "Router" in links:
         router_client = await ctx.endpoint("Router", "route").client()
 
         async def connect(path: str):
@@ -93,6 +98,24 @@ async def main(ctx: ComponentContext) -> None:
     ctx.report("stopping", endpoint=url)
     server.should_exit = True  # stop accepting; in-flight requests finish first
     await asyncio.wait_for(serve_task, ctx.run.common.shutdown_timeout_s)
+    if routing is not None:
+        await routing.close()
+
+
+async def _in_process_backend(ctx: ComponentContext, cfg: FrontendConfig,
+                              metrics: FrontendMetrics, backend_metrics: BackendMetrics):
+    """The router's service and feeds in this process (``routing: in_process``); its
+    metrics join the frontend's /metrics.  Returns the backend and the feeds to close."""
+    from splitserve.components.router.feeds import start_routing
+
+    instance = f"frontend-{ctx.run.replica}-{os.getpid():x}"
+    routing = await start_routing(ctx, cfg.router_settings(), instance, metrics.registry)
+    backend = InProcessBackend(routing.service, routing.worker_client, cfg.route_timeout_s,
+                               migration_limit=cfg.migration_limit, metrics=backend_metrics)
+    log.info("routing in process to %s (policy %s)", routing.component,
+             cfg.router_settings().policy if isinstance(cfg.router_settings().policy, str)
+             else "inline")
+    return backend, routing
 
 
 def _load_codec(model_dir: str | None, context_length: int) -> TextCodec:

@@ -1,0 +1,73 @@
+"""Routing inside the frontend process (``Frontend.routing: in_process``).
+
+The same ``RouterService`` the router process serves is built here (by
+``router.feeds.start_routing``) and called directly: a request is placed with
+``service.place`` and released with ``service.complete``, with no RPC and no Router
+process.  Everything else is ``RoutedBackend``'s: streaming from the chosen worker,
+retrying a worker that failed before producing output (the failed worker is marked
+down in the service), and the release with its outcome.
+
+Each frontend replica keeps its own in-flight accounting and admission state; with
+several replicas none sees the others' placements (load reports and KV events, which
+come from the workers, are seen by all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply
+
+from .backend import BackendMetrics, RoutedBackend, StreamMeta
+from .errors import APIError, upstream_error
+
+log = logging.getLogger(__name__)
+
+
+class InProcessBackend(RoutedBackend):
+    """Frontend → RouterService (same process) → Worker (stream) → RouterService."""
+
+    def __init__(self, service, worker_client, route_timeout_s: float = 5.0,
+                 migration_limit: int = 1, metrics: BackendMetrics | None = None) -> None:
+        endpoint = service.worker_endpoint
+
+        async def connect(path: str):
+            raise upstream_error(f"in-process routing names {endpoint}, not {path}")
+
+        super().__init__(router_client=None, connect=connect, route_timeout_s=route_timeout_s,
+                         migration_limit=migration_limit, metrics=metrics)
+        self.service = service
+        # One client for discovery and streaming: a worker the service routes to is
+        # known to it already, so requests never wait for discovery to catch up.
+        self.clients[endpoint] = worker_client
+
+    def ready(self) -> bool:
+        """True while a request would be served now: the service would route to a
+        worker (one in discovery, not marked down)."""
+        return bool(self.service.status().workers)
+
+    async def place(self, call: RouteCall, meta: StreamMeta) -> RouteReply:
+        """Admit and route ``call`` in this process; the admission queue's wait is
+        bounded by ``route_timeout_s`` as the router RPC is."""
+        try:
+            return await asyncio.wait_for(self.service.place(call), self.route_timeout_s)
+        except APIError:
+            raise
+        except TimeoutError:
+            raise upstream_error("routing did not finish in time", 503,
+                                 "router_timeout") from None
+        except Exception as exc:
+            log.exception("routing %s failed", call.request_id)
+            raise upstream_error(f"routing failed: {exc}", 503, "routing_failed") from None
+
+    def deliver_release(self, call: ReleaseCall, meta: StreamMeta) -> None:
+        """Account the finished request at once (called as its stream closes)."""
+        try:
+            self.service.complete(call)
+        except Exception:
+            log.exception("release of %s failed", call.request_id)
+
+    async def watch(self, stopping: asyncio.Event) -> None:
+        """Nothing to poll: readiness reads the service directly."""
+        await stopping.wait()
