@@ -1,0 +1,95 @@
+"""graphs.agg with `Frontend.routing: in_process`: the routing service runs inside the
+frontend (no Router process), fed by the mocker workers' KV events and load reports."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import openai
+import pytest
+
+from tests.e2e.conftest import start_graph
+from tests.e2e.test_mocker_routing import LONG, MODEL, metric_lines
+
+pytestmark = pytest.mark.e2e
+
+# One request per worker at a time and one waiting: a burst beyond that is refused at
+# once by the admission queue (queue-full), with 503 and Retry-After.
+QUEUE = ("--Frontend.router.qos.queue.max_inflight_per_worker=1",
+         "--Frontend.router.qos.queue.max_queued=1")
+
+
+@pytest.fixture(scope="module")
+def inproc_graph(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("inproc-graph")
+    run, url = start_graph(tmp, "graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
+                           "--Worker.replicas=2", "--Worker.engine_args.speedup_ratio=50",
+                           *QUEUE)
+    yield run, url
+    run.stop()
+
+
+def decisions(url: str) -> dict[str, float]:
+    """Routing decisions by worker (hex id), from the frontend's own /metrics."""
+    out: dict[str, float] = {}
+    for key, value in metric_lines(f"{url}/metrics", "splitserve_router_decisions_total{").items():
+        worker = key.split('worker="')[1].split('"')[0]
+        out[worker] = out.get(worker, 0.0) + value
+    return out
+
+
+def test_served_without_a_router_process(inproc_graph):
+    run, url = inproc_graph
+    assert run.replicas("Router") == []
+    before = sum(decisions(url).values())
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused") as client:
+        r = client.chat.completions.create(model=MODEL, max_tokens=8,
+                                           messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    assert sum(decisions(url).values()) == before + 1
+    released = metric_lines(f"{url}/metrics", "splitserve_router_released_total")
+    assert released.get('splitserve_router_released_total{outcome="ok"}', 0) >= 1
+
+
+def test_repeated_prefix_lands_on_the_worker_holding_it(inproc_graph):
+    _, url = inproc_graph
+    msgs = [{"role": "user", "content": LONG}]
+    before = decisions(url)
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused") as client:
+        client.chat.completions.create(model=MODEL, max_tokens=2, messages=msgs)
+        first = decisions(url)
+        holder = next(w for w, n in first.items() if n > before.get(w, 0))
+        time.sleep(0.5)  # KV events reach the frontend's index asynchronously
+        for _ in range(3):
+            client.chat.completions.create(model=MODEL, max_tokens=2, messages=msgs)
+    after = decisions(url)
+    assert after[holder] - first[holder] == 3, (first, after)
+    assert sum(after.values()) - sum(first.values()) == 3
+    cached = metric_lines(f"{url}/metrics", "splitserve_router_overlap_blocks_total")
+    assert sum(cached.values()) > 0  # the prompt's blocks were known to be cached there
+
+
+async def burst(url: str, n: int) -> list[tuple[int, str | None]]:
+    body = {"model": MODEL, "max_tokens": 4000, "stream": True,
+            "messages": [{"role": "user", "content": "Tell me a long story."}]}
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+        async def one() -> tuple[int, str | None]:
+            async with s.post(f"{url}/v1/chat/completions", json=body) as r:
+                await r.read()
+                return r.status, r.headers.get("Retry-After")
+        return await asyncio.gather(*(one() for _ in range(n)))
+
+
+def test_admission_queue_refuses_a_burst_with_503(inproc_graph):
+    _, url = inproc_graph
+    results = asyncio.run(burst(url, 6))
+    refused = [ra for status, ra in results if status == 503]
+    # two placed (one per worker), one waiting, the other three refused at once
+    assert len(refused) >= 3, results
+    assert all(ra is not None and int(ra) >= 1 for ra in refused), results
+    assert sum(1 for status, _ in results if status == 200) >= 2, results
+    verdicts = metric_lines(f"{url}/metrics", "splitserve_qos_admissions_total")
+    assert any('reason="queue-full"' in k and v >= 3 for k, v in verdicts.items()), verdicts
