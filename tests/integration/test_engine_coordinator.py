@@ -291,9 +291,9 @@ async def test_job_carries_a_typed_handoff_and_old_jobs_still_parse() -> None:
     assert bad.verdict == "bad-shape"
 
 
-@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+@pytest.mark.parametrize("engine", ["sglang", "trtllm", "torch", "mocker"])
 @pytest.mark.parametrize("role", ["decode", "prefill"])
-async def test_mains_run_gpu_engines_on_the_coordinator(monkeypatch, engine, role) -> None:
+async def test_mains_run_every_engine_on_the_coordinator(monkeypatch, engine, role) -> None:
     import importlib
     from types import SimpleNamespace
 
@@ -310,7 +310,8 @@ async def test_mains_run_gpu_engines_on_the_coordinator(monkeypatch, engine, rol
     ctx = SimpleNamespace(run=SimpleNamespace(config=raw),
                           config=lambda model: model.model_validate(raw))
     await main.main(ctx)
-    prefix = {"sglang": "Sglang", "trtllm": "Trtllm"}[engine]
+    prefix = {"sglang": "Sglang", "trtllm": "Trtllm", "torch": "Torch",
+              "mocker": "Mocker"}[engine]
     assert seen == [(engine, f"{prefix}{role.capitalize()}WorkerConfig")]
 
 
