@@ -8,10 +8,17 @@ two ways, interleaved in one run so both see the same machine load:
 - through the stack: HTTP → frontend (validation, chat template, tokenisation) →
   router ``route`` RPC → worker ``generate`` → detokenisation → HTTP response.
 
+``--routing in_process`` brings up ``graphs.agg:Frontend`` with
+``configs/mocker_agg_inproc.yaml`` instead: the same routing service runs inside the
+frontend, so the stack path has no route or release RPC.  ``--routing router in_process``
+measures both, one graph after the other (each variant's direct path is its own baseline).
+
 Arrivals are Poisson at the offered rate (open loop); each request asks for 4 tokens.
 Prints p50/p90/p99 of both and of the difference, writes JSON.
 
     python benchmarks/bench_router_overhead.py --rates 25 50 100 150 --seconds 10
+    python benchmarks/bench_router_overhead.py --rates 100 --seconds 10 \
+        --routing router in_process
 """
 
 from __future__ import annotations
@@ -102,9 +109,9 @@ async def measure(args, url: str, etcd: str, nats: str) -> list[dict]:
     rt = make_runtime(asyncio.get_running_loop(), "tcp")
     client = await rt.endpoint("dynamo.worker.generate").client()
     worker_ids = await client.wait_for_instances()
-    from splitserve.components.frontend.textcodec import TextCodec
     from splitserve.common.cache import model_cache_dir
     from splitserve.components.engines.model_dir import export_model_dir
+    from splitserve.components.frontend.textcodec import TextCodec
 
     codec = TextCodec.from_dir(export_model_dir(model_cache_dir(MODEL)))
     token_ids = codec.chat_ids([{"role": "user", "content": "Say something short."}])
@@ -115,7 +122,7 @@ async def measure(args, url: str, etcd: str, nats: str) -> list[dict]:
         for rate in args.rates:
             res = await run_rate(rate, args.seconds, url, client, worker_ids, token_ids, session)
             out.append(res)
-            print(f"offered {rate:6.1f} req/s (achieved {res['achieved_rps']:.1f}): "
+            print(f"[{args.variant}] offered {rate:6.1f} req/s (achieved {res['achieved_rps']:.1f}): "
                   f"stack p50 {res['http']['p50_ms']:.2f} p99 {res['http']['p99_ms']:.2f} ms | "
                   f"direct p50 {res['direct']['p50_ms']:.2f} p99 {res['direct']['p99_ms']:.2f} ms"
                   f" | added p50 {res['added_p50_ms']:.2f} p99 {res['added_p99_ms']:.2f} ms "
@@ -124,21 +131,23 @@ async def measure(args, url: str, etcd: str, nats: str) -> list[dict]:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rates", type=float, nargs="+", default=[25, 50, 100, 150, 200])
-    p.add_argument("--seconds", type=float, default=10)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--speedup", type=float, default=10000)
-    p.add_argument("--out", default=str(REPO / "benchmarks/results/router_overhead.json"))
-    args = p.parse_args()
+GRAPHS = {
+    "router": ("graphs.agg_router:Frontend", "configs/mocker_agg_router.yaml"),
+    "in_process": ("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml"),
+}
+
+
+def run_variant(args, routing: str) -> list[dict]:
+    """Bring up the graph of ``routing``, measure every rate, stop it; returns the rows."""
+    graph, config = GRAPHS[routing]
+    args.variant = routing
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     ready = tmp / "ready.json"
     env = {k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")}
     env["DYN_LOG"] = "error"
     serve = subprocess.Popen(
-        [sys.executable, "-m", "splitserve.cli.main", "serve", "graphs.agg_router:Frontend",
-         "-f", "configs/mocker_agg_router.yaml", f"--Worker.replicas={args.workers}",
+        [sys.executable, "-m", "splitserve.cli.main", "serve", graph,
+         "-f", config, f"--Worker.replicas={args.workers}",
          f"--Worker.engine_args.speedup_ratio={args.speedup}", "--Frontend.port=0",
          "--Common.log_level=warning", "--no-status", "--ready-file", str(ready),
          "--state-dir", str(tmp / "state")],
@@ -148,18 +157,13 @@ def main() -> None:
         deadline = time.monotonic() + 180
         while not ready.exists():
             if serve.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("graph did not come up")
+                raise SystemExit(f"graph {graph} did not come up")
             time.sleep(0.2)
         rows = json.loads(ready.read_text())["rows"]
         url = next(r["endpoint"] for r in rows if r["component"] == "Frontend")
         info = json.loads(next((tmp / "state/supervisors").glob("*.json")).read_text())
         results = asyncio.run(measure(args, url, info["etcd"], info["nats"]))
-        payload = {"benchmark": "router_overhead", "settings": vars(args),
-                   "machine": {"cpus": os.cpu_count()}, "results": results,
-                   "command": "python " + " ".join(sys.argv)}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(payload, indent=2))
-        print(f"wrote {args.out}")
+        return [{"routing": routing, **r} for r in results]
     finally:
         serve.send_signal(signal.SIGTERM)
         try:
@@ -169,6 +173,28 @@ def main() -> None:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", type=float, nargs="+", default=[25, 50, 100, 150, 200])
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--speedup", type=float, default=10000)
+    p.add_argument("--routing", nargs="+", choices=sorted(GRAPHS), default=["router"],
+                   help="router: graphs.agg_router (route RPC to the Router process); "
+                        "in_process: graphs.agg with routing in the frontend; both: one "
+                        "after the other")
+    p.add_argument("--out", default=str(REPO / "benchmarks/results/router_overhead.json"))
+    args = p.parse_args()
+    results = [row for routing in args.routing for row in run_variant(args, routing)]
+    settings = {k: v for k, v in vars(args).items() if k != "variant"}
+    payload = {"benchmark": "router_overhead", "settings": settings,
+               "machine": {"cpus": os.cpu_count()}, "results": results,
+               "command": "python " + " ".join(sys.argv)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(payload, indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
