@@ -3,7 +3,9 @@
 ``Backend.stream(request, meta)`` yields the worker's output chunks as dicts.  With a
 Router in the graph, the frontend asks the router for a worker (one small RPC), streams
 from that worker directly (tokens never pass through the router), and tells the router
-when the request is over so it can account load and latency.
+when the request is over so it can account load and latency.  With
+``Frontend.routing: in_process`` the same service runs in the frontend's own process
+(``inproc.InProcessBackend``, which reuses this module's streaming and retries).
 
 A worker that cannot be reached, or whose stream breaks before it produced any output,
 is taken out of the candidates at once (discovery keeps a dead worker for seconds, until

@@ -31,7 +31,9 @@ class FrontendConfig(ComponentConfig):
                                          "token has not arrived by then fails with 504.")
     inter_token_timeout_s: float = Field(30.0, gt=0, description="A stream silent for this "
                                          "long fails (a worker died or stalled).")
-    route_timeout_s: float = Field(5.0, gt=0, description="Deadline of the router call.")
+    route_timeout_s: float = Field(5.0, gt=0, description="Deadline of the router call "
+                                   "(with routing in process: of the placement, admission "
+                                   "queue wait included).")
     migration_limit: int = Field(1, ge=0, le=8, description="How many times a request whose "
                                  "worker failed before producing output is sent to another "
                                  "worker (0: never).")

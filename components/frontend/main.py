@@ -112,9 +112,8 @@ async def _in_process_backend(ctx: ComponentContext, cfg: FrontendConfig,
     routing = await start_routing(ctx, cfg.router_settings(), instance, metrics.registry)
     backend = InProcessBackend(routing.service, routing.worker_client, cfg.route_timeout_s,
                                migration_limit=cfg.migration_limit, metrics=backend_metrics)
-    log.info("routing in process to %s (policy %s)", routing.component,
-             cfg.router_settings().policy if isinstance(cfg.router_settings().policy, str)
-             else "inline")
+    log.info("routing in process (no Router process); this replica keeps its own "
+             "accounting")
     return backend, routing
 
 
