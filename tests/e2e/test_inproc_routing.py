@@ -7,11 +7,14 @@ import asyncio
 import time
 
 import aiohttp
+import httpx
 import openai
 import pytest
 
 from tests.e2e.conftest import start_graph
 from tests.e2e.test_mocker_routing import LONG, MODEL, metric_lines
+from tests.e2e.test_policy_reload import dynamo
+from tests.integration.serve_helpers import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -93,3 +96,28 @@ def test_admission_queue_refuses_a_burst_with_503(inproc_graph):
     assert sum(1 for status, _ in results if status == 200) >= 2, results
     verdicts = metric_lines(f"{url}/metrics", "splitserve_qos_admissions_total")
     assert any('reason="queue-full"' in k and v >= 3 for k, v in verdicts.items()), verdicts
+
+
+def profiles(url: str) -> dict[str, float]:
+    """Routing decisions by scheduling profile, from the frontend's /metrics."""
+    out: dict[str, float] = {}
+    for key, value in metric_lines(f"{url}/metrics", "splitserve_router_decisions_total{").items():
+        profile = key.split('profile="')[1].split('"')[0]
+        out[profile] = out.get(profile, 0.0) + value
+    return out
+
+
+def test_a_policy_version_is_applied_by_the_frontend(inproc_graph, tmp_path):
+    run, url = inproc_graph
+    policy = tmp_path / "rr.yaml"
+    policy.write_text("router: round_robin\n")
+    res = dynamo(run, "policy", "apply", str(policy))
+    assert res.returncode == 0, res.stderr + res.stdout
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+
+    def switched() -> bool:
+        httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10)
+        return profiles(url).get("round-robin", 0.0) > 0
+    wait_until(switched, 20, interval_s=0.2, what="in-process routing on round-robin")
+    shown = dynamo(run, "policy", "show", "--json")
+    assert "frontend-0-" in shown.stdout, shown.stdout
