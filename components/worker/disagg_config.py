@@ -24,6 +24,10 @@ from splitserve.components.engines.trtllm.sections import (
     TrtllmDecodeWorkerConfig,
     TrtllmPrefillWorkerConfig,
 )
+from splitserve.components.engines.vllm.sections import (
+    VllmDecodeWorkerConfig,
+    VllmPrefillWorkerConfig,
+)
 from splitserve.components.kv_transfer.config import KvTransferConfig
 from splitserve.components.mocker_worker.disagg_config import (
     MockerDecodeWorkerConfig,
@@ -54,8 +58,9 @@ class TorchPrefillWorkerConfig(EnginePrefillSection):
 
 DecodeWorkerConfig = SelectedBy(
     "engine", {"torch": TorchDecodeWorkerConfig, "mocker": MockerDecodeWorkerConfig,
-               "sglang": SglangDecodeWorkerConfig, "trtllm": TrtllmDecodeWorkerConfig}, "torch")
+               "vllm": VllmDecodeWorkerConfig, "sglang": SglangDecodeWorkerConfig,
+               "trtllm": TrtllmDecodeWorkerConfig}, "torch")
 PrefillWorkerConfig = SelectedBy(
     "engine", {"torch": TorchPrefillWorkerConfig, "mocker": MockerPrefillWorkerConfig,
-               "sglang": SglangPrefillWorkerConfig, "trtllm": TrtllmPrefillWorkerConfig},
-    "torch")
+               "vllm": VllmPrefillWorkerConfig, "sglang": SglangPrefillWorkerConfig,
+               "trtllm": TrtllmPrefillWorkerConfig}, "torch")

@@ -27,7 +27,11 @@ log = logging.getLogger("splitserve.engine_worker")
 
 
 def engine_decode_section(engine: str) -> type:
-    """The DecodeWorker section model of ``engine`` (sglang or trtllm)."""
+    """The DecodeWorker section model of ``engine`` (vllm, sglang or trtllm)."""
+    if engine == "vllm":
+        from splitserve.components.engines.vllm.sections import VllmDecodeWorkerConfig
+
+        return VllmDecodeWorkerConfig
     if engine == "sglang":
         from splitserve.components.engines.sglang.sections import SglangDecodeWorkerConfig
 
@@ -38,7 +42,11 @@ def engine_decode_section(engine: str) -> type:
 
 
 def engine_prefill_section(engine: str) -> type:
-    """The PrefillWorker section model of ``engine`` (sglang or trtllm)."""
+    """The PrefillWorker section model of ``engine`` (vllm, sglang or trtllm)."""
+    if engine == "vllm":
+        from splitserve.components.engines.vllm.sections import VllmPrefillWorkerConfig
+
+        return VllmPrefillWorkerConfig
     if engine == "sglang":
         from splitserve.components.engines.sglang.sections import SglangPrefillWorkerConfig
 
@@ -51,6 +59,14 @@ def engine_prefill_section(engine: str) -> type:
 def make_engine(ctx: ComponentContext, cfg, role: str):
     """The section's engine object for ``role`` (decode or prefill), not started."""
     model, host = ctx.run.common.model, ctx.run.common.bind_host
+    if cfg.engine == "vllm":
+        from splitserve.components.engines.vllm.engine import VllmEngine
+
+        # Only decode workers relay KV events to the router; a prefill engine's would
+        # go nowhere.
+        args = (cfg.engine_args if role == "decode"
+                else cfg.engine_args.model_copy(update={"kv_events": False}))
+        return VllmEngine(args, model, role, kv_transfer=cfg.kv_transfer)
     if cfg.engine == "sglang":
         from splitserve.components.engines.sglang.engine import SglangEngine
 

@@ -56,6 +56,12 @@ class VllmEngineArgs(StrictModel):
                                     "tokens of SmolLM2 in float32.")
     kv_events: bool = Field(True, description="Relay vLLM's KV events to the router "
                             "(needs enable_prefix_caching).")
+    cpu_cores: str | None = Field(
+        None, pattern=r"^[0-9][0-9,\-]*$", description="CPU build: the cores vLLM's compute "
+        "threads are pinned to (VLLM_CPU_OMP_THREADS_BIND, e.g. '0' or '2-5'); None lets "
+        "vLLM choose. Set it wherever two engines share a host: with a KV connector vLLM "
+        "reserves a second core, and on 2 cores its own choice put both compute threads "
+        "on one core (30x slower).")
     extra_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Further AsyncEngineArgs fields, by name, "
         "passed through unchanged; unknown names are refused.")
@@ -79,13 +85,56 @@ class VllmEngineArgs(StrictModel):
         return self.kv_events and self.enable_prefix_caching
 
 
-def engine_env(args: VllmEngineArgs) -> dict[str, str]:
-    """Environment vLLM's CPU backend reads at engine start; the engine sets it once,
-    explicitly, before starting (vLLM has no argument for the KV cache size on CPU)."""
+class VllmKvTransfer(StrictModel):
+    """How a disaggregated vLLM engine moves KV: vLLM's NixlConnector, pull mode (the
+    decode engine reads the prefill engine's blocks), on one host or across hosts."""
+
+    buffer_device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Where NIXL reads and writes the KV: 'cpu' for the CPU build, "
+        "'cuda' on GPUs.")
+    side_channel_host: str = Field(
+        "127.0.0.1", min_length=1, description="Address of this engine's NIXL handshake "
+        "listener (VLLM_NIXL_SIDE_CHANNEL_HOST), handed to decode engines in the "
+        "kv_transfer_params: loopback on one host, the pod's address across hosts.")
+    side_channel_port: int | None = Field(
+        None, ge=1024, le=65535, description="Its port (VLLM_NIXL_SIDE_CHANNEL_PORT); None "
+        "picks a free one at start, so replicas on one host never collide.")
+    progress_thread: bool = Field(
+        False, description="Keep NIXL's UCX progress thread. It spins on a whole core; on "
+        "small CPU hosts that halves decode speed, so it is off by default (vLLM polls "
+        "transfers every engine step). Worth turning on where cores are to spare.")
+
+    def connector_config(self, role: Literal["prefill", "decode"], engine_id: str
+                         ) -> dict[str, Any]:
+        """The ``KVTransferConfig`` fields for ``role``; called when the engine starts.
+
+        A prefill engine produces KV, a decode engine consumes it and still prefills
+        locally whatever arrives without a handoff."""
+        cfg: dict[str, Any] = {
+            "kv_connector": "NixlConnector",
+            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+            "kv_buffer_device": self.buffer_device, "engine_id": engine_id}
+        if not self.progress_thread:
+            cfg["kv_connector_module_path"] = "splitserve.components.engines.vllm.nixl_connector"
+        return cfg
+
+
+def engine_env(args: VllmEngineArgs, transfer: VllmKvTransfer | None = None,
+               side_channel_port: int | None = None) -> dict[str, str]:
+    """Environment vLLM reads at engine start; the engine sets it once, explicitly,
+    before starting (vLLM has no arguments for these)."""
     # VLLM_HOST_IP: vLLM's inter-process queues otherwise listen on the machine's
     # external address; this project keeps every listener on loopback.
-    return {"VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_space_gib),
-            "VLLM_HOST_IP": "127.0.0.1"}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_space_gib),
+           "VLLM_HOST_IP": "127.0.0.1"}
+    if args.cpu_cores is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = args.cpu_cores
+    if transfer is not None:
+        if side_channel_port is None:
+            raise ValueError("a disaggregated engine needs its NIXL side-channel port")
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = transfer.side_channel_host
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
+    return env
 
 
 def to_engine_args(args: VllmEngineArgs, model_dir: str, served_name: str,

@@ -11,7 +11,9 @@ import contextlib
 import logging
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator
+from typing import Literal
 
 from splitserve.components.engines.interface import (
     EngineHandoff,
@@ -25,7 +27,7 @@ from splitserve.components.engines.interface import (
 )
 
 from . import kv_relay
-from .config import VllmEngineArgs, engine_env, to_engine_args
+from .config import VllmEngineArgs, VllmKvTransfer, engine_env, to_engine_args
 from .requests import NIXL_PREFILL_PARAMS, prompt, sampling_params, to_delta
 
 log = logging.getLogger("splitserve.vllm")
@@ -61,17 +63,25 @@ def _stat_logger_factory(stats: _Stats):
     return _Recorder
 
 
+Role = Literal["agg", "prefill", "decode"]
+
+
 class VllmEngine:
     """One vLLM engine; implements ``splitserve.components.engines.interface.Engine``.
 
-    ``kv_transfer`` (a ``KVTransferConfig`` as a dict) makes it a disaggregated prefill
-    or decode engine; without it, it serves aggregated requests.
+    ``role`` "prefill" or "decode" (with ``kv_transfer``) makes it one half of a
+    disaggregated pair over vLLM's NixlConnector; a decode engine also prefills locally
+    whatever comes without a handoff.  "agg" serves whole requests.
     """
 
-    def __init__(self, args: VllmEngineArgs, served_name: str,
-                 kv_transfer: dict | None = None) -> None:
+    def __init__(self, args: VllmEngineArgs, served_name: str, role: Role = "agg",
+                 kv_transfer: VllmKvTransfer | None = None) -> None:
+        if (role == "agg") != (kv_transfer is None):
+            raise ValueError(f"a {role} vLLM engine needs "
+                             f"{'no' if role == 'agg' else 'a'} kv_transfer config")
         self.args = args
         self.served_name = served_name
+        self.role = role
         self.kv_transfer = kv_transfer
         self.info = EngineInfo(name="vllm", kv_block_size=args.block_size,
                                supports_local_prefill=True)
@@ -91,12 +101,23 @@ class VllmEngine:
         from .model_dir import vllm_model_dir
 
         model_dir = self.args.model or str(await asyncio.to_thread(vllm_model_dir))
-        env = engine_env(self.args)
+        connector = None
+        port = None
+        if self.kv_transfer is not None:
+            # Each engine gets its own handshake port and engine id: two engines on one
+            # host must not share either.
+            port = self.kv_transfer.side_channel_port or kv_relay.free_loopback_port()
+            connector = self.kv_transfer.connector_config(
+                self.role, f"{self.role}-{uuid.uuid4().hex[:12]}")
+            # UCX's TCP transport listens on every interface unless limited; `dynamo
+            # serve` sets it from Common.bind_host, any other start stays on loopback.
+            os.environ.setdefault("UCX_NET_DEVICES", "lo")
+        env = engine_env(self.args, self.kv_transfer, port)
         os.environ.update(env)
-        log.info("starting vLLM: model %s, %s, block size %d, env %s", model_dir,
-                 self.args.dtype, self.args.block_size, env)
+        log.info("starting vLLM (%s): model %s, %s, block size %d, env %s, connector %s",
+                 self.role, model_dir, self.args.dtype, self.args.block_size, env, connector)
         eargs = to_engine_args(self.args, model_dir, self.served_name, self.kv_endpoint,
-                               self.kv_transfer)
+                               connector)
         factory = _stat_logger_factory(self._stats)
         self._engine = await asyncio.to_thread(AsyncLLM.from_engine_args, eargs,
                                                stat_loggers=[factory])
@@ -152,8 +173,8 @@ class VllmEngine:
     async def prefill(self, request_id: str, params: GenerateParams) -> PrefillResult:
         """Prefill-for-job: one token with NixlConnector asked to keep the KV for a
         remote decode; the handoff is vLLM's returned ``kv_transfer_params``."""
-        if self.kv_transfer is None:
-            raise RuntimeError("prefill() needs an engine started with a kv_transfer config")
+        if self.role != "prefill":
+            raise RuntimeError(f"prefill() needs a prefill vLLM engine, this is {self.role}")
         sp = sampling_params(params, max_tokens=1, kv_transfer_params=NIXL_PREFILL_PARAMS)
         t0 = time.monotonic()
         tokens: list[int] = []
@@ -171,10 +192,13 @@ class VllmEngine:
                              handoff=VllmHandoff(kv_transfer_params=dict(params_out)),
                              cached_tokens=cached, compute_s=time.monotonic() - t0)
 
-    def decode(self, request_id: str, params: GenerateParams,
-               handoff: EngineHandoff) -> AsyncIterator[TokenDelta]:
+    def decode(self, request_id: str, params: GenerateParams, handoff: EngineHandoff,
+               first_token: int | None = None) -> AsyncIterator[TokenDelta]:
         """Decode-with-handoff: vLLM's decode engine pulls the prompt's KV named in the
-        handoff and streams every token, the prefill's first token included."""
+        handoff and streams every token, the prefill's first token included (vLLM
+        samples it again from the pulled KV, so ``first_token`` is not needed)."""
+        if self.role != "decode":
+            raise RuntimeError(f"decode() needs a decode vLLM engine, this is {self.role}")
         if not isinstance(handoff, VllmHandoff):
             raise TypeError(f"a vLLM decode engine needs a vllm handoff, got {handoff.kind}")
         return self._stream(request_id, params, sampling_params(
