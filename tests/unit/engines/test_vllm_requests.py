@@ -13,6 +13,7 @@ from splitserve.components.engines.interface import (
     TorchBlocksHandoff,
     VllmHandoff,
 )
+from splitserve.components.engines.vllm.config import VllmKvTransfer
 from splitserve.components.engines.vllm.requests import (
     NIXL_PREFILL_PARAMS,
     prompt,
@@ -106,7 +107,38 @@ def test_decode_refuses_another_engines_handoff():
     from splitserve.components.engines.vllm.config import VllmEngineArgs
     from splitserve.components.engines.vllm.engine import VllmEngine
 
-    e = VllmEngine(VllmEngineArgs(kv_events=False), "m")
+    e = VllmEngine(VllmEngineArgs(kv_events=False), "m", "decode",
+                   kv_transfer=VllmKvTransfer())
     with pytest.raises(TypeError, match="torch-blocks"):
         e.decode("r", PARAMS, TorchBlocksHandoff(nixl_agent="a", block_ids=[1],
-                                                 block_size=16))
+                                                 block_size=16), first_token=5)
+
+
+def test_roles_and_transfer_config():
+    from splitserve.components.engines.vllm.config import VllmEngineArgs, engine_env
+    from splitserve.components.engines.vllm.engine import VllmEngine
+
+    args = VllmEngineArgs(kv_events=False, cpu_cores="1")
+    with pytest.raises(ValueError, match="needs a kv_transfer"):
+        VllmEngine(args, "m", "prefill")
+    with pytest.raises(ValueError, match="needs no kv_transfer"):
+        VllmEngine(args, "m", "agg", kv_transfer=VllmKvTransfer())
+    agg = VllmEngine(args, "m")
+    with pytest.raises(RuntimeError, match="decode vLLM engine"):
+        agg.decode("r", PARAMS, VllmHandoff(kv_transfer_params={}))
+    t = VllmKvTransfer()
+    assert t.connector_config("prefill", "p-1") == {
+        "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
+        "engine_id": "p-1",
+        "kv_connector_module_path": "splitserve.components.engines.vllm.nixl_connector"}
+    gpu = VllmKvTransfer(buffer_device="cuda", progress_thread=True)
+    assert gpu.connector_config("decode", "d-1") == {
+        "kv_connector": "NixlConnector", "kv_role": "kv_consumer",
+        "kv_buffer_device": "cuda", "engine_id": "d-1"}
+    env = engine_env(args, t, 5611)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5611"
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in engine_env(args)
+    with pytest.raises(ValidationError):
+        VllmEngineArgs(cpu_cores="all")
