@@ -62,9 +62,9 @@ class FrontendConfig(ComponentConfig):
         "`router` asks the graph's Router process (one RPC per request, one release "
         "after it; the Router section configures it); `in_process` runs the same "
         "routing service inside this frontend (no RPC, no Router process: serve a graph "
-        "without one, e.g. graphs.agg or graphs.disagg; `router` below configures it). "
-        "With several frontend replicas in process, each keeps its own in-flight "
-        "accounting and admission state.")
+        "without one, e.g. graphs.agg or graphs.disagg_inproc; `router` below configures "
+        "it).  With several frontend replicas in process, each keeps its own "
+        "in-flight accounting and admission state.")
     router: RouterComponentConfig | None = Field(
         None, description="Routing settings with `routing: in_process` (the fields of a "
         "Router section: policy, block_size, use_kv_events, qos, ...); default: the "
@@ -97,7 +97,7 @@ class FrontendConfig(ComponentConfig):
             return [("routing: in_process routes inside the frontend, but this graph also "
                      "starts a Router process that no request would reach and whose "
                      "section would be ignored; serve a graph without a Router (e.g. "
-                     "graphs.agg, graphs.disagg) or set routing: router")]
+                     "graphs.agg, graphs.disagg_inproc) or set routing: router")]
         cfg = self.router_settings()
         if cfg.worker_component is not None:
             if cfg.worker_component not in sections:

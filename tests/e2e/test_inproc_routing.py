@@ -121,3 +121,20 @@ def test_a_policy_version_is_applied_by_the_frontend(inproc_graph, tmp_path):
     wait_until(switched, 20, interval_s=0.2, what="in-process routing on round-robin")
     shown = dynamo(run, "policy", "show", "--json")
     assert "frontend-0-" in shown.stdout, shown.stdout
+
+
+def test_disaggregated_graph_routes_to_decode_workers_in_process(tmp_path):
+    run, url = start_graph(tmp_path, "graphs.disagg_inproc:Frontend",
+                           "configs/mocker_disagg_inproc.yaml",
+                           "--DecodeWorker.engine_args.speedup_ratio=50",
+                           "--PrefillWorker.engine_args.speedup_ratio=50")
+    try:
+        assert run.replicas("Router") == []
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused") as client:
+            for content in ("hi", LONG):  # a short prompt stays local, a long one may not
+                r = client.chat.completions.create(
+                    model=MODEL, max_tokens=4, messages=[{"role": "user", "content": content}])
+                assert r.usage.completion_tokens == 4
+        assert sum(decisions(url).values()) == 2
+    finally:
+        run.stop()

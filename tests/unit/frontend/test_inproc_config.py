@@ -25,6 +25,17 @@ def test_the_shipped_config_routes_in_process_without_a_router():
     assert fe.routing == "in_process" and fe.router_settings().policy == "kv_aware"
 
 
+def test_the_disaggregated_config_routes_to_decode_workers_in_process():
+    p = plan("graphs.disagg_inproc:Frontend", source="configs/mocker_disagg_inproc.yaml")
+    assert [c.name for c in p.components] == ["PrefillWorker", "DecodeWorker", "Frontend"]
+    assert p.component("Frontend").links == ["DecodeWorker"]
+    with pytest.raises(ConfigError) as err:
+        plan("graphs.disagg_inproc:Frontend", "--Frontend.router.block_size=8",
+             source="configs/mocker_disagg_inproc.yaml")
+    assert any(e.startswith("Frontend.router.block_size: 8 differs from DecodeWorker.")
+               for e in err.value.errors), err.value.errors
+
+
 def test_several_frontend_replicas_are_allowed():
     assert plan("graphs.agg:Frontend", "--Frontend.replicas=2").component(
         "Frontend").config.replicas == 2
