@@ -10,6 +10,9 @@ workers, the same speedup, block size and KV capacity), the **same trace window*
 - ``splitserve-admission``: the same graph with admission on (docs/qos.md): the default
   class is rejectable with a TTFT target (``--admission-ttft-ms``) and the router's
   admission queue caps each worker at ``--admission-queue-per-worker`` requests;
+- ``splitserve-admission-inproc``: admission on as above with the routing service inside
+  the frontend process (``graphs.agg:Frontend`` with ``configs/mocker_agg_inproc.yaml``:
+  the same fleet, no Router process, one hop fewer per request);
 - ``splitserve-disagg``: ``graphs.disagg:Frontend`` with ``configs/mocker_disagg.yaml``
   (this project's frontend, router, score-based offload decider and prefill queue;
   N/2 decode + N/2 prefill workers);
@@ -78,7 +81,8 @@ from graphrun import GraphRun
 from splitserve.bench import replay as rp
 from splitserve.bench import sweep as sw
 
-OURS = ["splitserve-agg-kv", "splitserve-admission", "splitserve-disagg"]
+OURS = ["splitserve-agg-kv", "splitserve-admission", "splitserve-admission-inproc",
+        "splitserve-disagg"]
 OTHERS = ["dynamo-round-robin", "dynamo-kv"]
 SGLANG = "sglang-router-cache-aware"
 ALL = [*OURS, *OTHERS, SGLANG]
@@ -244,16 +248,17 @@ def probe_sglang_router(workers: WorkersRun, wait_s: float = 45) -> dict:
     return out
 
 
-def admission_overrides(args) -> list[str]:
+def admission_overrides(args, section: str = "Router") -> list[str]:
     """Admission on (docs/qos.md, "Admission on"): every request is in the rejectable
     default class with the SLO's TPOT and ``--admission-ttft-ms``, no slack, and the
-    router's admission queue when ``--admission-queue-per-worker`` > 0."""
+    router's admission queue when ``--admission-queue-per-worker`` > 0.  ``section``:
+    where the routing settings live (``Frontend.router`` when routing in process)."""
     cls = (f"[{{name: default, ttft_ms: {args.admission_ttft_ms:g}, tpot_ms: "
            f"{rp.parse_slo(args.slo).get('tpot_ms', 50):g}, may_reject: true, "
            "may_degrade: false}]")
-    out = [f"--Router.qos.classes={cls}", "--Router.qos.low_priority_threshold_ms=0"]
+    out = [f"--{section}.qos.classes={cls}", f"--{section}.qos.low_priority_threshold_ms=0"]
     if args.admission_queue_per_worker > 0:
-        out.append(f"--Router.qos.queue.max_inflight_per_worker="
+        out.append(f"--{section}.qos.queue.max_inflight_per_worker="
                    f"{args.admission_queue_per_worker}")
     return out
 
@@ -263,9 +268,13 @@ def deployment(name: str, args, report: dict):
     """Start configuration ``name``; yields its base URL (and the WorkersRun, if any)."""
     n, s = args.workers, args.speedup
     t0 = time.monotonic()
-    if name in ("splitserve-agg-kv", "splitserve-admission"):
-        extra = admission_overrides(args) if name == "splitserve-admission" else []
-        g = GraphRun("graphs.agg_router:Frontend", "configs/mocker_agg_router.yaml",
+    if name in ("splitserve-agg-kv", "splitserve-admission", "splitserve-admission-inproc"):
+        inproc = name == "splitserve-admission-inproc"
+        extra = (admission_overrides(args, "Frontend.router" if inproc else "Router")
+                 if name != "splitserve-agg-kv" else [])
+        graph, config = (("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml") if inproc
+                         else ("graphs.agg_router:Frontend", "configs/mocker_agg_router.yaml"))
+        g = GraphRun(graph, config,
                      [f"--Worker.replicas={n}", f"--Worker.engine_args.speedup_ratio={s}",
                       *extra], startup_timeout_s=args.startup_timeout_s)
         with g:
