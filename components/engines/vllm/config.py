@@ -100,9 +100,10 @@ class VllmKvTransfer(StrictModel):
         None, ge=1024, le=65535, description="Its port (VLLM_NIXL_SIDE_CHANNEL_PORT); None "
         "picks a free one at start, so replicas on one host never collide.")
     progress_thread: bool = Field(
-        False, description="Keep NIXL's UCX progress thread. It spins on a whole core; on "
-        "small CPU hosts that halves decode speed, so it is off by default (vLLM polls "
-        "transfers every engine step). Worth turning on where cores are to spare.")
+        False, description="Keep NIXL's UCX progress thread. It spins on a whole core, "
+        "which halves decode speed on small CPU hosts; without it UCX progresses once per "
+        "engine step. A decode engine steps while it waits for KV; an idle prefill engine "
+        "does not, so prefill engines need it (reads hang without).")
 
     def connector_config(self, role: Literal["prefill", "decode"], engine_id: str
                          ) -> dict[str, Any]:

@@ -3,9 +3,12 @@
 vLLM creates its NIXL agent with NIXL's default config, whose UCX progress thread spins
 on a whole core even while nothing moves.  On a 2-core host with a prefill and a decode
 engine, two such threads halved decode speed (18.6 tok/s alone, ~10 with both spinning,
-19 with both off).  Without the thread, UCX progresses when vLLM polls its transfers and
-notifications, which it does every engine step; an engine holding blocks for a remote
-reader keeps stepping until the reader's notification arrives, so nothing is stranded.
+19 with both off, in a two-process check).  Without the thread, UCX progresses only when
+vLLM polls its transfers and notifications, once per engine step.  That suits a decode
+engine (it steps while it waits for KV) but not an idle prefill engine: in the served
+graph the decode engine's UCX connection to a prefill engine without the thread was
+never answered and its reads hung.  Hence ``VllmKvTransfer.progress_thread``: off for
+decode engines, on for prefill engines in the CPU config.
 
 vLLM loads this module in its own worker process (``kv_connector_module_path``) and
 looks the class up by the ``kv_connector`` name, so it keeps the name ``NixlConnector``

