@@ -92,10 +92,11 @@ class VllmKvTransfer(StrictModel):
     buffer_device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Where NIXL reads and writes the KV: 'cpu' for the CPU build, "
         "'cuda' on GPUs.")
-    side_channel_host: str = Field(
+    side_channel_host: str | None = Field(
         "127.0.0.1", min_length=1, description="Address of this engine's NIXL handshake "
         "listener (VLLM_NIXL_SIDE_CHANNEL_HOST), handed to decode engines in the "
-        "kv_transfer_params: loopback on one host, the pod's address across hosts.")
+        "kv_transfer_params: loopback on one host; None across hosts, where the "
+        "deployment sets VLLM_NIXL_SIDE_CHANNEL_HOST to the pod's address.")
     side_channel_port: int | None = Field(
         None, ge=1024, le=65535, description="Its port (VLLM_NIXL_SIDE_CHANNEL_PORT); None "
         "picks a free one at start, so replicas on one host never collide.")
@@ -133,7 +134,8 @@ def engine_env(args: VllmEngineArgs, transfer: VllmKvTransfer | None = None,
     if transfer is not None:
         if side_channel_port is None:
             raise ValueError("a disaggregated engine needs its NIXL side-channel port")
-        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = transfer.side_channel_host
+        if transfer.side_channel_host is not None:
+            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = transfer.side_channel_host
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
     return env
 
