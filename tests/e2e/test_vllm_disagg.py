@@ -85,7 +85,8 @@ def vllm_disagg(tmp_path_factory):
     assert run.stop(timeout_s=90) == 0, run.output()[-3000:]
 
 
-def test_remote_prefill_outputs_equal_aggregated(vllm_disagg, expected):
+def test_remote_prefill_outputs_equal_aggregated(expected, vllm_disagg):
+    # expected first: the aggregated graph is stopped before the disaggregated one starts
     run, url = vllm_disagg
     got = [ask(url, p) for p in PROMPTS]
     assert got == expected
