@@ -9,6 +9,7 @@ engine's request.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import signal
 import time
@@ -80,7 +81,9 @@ def vllm_disagg(tmp_path_factory):
     run, url = start_graph(tmp_path_factory.mktemp("vllm-disagg"), "graphs.disagg:Frontend",
                            "configs/vllm_disagg.yaml", FORCED,
                            "--DecodeWorker.remote_prefill_timeout_s=60",
-                           "--Common.restart.backoff_initial_s=0.1", timeout_s=600)
+                           "--Common.restart.backoff_initial_s=0.1",
+                           # two vLLM engines stopping on 2 busy cores take ~6 s each
+                           "--Common.shutdown_timeout_s=90", timeout_s=600)
     yield run, url
     assert run.stop(timeout_s=90) == 0, run.output()[-3000:]
 
@@ -116,12 +119,29 @@ def test_cancel_mid_stream_frees_the_decode_engines_request(vllm_disagg):
             break
     assert metrics and gauge() >= 1  # the decode engine holds the request while it streams
     stream.close()  # ~1,500 tokens (minutes) still to come
-    wait_until(lambda: gauge() == 0, 30, interval_s=0.2, what="decode engine request freed")
+    # The client's departure reaches the decode worker through the frontend and the
+    # router; on 2 busy cores that took about 20 s, the abort itself is immediate.
+    wait_until(lambda: gauge() == 0, 90, interval_s=0.5, what="decode engine request freed")
+    assert samples(run, "DecodeWorker", "splitserve_worker_requests_total").get(
+        'splitserve_worker_requests_total{outcome="cancelled"}') == 1.0
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (vLLM's engine core and its worker)."""
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in map(int, f.read().split()):
+                out += [child, *descendants(child)]
+    return out
 
 
 def test_killed_prefill_worker_requests_still_complete(vllm_disagg):
     run, url = vllm_disagg
     pid = next(r["pid"] for r in run.replicas("PrefillWorker") if r["state"] == "ready")
+    engine_pids = descendants(pid)
+    assert engine_pids  # vLLM's engine core and worker processes
+    run.seen_pids |= set(engine_pids)  # the run's last-resort clean-up covers them
     t0 = time.monotonic()
     with cf.ThreadPoolExecutor(2) as pool:
         futs = [pool.submit(ask, url, SHARED * 2 + q) for q in QUESTIONS[:2]]
@@ -130,7 +150,16 @@ def test_killed_prefill_worker_requests_still_complete(vllm_disagg):
         answers = [f.result(timeout=300) for f in futs]
     assert all(answers), answers
     assert time.monotonic() - t0 < 300
-    # the supervisor restarts the prefill worker; remote prefill then works again
+    # Jobs the dead worker held are never handed over: the decode engine prefills them
+    # itself once remote_prefill_timeout_s has passed.
+    fallbacks = samples(run, "DecodeWorker", "splitserve_disagg_fallbacks_total")
+    assert fallbacks.get('splitserve_disagg_fallbacks_total{reason="timeout"}', 0) >= 1
+    # A SIGKILLed worker leaves vLLM's engine core running (re-parented to init) and
+    # holding the replica's output pipe, so the supervisor does not see the replica exit
+    # until they are gone too: what a process-group kill would do.
+    for child in engine_pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
     wait_until(lambda: any(r["state"] == "ready" and r["pid"] != pid
                            for r in run.replicas("PrefillWorker")), 300, interval_s=1,
                what="prefill worker restarted")
