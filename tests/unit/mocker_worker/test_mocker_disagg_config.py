@@ -38,7 +38,7 @@ def test_torch_sections_keep_their_fields():
 
 
 @pytest.mark.parametrize(("selector", "section", "message"), [
-    (DecodeWorkerConfig, {"engine": "vllm"}, "engine"),
+    (DecodeWorkerConfig, {"engine": "nope"}, "engine"),
     (DecodeWorkerConfig, {"engine": "mocker", "kv_transfer": {}}, "kv_transfer"),
     (PrefillWorkerConfig, {"engine": "mocker",
                            "engine_args": {"disaggregation_mode": "prefill"}},
