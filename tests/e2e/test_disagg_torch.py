@@ -17,24 +17,11 @@ import openai
 import pytest
 
 from tests.e2e.conftest import start_graph
+from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS, SHARED
 from tests.integration.serve_helpers import wait_until
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "SmolLM2-135M-Instruct"
-FORCED = "--DecodeWorker.disaggregated_router={enable: true, decider: forced, remote: true}"
-SHARED = ("The following is a detailed report on the history of European railways, covering "
-          "the first steam locomotives, the expansion of national networks, electrification, "
-          "and the arrival of high-speed lines in the late twentieth century. ") * 4
-QUESTIONS = [
-    "What is the capital of France?", "Name a primary colour.", "What is 7 plus 5?",
-    "Write one word that rhymes with cat.", "Who painted the Mona Lisa?",
-    "What is the boiling point of water in Celsius?", "Name a large ocean.",
-    "Give a synonym for quick.", "What is the opposite of cold?",
-    "How many legs does a spider have?", "What colour is the sky on a clear day?",
-    "Name a fruit that is yellow.",
-]
-PROMPTS = QUESTIONS + [SHARED + q for q in QUESTIONS[:8]]  # 20 prompts, 8 share a prefix
 
 
 def ask(url: str, prompt: str, max_tokens: int = 20) -> openai.types.chat.ChatCompletion:
