@@ -153,8 +153,30 @@ class Supervisor:
                 if console_worthy(raw, verbose):
                     self.printer(rep.name, raw.decode(errors="replace").rstrip())
 
+    async def _exit_code(self, proc: asyncio.subprocess.Process, grace_s: float = 2.0) -> int:
+        """The replica's exit code.  asyncio's ``wait()`` also waits for the replica's
+        output pipe to close, which children that outlive it keep open (an engine's own
+        processes after the replica was SIGKILLed): once the replica itself has exited
+        and its pipe stays open for ``grace_s``, the rest of its process group (its own
+        session) is killed, so the exit is seen and the replica restarted."""
+        waiter = asyncio.ensure_future(proc.wait())
+        exited_at = None
+        while not waiter.done():
+            await asyncio.wait({waiter}, timeout=0.25)
+            if waiter.done() or proc.returncode is None:
+                continue
+            exited_at = exited_at or time.monotonic()
+            if time.monotonic() - exited_at >= grace_s:
+                self.printer("supervisor", f"pid {proc.pid} exited; stopping the processes "
+                             "it left behind")
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await asyncio.wait({waiter}, timeout=5)
+                break
+        return waiter.result() if waiter.done() else proc.returncode
+
     async def _watch(self, rep: Replica, proc: asyncio.subprocess.Process) -> None:
-        code = await proc.wait()
+        code = await self._exit_code(proc)
         if rep.log_task:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(rep.log_task, 2)

@@ -69,6 +69,45 @@ def test_comes_up_answers_restarts_and_shuts_down_clean(tmp_path):
     assert "graph ready" in run.output()
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live processes in process group ``pgid`` (from /proc)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(name))
+    return out
+
+
+def test_killed_replica_whose_children_survive_is_restarted(tmp_path):
+    """A SIGKILLed replica's own children (an engine's processes) keep its output pipe
+    open; the supervisor still sees the exit, stops them and restarts the replica."""
+    run = ServeRun(tmp_path, GRAPH, "--EchoWorker.spawn_child=true")
+    try:
+        run.wait_ready(30)
+        victim = run.replicas("EchoWorker")[0]
+        wait_until(lambda: len(group_members(victim["pid"])) == 2, 10, what="child started")
+        (child,) = [p for p in group_members(victim["pid"]) if p != victim["pid"]]
+        run.seen_pids.add(child)
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_until(lambda: any(r["pid"] != victim["pid"] and r["state"] == "ready"
+                               and r["restarts"] == 1 for r in run.replicas("EchoWorker")),
+                   20, what="killed worker restarted")
+        assert not pid_alive(child), "the dead replica's child is still running"
+        wait_until(lambda: echo(run, "again")[0] == 200, 15, what="served after restart")
+        assert run.stop(signal.SIGTERM) == 0, run.output()
+    finally:
+        run.kill_all()
+        for pid in run.seen_pids:
+            for member in group_members(pid):
+                os.kill(member, signal.SIGKILL)
+
+
 def test_sigterm_leaves_no_etcd_registrations_with_external_infra(tmp_path):
     with EmbeddedInfra(tmp_path / "ext") as ep:
         env = {**os.environ, **ep.env()}
