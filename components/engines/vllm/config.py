@@ -105,6 +105,11 @@ class VllmKvTransfer(StrictModel):
         "which halves decode speed on small CPU hosts; without it UCX progresses once per "
         "engine step. A decode engine steps while it waits for KV; an idle prefill engine "
         "does not, so prefill engines need it (reads hang without).")
+    on_load_failure: Literal["recompute", "fail"] = Field(
+        "recompute", description="What a decode engine does when it cannot read a "
+        "request's KV (the prefill engine died or expired the blocks after handing "
+        "off): 'recompute' prefills the lost blocks itself, so the request still "
+        "completes; 'fail' ends it with an error (vLLM's own default).")
 
     def connector_config(self, role: Literal["prefill", "decode"], engine_id: str
                          ) -> dict[str, Any]:
@@ -116,6 +121,8 @@ class VllmKvTransfer(StrictModel):
             "kv_connector": "NixlConnector",
             "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
             "kv_buffer_device": self.buffer_device, "engine_id": engine_id}
+        if role == "decode":
+            cfg["kv_load_failure_policy"] = self.on_load_failure
         if not self.progress_thread:
             cfg["kv_connector_module_path"] = "splitserve.components.engines.vllm.nixl_connector"
         return cfg

@@ -134,7 +134,11 @@ def test_roles_and_transfer_config():
     gpu = VllmKvTransfer(buffer_device="cuda", progress_thread=True)
     assert gpu.connector_config("decode", "d-1") == {
         "kv_connector": "NixlConnector", "kv_role": "kv_consumer",
-        "kv_buffer_device": "cuda", "engine_id": "d-1"}
+        "kv_buffer_device": "cuda", "engine_id": "d-1", "kv_load_failure_policy": "recompute"}
+    strict = VllmKvTransfer(on_load_failure="fail")
+    assert strict.connector_config("decode", "d-2")["kv_load_failure_policy"] == "fail"
+    with pytest.raises(ValidationError):
+        VllmKvTransfer(on_load_failure="retry")
     env = engine_env(args, t, 5611)
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
@@ -142,3 +146,14 @@ def test_roles_and_transfer_config():
     assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in engine_env(args)
     with pytest.raises(ValidationError):
         VllmEngineArgs(cpu_cores="all")
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_transfer_config_is_accepted_by_vllm(role):
+    """Every field this project sets exists in vLLM's own KVTransferConfig, with a value
+    it accepts (a renamed field in a vLLM upgrade fails here, not at engine start)."""
+    kv_transfer = pytest.importorskip("vllm.config.kv_transfer")
+    cfg = kv_transfer.KVTransferConfig(**VllmKvTransfer().connector_config(role, "e-1"))
+    assert cfg.kv_role == ("kv_producer" if role == "prefill" else "kv_consumer")
+    if role == "decode":
+        assert cfg.kv_load_failure_policy == "recompute"
