@@ -110,6 +110,10 @@ async def _in_process_backend(ctx: ComponentContext, cfg: FrontendConfig,
 
     instance = f"frontend-{ctx.run.replica}-{os.getpid():x}"
     routing = await start_routing(ctx, cfg.router_settings(), instance, metrics.registry)
+    # `dynamo route explain` reaches this replica's routing here (read-only: explain is
+    # forced on, nothing is recorded).
+    routing.serving.append(asyncio.ensure_future(
+        ctx.endpoint("Frontend", "explain").serve_endpoint(routing.service.explain)))
     backend = InProcessBackend(routing.service, routing.worker_client, cfg.route_timeout_s,
                                migration_limit=cfg.migration_limit, metrics=backend_metrics)
     log.info("routing in process (no Router process); this replica keeps its own "

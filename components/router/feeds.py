@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -46,10 +46,14 @@ class RouterFeeds:
     indexer: Any
     loads: asyncio.Task
     watcher: Any
+    serving: list[asyncio.Future] = field(default_factory=list)
 
     async def close(self) -> None:
         """Called once the component's ``stopping`` event is set: stop following policy
-        versions, wait for the load subscription to drain, close the KV event index."""
+        versions, wait for the load subscription to drain, close the KV event index,
+        stop serving the endpoints in ``serving``."""
+        for task in self.serving:
+            task.cancel()
         await self.watcher.stop()
         try:
             await asyncio.wait_for(self.loads, 5)

@@ -55,8 +55,12 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
 
     rt = make_runtime(asyncio.get_running_loop(), "tcp")
     try:
-        client = await rt.endpoint(endpoint_path(namespace, "Router", "route")).client()
-        await asyncio.wait_for(client.wait_for_instances(), timeout_s)
+        # A Router process serves `route`; a frontend that routes in its own process
+        # serves `explain` (the same decision, read-only).  Whichever appears first.
+        client = await _first_serving(
+            [await rt.endpoint(endpoint_path(namespace, component, name)).client()
+             for component, name in (("Router", "route"), ("Frontend", "explain"))],
+            timeout_s)
         call = RouteCall(request_id="explain", token_ids=token_ids, priority=priority,
                          explain=True, record=False)
         reply = None
@@ -68,6 +72,22 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
         return reply
     finally:
         rt.shutdown()
+
+
+async def _first_serving(clients: list, timeout_s: float):
+    """The first of ``clients`` whose endpoint has an instance; TimeoutError if none
+    has one within ``timeout_s``."""
+    waits = {asyncio.ensure_future(c.wait_for_instances()): c for c in clients}
+    try:
+        done, _ = await asyncio.wait(waits, timeout=timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+    ready = [waits[t] for t in done if not t.cancelled() and t.exception() is None]
+    if not ready:
+        raise TimeoutError
+    return ready[0]
 
 
 def _data(item):
@@ -116,7 +136,9 @@ def explain(
     """Print the per-scorer breakdown the live router computes for a prompt.
 
     The request is tokenised exactly as the frontend would (chat template included) and
-    sent to the router with explain=true: nothing is recorded and no worker is called.
+    sent to the router with explain=true (or, where the frontend routes in its own
+    process, to the frontend's explain endpoint): nothing is recorded and no worker is
+    called.
     """
     msgs = _messages(prompt, messages)
     if msgs is None:
@@ -146,7 +168,8 @@ def explain(
     except (asyncio.TimeoutError, TimeoutError):
         where = split_credentials(etcd.split(",")[0])[0]
         err.print("[red]error:[/] ", end="")
-        err.print(f"no router registered in namespace {namespace!r} at {where}", markup=False,
+        err.print(f"no router (nor a frontend routing in process) registered in namespace "
+                  f"{namespace!r} at {where}", markup=False,
                   highlight=False)
         raise typer.Exit(1) from None
     if json_out:

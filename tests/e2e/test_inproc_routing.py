@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import start_graph
-from tests.e2e.test_mocker_routing import LONG, MODEL, metric_lines
+from tests.e2e.test_mocker_routing import LONG, MODEL, metric_lines, route_explain
 from tests.e2e.test_policy_reload import dynamo
 from tests.integration.serve_helpers import wait_until
 
@@ -72,6 +72,21 @@ def test_repeated_prefix_lands_on_the_worker_holding_it(inproc_graph):
     assert sum(after.values()) - sum(first.values()) == 3
     cached = metric_lines(f"{url}/metrics", "splitserve_router_overlap_blocks_total")
     assert sum(cached.values()) > 0  # the prompt's blocks were known to be cached there
+
+
+def test_route_explain_reads_the_frontends_routing(inproc_graph):
+    """With no Router process, `dynamo route explain` asks the frontend's own routing
+    (its explain endpoint) and nothing it asks is recorded as a placement."""
+    run, url = inproc_graph
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused") as client:
+        client.chat.completions.create(model=MODEL, max_tokens=2,
+                                       messages=[{"role": "user", "content": LONG}])
+    time.sleep(0.5)  # KV events reach the frontend's index asynchronously
+    before = decisions(url)
+    decision = route_explain(run, LONG)
+    overlap = {int(k): v for k, v in decision["decision"]["scorers"][0]["raw"].items()}
+    assert overlap[decision["worker_id"]] > 0.8, decision  # the holder of the prefix
+    assert decisions(url) == before
 
 
 async def burst(url: str, n: int) -> list[tuple[int, str | None]]:

@@ -31,6 +31,17 @@ def metric_lines(metrics_url: str, name: str) -> dict[str, float]:
     return out
 
 
+def route_explain(run, prompt: str) -> dict:
+    """`dynamo route explain --json` against the run's graph (found by its state dir)."""
+    explain = subprocess.run(
+        [sys.executable, "-m", "splitserve.cli.main", "route", "explain", "--json",
+         "--prompt", prompt, "--state-dir", str(run.state)],
+        check=False, cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")})
+    assert explain.returncode == 0, explain.stderr
+    return json.loads(explain.stdout)
+
+
 def test_openai_client_streaming_and_not(mocker_graph):
     _, url = mocker_graph
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
@@ -51,13 +62,7 @@ def test_repeated_long_prompt_goes_to_the_worker_holding_its_prefix(mocker_graph
     msgs = [{"role": "user", "content": LONG}]
     client.chat.completions.create(model=MODEL, max_tokens=2, messages=msgs)
     time.sleep(0.5)  # KV events reach the router asynchronously
-    explain = subprocess.run(
-        [sys.executable, "-m", "splitserve.cli.main", "route", "explain", "--json",
-         "--prompt", LONG, "--state-dir", str(run.state)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-        env={k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")})
-    assert explain.returncode == 0, explain.stderr
-    decision = json.loads(explain.stdout)
+    decision = route_explain(run, LONG)
     holder = decision["worker_id"]
     overlap = {int(k): v for k, v in decision["decision"]["scorers"][0]["raw"].items()}
     assert overlap[holder] > 0.8, decision  # the prompt's blocks are cached there

@@ -87,6 +87,19 @@ def test_explain_does_not_record():
     assert svc.fleet.placed == {} and len(svc.tracker) == 0
 
 
+def test_explain_endpoint_never_records_whatever_it_is_sent():
+    """The frontend's explain endpoint (in-process routing) forces explain on: a call
+    asking to be recorded, or not to explain, is still only described."""
+    svc = service(scores={3: 4})
+    body = call("e").model_dump(mode="json") | {"explain": False, "record": True}
+    out = asyncio.run(_drain(svc.explain(body)))
+    assert out[0]["worker_id"] == 3 and out[0]["decision"]["scorers"]
+    assert svc.fleet.placed == {} and len(svc.tracker) == 0
+    bad = asyncio.run(_drain(svc.explain({"request_id": 5})))
+    assert bad[0]["worker_id"] is None and bad[0]["reason"].startswith("bad-request")
+    assert asyncio.run(_drain(svc.explain([1, 2])))[0]["reason"].startswith("bad-request")
+
+
 def test_round_robin_spreads():
     svc = service("round_robin")
     picks = [svc.decide(call(f"r{i}"))[0].worker_id for i in range(6)]
