@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--drain-s", type=float, default=20.0)
     p.add_argument("--admission-ttft-ms", type=float, default=1000.0)
-    p.add_argument("--admission-queue-per-worker", type=int, default=4)
+    p.add_argument("--admission-queue-per-worker", type=int, default=8)
     p.add_argument("--slo", default="ttft=1000,tpot=50")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)

@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sustained-from", type=float, default=2.0)
     p.add_argument("--admission-ttft-ms", type=float, default=1000.0,
                    help="splitserve-admission: the default class's TTFT target")
-    p.add_argument("--admission-queue-per-worker", type=int, default=4,
+    p.add_argument("--admission-queue-per-worker", type=int, default=8,
                    help="splitserve-admission: the router queue's per-worker cap (0: off)")
     p.add_argument("--out", default=None, help="default benchmarks/results/compare.json, "
                    "goodput_sweep.json with --loads")
