@@ -190,13 +190,10 @@ class RouterService:
         """Endpoint handler for ``dynamo route explain`` against a frontend that routes in
         its own process: ``route`` with explain forced on, so whatever the caller sends
         nothing is recorded, no admission slot is taken and no worker is placed on."""
-        try:
-            call = RouteCall.model_validate({**request, "explain": True, "record": False})
-        except (TypeError, ValueError) as exc:
-            yield RouteReply(worker_id=None, reason=f"bad-request: {exc}").model_dump()
-            return
-        reply, _ = self.decide(call)
-        yield reply.model_dump(mode="json")
+        if isinstance(request, dict):
+            request = {**request, "explain": True, "record": False}
+        async for reply in self.route(request, context):  # anything else: bad-request
+            yield reply
 
     async def place(self, call: RouteCall) -> RouteReply:
         """Admit (waiting in the admission queue when it is on) and route one request.
