@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from tests.integration.serve_helpers import ServeRun
+from tests.integration.serve_helpers import REPO, ServeRun
 
 
 def start_graph(tmp_path, graph: str, config: str, *overrides: str, timeout_s: float = 180
@@ -18,6 +23,18 @@ def start_graph(tmp_path, graph: str, config: str, *overrides: str, timeout_s: f
         raise
     url = next(r["endpoint"] for r in ready["rows"] if r["component"] == "Frontend")
     return run, url
+
+
+def route_explain(run: ServeRun, prompt: str, timeout_s: float = 60) -> dict:
+    """`dynamo route explain --json` against the run's graph (found by its state dir,
+    not by this process's ETCD_ENDPOINTS/NATS_SERVER)."""
+    res = subprocess.run(
+        [sys.executable, "-m", "splitserve.cli.main", "route", "explain", "--json",
+         "--prompt", prompt, "--state-dir", str(run.state)],
+        check=False, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+        env={k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")})
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
 
 
 @pytest.fixture(scope="module")

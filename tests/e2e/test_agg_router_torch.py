@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import start_graph
-from tests.integration.serve_helpers import REPO
+from tests.e2e.conftest import route_explain, start_graph
 
 pytestmark = pytest.mark.e2e
 
@@ -31,16 +26,6 @@ def decisions(metrics_url: str) -> dict[str, float]:
     return out
 
 
-def explain(run, prompt: str) -> dict:
-    res = subprocess.run(
-        [sys.executable, "-m", "splitserve.cli.main", "route", "explain", "--json",
-         "--prompt", prompt, "--state-dir", str(run.state)], cwd=REPO, capture_output=True,
-        text=True, timeout=120,
-        env={k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")})
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
-
 def test_kv_aware_routing_follows_the_prefix(tmp_path):
     run, url = start_graph(tmp_path, "graphs.agg_router:Frontend", "configs/agg_router.yaml")
     try:
@@ -49,7 +34,7 @@ def test_kv_aware_routing_follows_the_prefix(tmp_path):
         first = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
                                           messages=msgs)
         time.sleep(1.0)  # KV events reach the router asynchronously
-        d = explain(run, LONG)
+        d = route_explain(run, LONG, timeout_s=120)
         holder = d["worker_id"]
         overlap = {int(k): v for k, v in d["decision"]["scorers"][0]["raw"].items()}
         assert overlap[holder] > 0.9 and min(overlap.values()) == 0.0, d

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.e2e.conftest import route_explain, start_graph
 from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS, SHARED
 from tests.integration.serve_helpers import wait_until
 
@@ -147,23 +147,10 @@ def test_prefill_worker_killed_mid_job_request_still_completes(fault_graph):
 
 
 def test_route_explain_shows_the_offload_decision(tmp_path):
-    import json
-    import subprocess
-    import sys
-
-    from tests.integration.serve_helpers import REPO
-
     run, url = start_graph(tmp_path, "graphs.disagg:Frontend", "configs/disagg.yaml")
     try:
         def explain(prompt: str) -> dict:
-            res = subprocess.run(
-                [sys.executable, "-m", "splitserve.cli.main", "route", "explain", "--json",
-                 "--prompt", prompt, "--state-dir", str(run.state)], cwd=REPO,
-                capture_output=True, text=True, timeout=120,
-                env={k: v for k, v in os.environ.items()
-                     if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")})
-            assert res.returncode == 0, res.stderr
-            return json.loads(res.stdout)
+            return route_explain(run, prompt, timeout_s=120)
 
         short = explain(QUESTIONS[0])["offload"]["decision"]
         assert short["remote"] is False and short["reason"] == "below-min-score"

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import start_graph
-from tests.e2e.test_mocker_routing import LONG, MODEL, metric_lines, route_explain
+from tests.e2e.conftest import route_explain, start_graph
+from tests.e2e.test_mocker_routing import LONG, MODEL, metric_lines
 from tests.e2e.test_policy_reload import dynamo
 from tests.integration.serve_helpers import wait_until
 

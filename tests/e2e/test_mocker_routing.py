@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import start_graph
-from tests.integration.serve_helpers import REPO, wait_until
+from tests.e2e.conftest import route_explain, start_graph
+from tests.integration.serve_helpers import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -29,17 +27,6 @@ def metric_lines(metrics_url: str, name: str) -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
     return out
-
-
-def route_explain(run, prompt: str) -> dict:
-    """`dynamo route explain --json` against the run's graph (found by its state dir)."""
-    explain = subprocess.run(
-        [sys.executable, "-m", "splitserve.cli.main", "route", "explain", "--json",
-         "--prompt", prompt, "--state-dir", str(run.state)],
-        check=False, cwd=REPO, capture_output=True, text=True, timeout=60,
-        env={k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")})
-    assert explain.returncode == 0, explain.stderr
-    return json.loads(explain.stdout)
 
 
 def test_openai_client_streaming_and_not(mocker_graph):

