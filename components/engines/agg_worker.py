@@ -13,6 +13,8 @@ import os
 
 from splitserve.components.engines.vllm.worker import make_handler, publish_kv_events
 from splitserve.components.protocol import WorkerLoad, load_subject
+from splitserve.components.worker.engine_hosts import _watch_failure
+from splitserve.components.worker.engine_processes import _serve_or_die
 from splitserve.components.worker.loadreport import publish_load
 from splitserve.components.worker.metrics import WorkerMetrics
 from splitserve.components.worker.readiness import report_ready_when_registered
@@ -50,9 +52,15 @@ async def run_engine_worker(ctx: ComponentContext, cfg, engine, label: str) -> N
         ctx.report, endpoint, worker_id,
         endpoint=f"{ctx.namespace}.{ctx.run.component.lower()}.generate",
         detail=f"instance {worker_id:x} ({label})")))
+    # An engine that dies on its own (``failure()``: TensorRT-LLM's executor) ends the
+    # replica with its error, which the supervisor restarts.
+    died = asyncio.ensure_future(_watch_failure(engine))
+    serving = asyncio.ensure_future(serve_until_stopped(
+        ctx, endpoint, make_handler(engine, metrics),
+        drain_timeout_s=cfg.drain_timeout_s, inflight=engine.inflight))
+    tasks += [died, serving]  # cancelled below; serving is done unless the engine died
     try:
-        await serve_until_stopped(ctx, endpoint, make_handler(engine, metrics),
-                                  drain_timeout_s=cfg.drain_timeout_s, inflight=engine.inflight)
+        await _serve_or_die(serving, died)
     finally:
         await engine.shutdown(drain_timeout_s=0.0)
         with contextlib.suppress(Exception):

@@ -85,6 +85,8 @@ class GenerateParams:
     stop_token_ids: tuple[int, ...] = ()
     """Tokens that end generation (the model's EOS ids and any the client asked for)."""
     ignore_eos: bool = False
+    min_tokens: int = 0
+    """Tokens to produce before a stop token may end the request."""
     priority: int = 1
 
 

@@ -60,6 +60,11 @@ class PrefillRequest(BaseModel):
     seed: int | None = Field(default=None, description="Per-request sampling seed.")
     stop_token_ids: list[int] = Field(default_factory=list, description="Tokens that end "
                                       "generation besides the model's EOS.")
+    ignore_eos: bool = Field(default=False, description="The request ignores EOS: the "
+                             "prefill's one token must not end it before the handoff.")
+    min_tokens: int = Field(default=0, ge=0, description="Tokens the request produces "
+                            "before a stop token may end it (applies to the prefill's "
+                            "first token too).")
     handoff_subject: str | None = Field(
         default=None, min_length=1, description="For engines without a KV transfer path "
         "(Dynamo's mocker): the NATS subject on which the decode worker waits for the "

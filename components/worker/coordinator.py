@@ -50,6 +50,7 @@ from splitserve.components.mocker_worker.handoff import HandoffInbox
 from splitserve.components.prefill_queue import EnqueueRejected, PrefillRequest
 from splitserve.components.protocol import WorkerRequest, output_chunk
 
+from .cancel import until_stopped
 from .disagg_metrics import DisaggMetrics
 
 log = logging.getLogger("splitserve.coordinator")
@@ -93,6 +94,7 @@ def params_of(wreq: WorkerRequest) -> GenerateParams:
         temperature=s.temperature if s.temperature is not None else 1.0,
         top_p=s.top_p if s.top_p is not None else 1.0, seed=s.seed,
         stop_token_ids=stops, ignore_eos=bool(wreq.stop_conditions.ignore_eos),
+        min_tokens=wreq.stop_conditions.min_tokens or 0,
         priority=PRIORITY_RANK.get(wreq.meta().priority, 1))
 
 
@@ -181,8 +183,9 @@ class EngineDecodeCoordinator:
         produced = 0
         outcome = "cancelled"
         try:
-            async with contextlib.aclosing(self.serve(
-                    rid, params, meta.priority, prefill_locally=meta.prefill_locally)) as s:
+            async with contextlib.aclosing(until_stopped(self.serve(
+                    rid, params, meta.priority, prefill_locally=meta.prefill_locally),
+                    context)) as s:
                 async for d in s:
                     produced += len(d.token_ids)
                     if d.finished:
@@ -298,7 +301,9 @@ class EngineDecodeCoordinator:
                     num_cached_tokens=dest.num_cached_tokens if dest else 0,
                     block_size=block, enqueued_at=time.time(), max_wait_s=timeout,
                     temperature=params.temperature, top_p=params.top_p, seed=params.seed,
-                    stop_token_ids=list(params.stop_token_ids), handoff_subject=self.subject)
+                    stop_token_ids=list(params.stop_token_ids),
+                    ignore_eos=params.ignore_eos, min_tokens=params.min_tokens,
+                    handoff_subject=self.subject)
             except ValueError as exc:
                 log.info("request %s cannot be offloaded (%s)", rid, str(exc).splitlines()[0])
                 await release(False)

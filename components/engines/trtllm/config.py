@@ -4,7 +4,13 @@ TensorRT-LLM cannot be installed here, so the mapping follows the shapes Dynamo 
 TensorRT-LLM worker passes to ``tensorrt_llm.LLM`` (PyTorch backend): ``model``,
 ``tensor_parallel_size``, ``kv_cache_config`` (a dict: free GPU memory fraction, block
 reuse, the KV event buffer), ``cache_transceiver_config`` (the KV transfer backend of
-disaggregated roles), batch and sequence limits, and token ids in / token ids out.
+disaggregated roles), batch and sequence limits.
+
+The tokenizer is not skipped (Dynamo does not skip it either): TensorRT-LLM's
+``LLM._prepare_sampling_params`` fills a request's ``end_id``/``pad_id`` from the
+tokenizer and the model's generation config, and raises on every request when
+``skip_tokenizer_init`` is set and no ``end_id`` is given.  Token ids still go in and
+come out (``detokenize=False`` per request).
 """
 
 from __future__ import annotations
@@ -17,9 +23,13 @@ from splitserve.common.models import StrictModel
 
 Role = Literal["agg", "prefill", "decode"]
 
+TESTED_VERSION = "1.3.0rc29"
+"""The TensorRT-LLM release these calls follow (the one Dynamo 1.6.1 pins)."""
+
 MAPPED = frozenset({"model", "tensor_parallel_size", "backend", "kv_cache_config",
                     "cache_transceiver_config", "max_batch_size", "max_num_tokens",
-                    "max_seq_len", "skip_tokenizer_init"})
+                    "max_seq_len", "skip_tokenizer_init", "enable_iter_perf_stats",
+                    "disable_overlap_scheduler"})
 
 
 class TrtllmEngineArgs(StrictModel):
@@ -45,6 +55,14 @@ class TrtllmEngineArgs(StrictModel):
     max_seq_len: int | None = Field(None, ge=16, description="Longest prompt plus output.")
     transfer_backend: Literal["NIXL", "UCX", "DEFAULT"] = Field(
         "NIXL", description="cache_transceiver_config.backend of disaggregated roles.")
+    kv_transfer_timeout_ms: int = Field(
+        60_000, ge=1_000, description="cache_transceiver_config.kv_transfer_timeout_ms of "
+        "disaggregated roles: a context whose KV nobody fetched in time is freed, and a "
+        "generation request whose KV never arrives (its prefill engine died) fails "
+        "instead of waiting forever.")
+    accept_untested_version: bool = Field(
+        False, description="Start with a TensorRT-LLM release other than the tested one "
+        f"({TESTED_VERSION}); off, another version is refused at start.")
     extra_llm_args: dict[str, Any] = Field(
         default_factory=dict, description="Further LLM API arguments, passed unchanged "
         "(not checked here: TensorRT-LLM is not installable off GPU machines).")
@@ -63,7 +81,8 @@ class TrtllmEngineArgs(StrictModel):
 
 
 def llm_kwargs(args: TrtllmEngineArgs, role: Role, *, local_prefill: bool = False) -> dict[str, Any]:
-    """Keyword arguments of ``tensorrt_llm.LLM`` for one engine; called once at start.
+    """Keyword arguments of ``tensorrt_llm.LLM`` for one engine; called once at start
+    (``local_prefill`` is accepted for symmetry with the other engines and unused).
 
     Prefill and decode roles get a cache transceiver (how the engines move KV); a
     decode engine keeps serving ``context_and_generation`` requests for local prefills,
@@ -75,14 +94,31 @@ def llm_kwargs(args: TrtllmEngineArgs, role: Role, *, local_prefill: bool = Fals
         "tokens_per_block": args.tokens_per_block,
         "event_buffer_max_size": args.event_buffer_max_size if args.kv_events_enabled() else 0,
     }
+    # enable_iter_perf_stats: without it get_stats_async yields nothing and the load
+    # reports (KV blocks, queue) the router and admission read stay empty.
     kw: dict[str, Any] = {"model": args.model, "backend": "pytorch",
                           "tensor_parallel_size": args.tensor_parallel_size,
-                          "kv_cache_config": kv_cache, "skip_tokenizer_init": True}
+                          "kv_cache_config": kv_cache, "enable_iter_perf_stats": True}
     for name in ("max_batch_size", "max_num_tokens", "max_seq_len"):
         value = getattr(args, name)
         if value is not None:
             kw[name] = value
     if role != "agg":
-        kw["cache_transceiver_config"] = {"backend": args.transfer_backend}
+        kw["cache_transceiver_config"] = {"backend": args.transfer_backend,
+                                          "kv_transfer_timeout_ms": args.kv_transfer_timeout_ms}
+    if role == "prefill":
+        # TensorRT-LLM's disaggregated-serving guide: the overlap scheduler is not
+        # supported on context servers.
+        kw["disable_overlap_scheduler"] = True
     kw.update(args.extra_llm_args)
     return kw
+
+
+def check_version(installed: str, args: TrtllmEngineArgs) -> None:
+    """Refuse a TensorRT-LLM release other than the tested one unless the config accepts
+    it; called at start, before the LLM is built."""
+    if installed != TESTED_VERSION and not args.accept_untested_version:
+        raise RuntimeError(
+            f"TensorRT-LLM {installed} is installed; this adapter follows {TESTED_VERSION} "
+            f"(install tensorrt-llm=={TESTED_VERSION}, or set "
+            "engine_args.accept_untested_version: true)")

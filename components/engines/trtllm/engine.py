@@ -5,14 +5,27 @@ A prefill engine runs ``context_only`` requests and returns the result's
 ``generation_only`` requests with those params (its cache transceiver fetches the KV)
 and ``context_and_generation`` for local prefills, so TensorRT-LLM decode workers keep
 local prefill.  An aggregated engine runs plain requests.
+
+What follows Dynamo 1.6.1's TensorRT-LLM worker: a context request carries a
+``disagg_request_id`` (the id both engines' cache transceivers match on) and is
+submitted non-streaming; a generation request aborted before its first token is only
+aborted once that token arrives (its KV is still being received; aborting mid-transfer
+leaves the transceivers with a half-finished transfer); the LLM is built on the event
+loop's thread; a dead executor is reported by ``failure()`` so the worker exits and is
+restarted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import inspect
 import logging
+import os
+import socket
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,7 +40,7 @@ from splitserve.components.engines.interface import (
     TokenDelta,
 )
 
-from .config import Role, TrtllmEngineArgs, llm_kwargs
+from .config import Role, TrtllmEngineArgs, check_version, llm_kwargs
 from .events import convert_event, load_from_stats
 from .requests import DeltaCursor, RequestType, handoff_from_params, params_fields, sampling_kwargs
 
@@ -38,15 +51,45 @@ class LlmApi:
     """The TensorRT-LLM classes the adapter builds (tests pass doubles)."""
 
     def __init__(self) -> None:
+        import tensorrt_llm
         from tensorrt_llm import LLM, SamplingParams
         from tensorrt_llm.llmapi import DisaggregatedParams
+        from tensorrt_llm.llmapi.disagg_utils import get_global_disagg_request_id
 
         self.LLM, self.SamplingParams, self.DisaggregatedParams = (
             LLM, SamplingParams, DisaggregatedParams)
+        self.version = str(tensorrt_llm.__version__)
+        self._global_id = get_global_disagg_request_id
 
     def make_llm(self, **kwargs: Any):
         kwargs.pop("backend", None)  # LLM is the PyTorch backend's class
         return self.LLM(**kwargs)
+
+    def disagg_request_id(self, machine_id: int) -> int:
+        """A cluster-unique id for one context/generation pair.  Releases from 1.3.0rc22
+        take an 8-bit node id and a 6-bit process id, earlier ones a 10-bit machine id;
+        ``machine_id`` (< 1021) maps losslessly onto either."""
+        if "process_id" in inspect.signature(self._global_id).parameters:
+            node, process = divmod(machine_id, 64)
+            return self._global_id(node, process)
+        return self._global_id(machine_id)
+
+
+def default_machine_id() -> int:
+    """This process's slot in TensorRT-LLM's disagg-id space (< 1021): host and pid, so
+    replicas on one host and across hosts rarely share one (ids also carry a time and a
+    sequence part)."""
+    return zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode()) % 1021
+
+
+@dataclasses.dataclass
+class _Live:
+    """One request in the engine."""
+
+    result: Any
+    defer_abort: bool = False
+    """A generation_only request: abort only after its first output (KV received)."""
+    first_seen: bool = False
 
 
 class TrtllmEngine:
@@ -54,7 +97,7 @@ class TrtllmEngine:
 
     def __init__(self, args: TrtllmEngineArgs, served_name: str, role: Role = "agg", *,
                  api_factory: Callable[[], Any] = LlmApi,
-                 stats_interval_s: float = 0.2) -> None:
+                 stats_interval_s: float = 0.2, machine_id: int | None = None) -> None:
         self.args, self.served_name, self.role = args, served_name, role
         self._api_factory = api_factory
         self.api: Any = None
@@ -62,7 +105,9 @@ class TrtllmEngine:
         self.info = EngineInfo(name="trtllm", kv_block_size=args.tokens_per_block,
                                supports_local_prefill=role != "prefill",
                                extras={"role": role, "handoff_before_prefill": False})
-        self._active: dict[str, Any] = {}
+        self._active: dict[str, _Live] = {}
+        self._machine_id = default_machine_id() if machine_id is None else machine_id
+        self._deferred: set[asyncio.Task] = set()
         self._accepting = True
         self._latest: LoadSample | None = None
         self._stats_interval_s = stats_interval_s
@@ -70,11 +115,18 @@ class TrtllmEngine:
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        """Build the LLM (loads weights, sizes the KV cache); returns when it serves."""
+        """Build the LLM (loads weights, sizes the KV cache); returns when it serves.
+
+        The LLM is built here, on the event loop's thread, as Dynamo's worker builds it:
+        its asynchronous results and stats are consumed from this loop, and a build in
+        a helper thread is a set-up neither Dynamo nor TensorRT-LLM's own server uses.
+        The loop is blocked while the weights load; nothing is served before anyway
+        (the worker registers after ``start`` returns)."""
         self.api = self._api_factory()
+        check_version(self.api.version, self.args)
         kw = llm_kwargs(self.args, self.role)
-        log.info("starting TensorRT-LLM (%s): %s", self.role, kw)
-        self.llm = await asyncio.to_thread(lambda: self.api.make_llm(**kw))
+        log.info("starting TensorRT-LLM %s (%s): %s", self.api.version, self.role, kw)
+        self.llm = self.api.make_llm(**kw)
         self._stats_task = asyncio.ensure_future(self._poll_stats())
 
     async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
@@ -85,6 +137,8 @@ class TrtllmEngine:
             await asyncio.sleep(0.05)
         for rid in list(self._active):
             await self.abort(rid)
+        if self._deferred:  # generation requests still receiving KV: let them settle
+            await asyncio.wait(set(self._deferred), timeout=self.args.kv_transfer_timeout_ms / 1000)
         if self._stats_task is not None:
             self._stats_task.cancel()
             await asyncio.gather(self._stats_task, return_exceptions=True)
@@ -103,27 +157,54 @@ class TrtllmEngine:
         dp = None
         if request_type == "generation_only":
             dp = self.api.DisaggregatedParams(**params_fields(handoff, request_type))
+        elif request_type == "context_only":
+            dp = self.api.DisaggregatedParams(
+                request_type=request_type,
+                disagg_request_id=self.api.disagg_request_id(self._machine_id))
         elif request_type is not None:
             dp = self.api.DisaggregatedParams(request_type=request_type)
+        # A context phase is one result: non-streaming, as in Dynamo's prefill handler.
         result = self.llm.generate_async(inputs=list(params.token_ids), sampling_params=sp,
-                                         disaggregated_params=dp, streaming=True)
-        self._active[request_id] = result
+                                         disaggregated_params=dp,
+                                         streaming=request_type != "context_only")
+        self._active[request_id] = _Live(result, defer_abort=request_type == "generation_only")
         return result
 
     async def _stream(self, request_id: str, result) -> AsyncIterator[TokenDelta]:
         cursor, finished = DeltaCursor(), False
         try:
             async for out in result:
+                live = self._active.get(request_id)
+                if live is not None:
+                    live.first_seen = True
                 delta = cursor.delta(out)
                 finished = delta.finished
                 yield delta
                 if finished:
                     return
         finally:
-            self._active.pop(request_id, None)
-            if not finished:
-                with contextlib.suppress(Exception):
-                    result.abort()
+            live = self._active.pop(request_id, None)
+            if not finished and live is not None:
+                self._abort(live)
+
+    def _abort(self, live: _Live) -> None:
+        """Abort now, or for a generation request still receiving its KV, once its first
+        output shows the transfer has ended."""
+        if live.defer_abort and not live.first_seen:
+            task = asyncio.ensure_future(self._abort_after_first(live.result))
+            self._deferred.add(task)
+            task.add_done_callback(self._deferred.discard)
+            return
+        with contextlib.suppress(Exception):
+            live.result.abort()
+
+    @staticmethod
+    async def _abort_after_first(result) -> None:
+        with contextlib.suppress(Exception):
+            async for _ in result:
+                break
+        with contextlib.suppress(Exception):
+            result.abort()
 
     def _role_stream(self, request_id, params, request_type, handoff=None):
         result = self._submit(request_id, params, request_type, handoff)
@@ -152,10 +233,9 @@ class TrtllmEngine:
                 if last.finished:
                     break
         finally:
-            self._active.pop(request_id, None)
-            if last is None or not last.finished:
-                with contextlib.suppress(Exception):
-                    result.abort()
+            live = self._active.pop(request_id, None)
+            if (last is None or not last.finished) and live is not None:
+                self._abort(live)
         comp = out.outputs[0] if out is not None and out.outputs else None
         dparams = getattr(comp, "disaggregated_params", None)
         if not tokens or dparams is None or (last and last.finish_reason == "abort"):
@@ -176,10 +256,9 @@ class TrtllmEngine:
 
     async def abort(self, request_id: str) -> None:
         """Abort one request (``GenerationResult.abort``); unknown ids are ignored."""
-        result = self._active.pop(request_id, None)
-        if result is not None:
-            with contextlib.suppress(Exception):
-                result.abort()
+        live = self._active.pop(request_id, None)
+        if live is not None:
+            self._abort(live)
 
     # ---- sources ------------------------------------------------------------------------
     async def run_kv_events(self, sink: KvEventSink,
@@ -216,3 +295,23 @@ class TrtllmEngine:
 
     def inflight(self) -> int:
         return len(self._active)
+
+    def failure(self) -> BaseException | None:
+        """The executor's fatal error, or a failed health check; None while healthy.
+        Polled by the worker, which exits so the supervisor restarts the replica."""
+        llm = self.llm
+        if llm is None:
+            return None
+        executor = getattr(llm, "_executor", None)
+        fatal = getattr(executor, "_fatal_error", None)
+        if fatal is not None:
+            return fatal if isinstance(fatal, BaseException) else RuntimeError(str(fatal))
+        check = getattr(llm, "_check_health", None) or getattr(executor, "check_health", None)
+        if callable(check):
+            try:
+                healthy = bool(check())
+            except Exception as exc:  # noqa: BLE001 - a failing check is a dead engine
+                return exc
+            if not healthy:
+                return RuntimeError("TensorRT-LLM executor reports unhealthy")
+        return None

@@ -23,7 +23,10 @@ _FINISH = {"stop": "stop", "length": "length", "end_id": "stop", "stop_words": "
 
 
 def sampling_kwargs(p: GenerateParams, *, max_tokens: int | None = None) -> dict[str, Any]:
-    """Keyword arguments of ``tensorrt_llm.SamplingParams`` for one request."""
+    """Keyword arguments of ``tensorrt_llm.SamplingParams`` for one request.  A context
+    phase (``max_tokens`` 1) keeps the request's stop conditions, ``ignore_eos`` and
+    ``min_tokens`` included, as Dynamo's prefill handler does: without them the context
+    phase may stop on EOS at its one token and never hand off."""
     kw: dict[str, Any] = {
         "max_tokens": max_tokens if max_tokens is not None else p.max_tokens,
         "temperature": p.temperature, "top_p": p.top_p, "ignore_eos": p.ignore_eos,
@@ -31,6 +34,8 @@ def sampling_kwargs(p: GenerateParams, *, max_tokens: int | None = None) -> dict
     }
     if p.stop_token_ids:
         kw["stop_token_ids"] = list(p.stop_token_ids)
+    if p.min_tokens:
+        kw["min_tokens"] = p.min_tokens
     if p.seed is not None:
         kw["seed"] = p.seed
     return kw

@@ -135,6 +135,6 @@ def test_llm_arguments_follow_dynamos_worker():
     assert "cache_transceiver_config" not in agg
     for role in ("prefill", "decode"):
         assert llm_kwargs(TrtllmEngineArgs(transfer_backend="UCX"), role)[
-            "cache_transceiver_config"] == {"backend": "UCX"}
+            "cache_transceiver_config"] == {"backend": "UCX", "kv_transfer_timeout_ms": 60_000}
     off = llm_kwargs(TrtllmEngineArgs(kv_events=False), "agg")
     assert off["kv_cache_config"]["event_buffer_max_size"] == 0

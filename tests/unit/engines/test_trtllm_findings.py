@@ -1,0 +1,266 @@
+"""What TensorRT-LLM (1.3.0rc29, as Dynamo 1.6.1 drives it) needs from the adapter, each
+checked against the LLM double (which fails where the LLM fails) and, where Dynamo's
+installed worker states the fact, against that source, so a drift fails here."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from splitserve.components.engines.interface import GenerateParams
+from splitserve.components.engines.trtllm.config import (
+    TESTED_VERSION,
+    TrtllmEngineArgs,
+    check_version,
+    llm_kwargs,
+)
+from splitserve.components.engines.trtllm.engine import TrtllmEngine
+from splitserve.components.prefill_queue import PrefillRequest
+from splitserve.components.worker.prefill_loop import job_params
+from tests.fixtures.engine_doubles import LlmApiDouble, LlmDouble, SamplingParamsDouble, tokens_for
+
+pytestmark = pytest.mark.unit
+
+P = GenerateParams(token_ids=(3, 1, 4, 1, 5), max_tokens=7, temperature=0.0)
+
+
+def dynamo_trtllm() -> Path:
+    spec = pytest.importorskip("dynamo")
+    root = Path(next(iter(spec.__path__))) / "trtllm"
+    if not root.is_dir():
+        pytest.skip("Dynamo's TensorRT-LLM worker is not installed")
+    return root
+
+
+def dynamo_arg_map() -> set[str]:
+    """The keys of the ``arg_map`` dict literal Dynamo builds ``LLM(**...)`` from."""
+    tree = ast.parse((dynamo_trtllm() / "workers/llm_worker.py").read_text())
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == "arg_map" for t in node.targets)):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    raise AssertionError("Dynamo's arg_map literal not found")
+
+
+def handler_source() -> str:
+    return (dynamo_trtllm() / "request_handlers/handler_base.py").read_text()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def make(role: str, states: dict, **kw) -> TrtllmEngine:
+    eng = TrtllmEngine(TrtllmEngineArgs(**kw), "m", role,  # type: ignore[arg-type]
+                       api_factory=lambda: LlmApiDouble(role, states))
+    await eng.start()
+    return eng
+
+
+async def collect(it) -> list[int]:
+    out: list[int] = []
+    async for d in it:
+        out += d.token_ids
+        if d.finished:
+            break
+    return out
+
+
+# ---- T1: end_id ------------------------------------------------------------------------
+def test_double_raises_like_the_llm_without_tokenizer_or_end_id():
+    llm = LlmDouble("agg", {}, skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match="tokenizer is required to reset end_id"):
+        llm.generate_async([1, 2], SamplingParamsDouble(max_tokens=2))
+    # an explicit end_id is accepted even without a tokenizer
+    llm.generate_async([1, 2], SamplingParamsDouble(max_tokens=2, end_id=7))
+
+
+def test_tokenizer_is_kept_as_dynamo_keeps_it():
+    assert "skip_tokenizer_init" not in dynamo_arg_map()
+    for role in ("agg", "prefill", "decode"):
+        assert not llm_kwargs(TrtllmEngineArgs(), role).get("skip_tokenizer_init")
+
+
+def test_every_role_serves_a_request_with_the_llms_end_id_rules():
+    async def go():
+        states: dict = {}
+        agg, pre, dec = (await make("agg", states), await make("prefill", states),
+                         await make("decode", states))
+        expected = await collect(agg.generate("a", P))
+        res = await pre.prefill("p", P)
+        assert await collect(dec.decode("p", P, res.handoff)) == expected
+        assert await collect(dec.generate("l", P)) == expected
+    run(go())
+
+
+# ---- T5: the context phase keeps ignore_eos and min_tokens -----------------------------
+def test_prefill_job_carries_ignore_eos_and_min_tokens():
+    req = PrefillRequest(request_id="r", token_ids=[1, 2], decode_worker_id="d",
+                         nixl_agent="a", block_ids=[0], block_size=16, enqueued_at=0.0,
+                         ignore_eos=True, min_tokens=4)
+    p = job_params(req)
+    assert p.ignore_eos and p.min_tokens == 4 and p.max_tokens == 1
+
+
+def test_context_phase_whose_token_is_a_stop_token_still_hands_off_with_ignore_eos():
+    first = tokens_for(list(P.token_ids), 1)[0]
+    stop_first = GenerateParams(token_ids=P.token_ids, max_tokens=1, stop_token_ids=(first,))
+
+    async def go():
+        pre = await make("prefill", {})
+        with pytest.raises(RuntimeError, match="disaggregated_params"):
+            await pre.prefill("stops", stop_first)
+        for p in (GenerateParams(**{**stop_first.__dict__, "ignore_eos": True}),
+                  GenerateParams(**{**stop_first.__dict__, "min_tokens": 1})):
+            res = await pre.prefill(f"ok-{p.ignore_eos}", p)
+            assert res.first_token == first
+    run(go())
+
+
+def test_dynamo_applies_stop_conditions_to_the_prefill_request():
+    src = handler_source()
+    i = src.index("apply_stop_conditions_to_sampling_params(\n")
+    assert "DisaggregationMode.PREFILL" in src[i - 400:i]
+
+
+# ---- T2, T7: context requests -----------------------------------------------------------
+def test_context_request_has_a_disagg_request_id_and_is_not_streamed():
+    async def go():
+        states: dict = {}
+        pre, dec = await make("prefill", states), await make("decode", states)
+        res = await pre.prefill("p", P)
+        ctx = pre.llm.calls[-1]
+        assert ctx["streaming"] is False
+        rid = ctx["disaggregated_params"].disagg_request_id
+        assert isinstance(rid, int)
+        await collect(dec.decode("p", P, res.handoff))
+        gen = dec.llm.calls[-1]
+        assert gen["disaggregated_params"].disagg_request_id == rid
+        assert gen["streaming"] is True
+    run(go())
+
+
+def test_dynamo_sets_disagg_request_id_and_no_streaming_on_prefill():
+    src = handler_source()
+    assert 'request_type="context_only",\n                    disagg_request_id=' in src
+    assert "False if self.disaggregation_mode == DisaggregationMode.PREFILL else True" in src
+
+
+def test_double_refuses_what_the_llm_refuses():
+    llm = LlmDouble("decode", {})
+    from tests.fixtures.engine_doubles import DisaggregatedParamsDouble as D
+    with pytest.raises(ValueError, match="Unknown request type"):
+        llm.generate_async([1], SamplingParamsDouble(), D(request_type="prefill_only"))
+    pre = LlmDouble("prefill", {})
+    with pytest.raises(ValueError, match="disagg_request_id"):
+        pre.generate_async([1], SamplingParamsDouble(max_tokens=1), D(request_type="context_only"))
+
+
+# ---- T3: a generation request is aborted only after its first token --------------------
+def test_abort_of_a_generation_request_waits_for_its_first_token():
+    async def go():
+        states: dict = {}
+        pre, dec = await make("prefill", states), await make("decode", states)
+        res = await pre.prefill("p", P)
+        it = dec.decode("p", P, res.handoff)
+        await dec.abort("p")  # the client left while the KV was arriving
+        assert dec.inflight() == 0
+        for _ in range(100):
+            if dec.llm.aborted:
+                break
+            await asyncio.sleep(0.01)
+        assert dec.llm.aborted and not dec.llm.aborted_mid_transfer
+        await it.aclose()
+        # a local (context_and_generation) request is aborted at once
+        it2 = dec.generate("l", GenerateParams(token_ids=(1,), max_tokens=500))
+        await dec.abort("l")
+        assert len(dec.llm.aborted) == 2
+        await it2.aclose()
+    run(go())
+
+
+def test_dynamo_defers_the_decode_abort():
+    src = handler_source()
+    assert "class _DeferredAbort" in src and "signal_first_token" in src
+
+
+# ---- T4, T6, T8: LLM arguments ----------------------------------------------------------
+def test_transfer_timeout_stats_and_overlap_scheduler():
+    assert "enable_iter_perf_stats" in dynamo_arg_map()
+    for role in ("agg", "prefill", "decode"):
+        kw = llm_kwargs(TrtllmEngineArgs(kv_transfer_timeout_ms=5_000), role)
+        assert kw["enable_iter_perf_stats"] is True
+        if role != "agg":
+            assert kw["cache_transceiver_config"]["kv_transfer_timeout_ms"] == 5_000
+        assert kw.get("disable_overlap_scheduler", False) is (role == "prefill")
+    with pytest.raises(ValueError, match="enable_iter_perf_stats"):
+        TrtllmEngineArgs(extra_llm_args={"enable_iter_perf_stats": False})
+
+
+def test_stats_need_the_flag_and_then_reach_load():
+    llm = LlmDouble("agg", {})
+    llm.stats.append({"numActiveRequests": 1})
+
+    async def drain(x):
+        return [s async for s in x.get_stats_async()]
+    assert run(drain(llm)) == []  # no flag, no stats (as the executor)
+
+    async def go():
+        eng = await make("agg", {})
+        eng.llm.stats.append({"numActiveRequests": 2, "numQueuedRequests": 0,
+                              "kvCacheStats": {"usedNumBlocks": 3, "maxNumBlocks": 9}})
+        for _ in range(100):
+            if eng.load().kv_total_blocks:
+                break
+            await asyncio.sleep(0.02)
+        assert eng.load().kv_total_blocks == 9
+        await eng.shutdown()
+    run(go())
+
+
+def test_only_the_tested_release_starts_unless_accepted():
+    check_version(TESTED_VERSION, TrtllmEngineArgs())
+    with pytest.raises(RuntimeError, match="accept_untested_version"):
+        check_version("1.2.0", TrtllmEngineArgs())
+    check_version("1.2.0", TrtllmEngineArgs(accept_untested_version=True))
+
+    async def go():
+        eng = TrtllmEngine(TrtllmEngineArgs(), "m", "agg",
+                           api_factory=lambda: LlmApiDouble("agg", {}, version="1.4.0"))
+        with pytest.raises(RuntimeError, match="1.4.0"):
+            await eng.start()
+    run(go())
+
+
+def test_dynamo_pins_the_tested_release():
+    meta = next(Path(dynamo_trtllm()).parent.parent.glob("ai_dynamo-*.dist-info")) / "METADATA"
+    assert f"tensorrt-llm=={TESTED_VERSION}" in meta.read_text()
+
+
+# ---- T9, T10 ----------------------------------------------------------------------------
+def test_a_dead_executor_is_reported_as_failure():
+    async def go():
+        eng = await make("agg", {})
+        assert eng.failure() is None
+        eng.llm._executor._fatal_error = RuntimeError("MPI rank died")
+        assert "MPI rank died" in str(eng.failure())
+    run(go())
+
+
+def test_llm_is_built_on_the_event_loop_thread():
+    threads: list[threading.Thread] = []
+
+    class Api(LlmApiDouble):
+        def make_llm(self, **kw):
+            threads.append(threading.current_thread())
+            return super().make_llm(**kw)
+
+    async def go():
+        eng = TrtllmEngine(TrtllmEngineArgs(), "m", "agg", api_factory=lambda: Api("agg", {}))
+        await eng.start()
+        return threading.current_thread()
+    assert threads == [] and run(go()) is threads[0]
