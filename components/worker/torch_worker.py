@@ -22,6 +22,7 @@ from splitserve.components.protocol import (
 )
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
+from .cancel import until_stopped
 from .config import TorchWorkerConfig
 from .fatal import leave_after_engine_failure
 from .loadreport import publish_load
@@ -67,7 +68,7 @@ def build_engine(args, threads: int, progress):
 
 
 async def stream_outputs(runner: EngineRunner, q, rid: str, metrics: WorkerMetrics,
-                         context=None, produced: int = 0):
+                         produced: int = 0):
     """Yield wire chunks for one engine request until it finishes; aborts it if abandoned.
 
     Shared by the aggregated handler and the decode worker (after a remote prefill the
@@ -95,8 +96,6 @@ async def stream_outputs(runner: EngineRunner, q, rid: str, metrics: WorkerMetri
                              cached_tokens=out.num_cached_tokens, completion_tokens=produced)
                 metrics.requests.labels(out.finish_reason or "stop").inc()
             yield output_chunk(list(out.new_token_ids), reason, **usage)
-            if context is not None and not finished and context.is_stopped():
-                break
     finally:
         if not finished:
             runner.abort(rid)
@@ -117,7 +116,7 @@ def make_handler(runner: EngineRunner, metrics: WorkerMetrics | None = None):
             metrics.requests.labels("rejected").inc()
             yield output_chunk([], "error", error=f"request refused: {exc}")
             return
-        async for chunk in stream_outputs(runner, q, rid, metrics, context):
+        async for chunk in until_stopped(stream_outputs(runner, q, rid, metrics), context):
             yield chunk
 
     return generate

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from splitserve.components.engines.interface import GenerateParams, TokenDelta
 from splitserve.components.protocol import WorkerLoad, WorkerRequest, load_subject, output_chunk
+from splitserve.components.worker.cancel import until_stopped
 from splitserve.components.worker.fatal import leave_after_engine_failure
 from splitserve.components.worker.loadreport import publish_load
 from splitserve.components.worker.metrics import WorkerMetrics
@@ -44,11 +45,11 @@ def generate_params(wreq: WorkerRequest) -> GenerateParams:
 
 async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetrics,
                         context=None) -> AsyncIterator[dict]:
-    """Wire chunks for one request; closing this (client gone) closes ``deltas``, which
-    aborts the request in the engine."""
+    """Wire chunks for one request; closing this or stopping ``context`` (client gone)
+    closes ``deltas``, which aborts the request in the engine."""
     produced = 0
     try:
-        async for d in deltas:
+        async for d in until_stopped(deltas, context):
             produced += len(d.token_ids)
             if d.finished:
                 metrics.requests.labels(d.finish_reason or "stop").inc()
@@ -57,8 +58,6 @@ async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetric
                                    cached_tokens=d.cached_tokens, completion_tokens=produced)
                 return
             yield output_chunk(list(d.token_ids))
-            if context is not None and context.is_stopped():
-                return
     except Exception as exc:  # noqa: BLE001 - the engine failed this request
         metrics.requests.labels("error").inc()
         yield output_chunk([], "error", error=str(exc))

@@ -1,0 +1,119 @@
+"""A stopped request context ends the worker's stream and aborts the engine's request
+at once, whether or not a token is on its way (a remote prefill in flight, a long
+prompt being prefilled)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from splitserve.components.engines.interface import TokenDelta
+from splitserve.components.engines.vllm.worker import stream_chunks
+from splitserve.components.worker.cancel import until_stopped
+from splitserve.components.worker.metrics import WorkerMetrics
+
+pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
+
+
+class Context:
+    """The part of Dynamo's request ``Context`` the shells use."""
+
+    def __init__(self) -> None:
+        self._stopped = asyncio.get_running_loop().create_future()
+
+    def stop_generating(self) -> None:
+        if not self._stopped.done():
+            self._stopped.set_result(True)
+
+    def is_stopped(self) -> bool:
+        return self._stopped.done()
+
+    def async_killed_or_stopped(self):
+        return asyncio.shield(self._stopped)
+
+
+class Engine:
+    """A stream that yields ``first`` items, then waits (no token comes) until closed."""
+
+    def __init__(self, first: int, gap_s: float = 3600.0) -> None:
+        self.first, self.gap_s = first, gap_s
+        self.aborted = asyncio.Event()
+
+    async def stream(self):
+        try:
+            for i in range(self.first):
+                yield TokenDelta((i,))
+            while True:
+                await asyncio.sleep(self.gap_s)
+                yield TokenDelta((0,))
+        finally:
+            self.aborted.set()
+
+
+@pytest.mark.parametrize("tokens_before_stop", [0, 3])
+async def test_stop_aborts_while_no_token_is_coming(tokens_before_stop):
+    ctx, engine = Context(), Engine(tokens_before_stop)
+    got: list = []
+
+    async def consume():
+        async for d in until_stopped(engine.stream(), ctx):
+            got.append(d)
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    ctx.stop_generating()
+    await asyncio.wait_for(task, 1)  # ends by itself, quietly
+    assert engine.aborted.is_set()
+    assert len(got) == tokens_before_stop
+
+
+async def test_a_stream_that_ends_is_passed_through_whole():
+    ctx = Context()
+
+    async def three():
+        for i in range(3):
+            yield i
+
+    assert [x async for x in until_stopped(three(), ctx)] == [0, 1, 2]
+    assert [x async for x in until_stopped(three(), None)] == [0, 1, 2]
+
+
+async def test_engine_errors_still_reach_the_caller():
+    async def failing():
+        yield 1
+        raise RuntimeError("engine died")
+
+    got = []
+    with pytest.raises(RuntimeError, match="engine died"):
+        async for x in until_stopped(failing(), Context()):
+            got.append(x)
+    assert got == [1]
+
+
+async def test_cancelling_the_caller_is_not_swallowed():
+    ctx, engine = Context(), Engine(0)
+
+    async def consume():
+        async for _ in until_stopped(engine.stream(), ctx):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.aborted.is_set()
+
+
+async def test_vllm_shell_counts_nothing_finished_when_stopped_mid_stream():
+    ctx, engine = Context(), Engine(2, gap_s=0.01)
+    metrics = WorkerMetrics()
+    chunks = []
+    async for c in stream_chunks(engine.stream(), metrics, ctx):
+        chunks.append(c)
+        if len(chunks) == 2:
+            ctx.stop_generating()
+    assert engine.aborted.is_set()
+    assert all(c.get("finish_reason") is None for c in chunks)
+    assert len(chunks) <= 3
