@@ -8,7 +8,6 @@ supervisor killed with SIGKILL cannot leave orphans behind.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -18,14 +17,22 @@ import sys
 import time
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
 
+def with_parent_death(argv: list[str]) -> list[str]:
+    """``argv`` wrapped so that the kernel SIGTERMs the child when its parent dies.
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask the kernel to SIGTERM this child when its parent dies (Linux only)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    util-linux's ``setpriv --pdeathsig`` sets the signal and then execs ``argv`` (same
+    pid). The alternative, ``prctl`` in a ``preexec_fn``, runs Python between fork and
+    exec: in a process with other threads (Dynamo's runtime, asyncio's executor) the
+    child can deadlock on a lock another thread held at fork time (the dynamic loader's,
+    taken by ``ctypes.CDLL``), and the parent then blocks reading the exec status pipe,
+    its event loop frozen. Where setpriv is missing the child is started as it is; the
+    supervisor still stops every child by pid.
+    """
+    if sys.platform != "linux":
+        return list(argv)
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else list(argv)
 
 
 def spawn(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
@@ -35,10 +42,9 @@ def spawn(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | Path
     Called by the embedded-infrastructure manager; returns the Popen.  `dynamo infra up`
     passes ``die_with_parent=False`` because its servers must outlive the command.
     """
-    hook = _die_with_parent if die_with_parent and sys.platform == "linux" else None
     return subprocess.Popen(
-        argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-        start_new_session=True, preexec_fn=hook,
+        with_parent_death(argv) if die_with_parent else argv, env=env, cwd=cwd,
+        stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True,
     )
 
 

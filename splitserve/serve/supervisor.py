@@ -14,15 +14,15 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from splitserve.infra.health import DependencyTracker, probe
-from splitserve.infra.procs import _die_with_parent
+from splitserve.infra.procs import with_parent_death
 from splitserve.serve.plan import ComponentPlan, ServePlan
 
 log = logging.getLogger("splitserve.supervisor")
@@ -38,6 +38,9 @@ _CONSOLE_NOISE = (b"request_span", b"route request completed")
 # into an outage) and its lease is gone: its registrations are deleted, its handlers
 # stop, and it never registers again, though the process keeps running.
 LEASE_LOST = b"Unable to maintain lease"
+
+# Lines a log pump copies before it lets the event loop run other tasks.
+_YIELD_EVERY = 64
 LEASE_LOST_GRACE_S = 3.0
 
 
@@ -131,27 +134,42 @@ class Supervisor:
                "PYTHONUNBUFFERED": "1", "SPLITSERVE_REPLICA": rep.name}
         rep.status_file.unlink(missing_ok=True)
         rep.proc = await asyncio.create_subprocess_exec(
-            *self.plan.argv(comp, rep.config_file), env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            *with_parent_death(self.plan.argv(comp, rep.config_file)), env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         rep.state, rep.exit_code, rep.killed, rep.lease_lost = "starting", None, False, False
-        rep.log_task = asyncio.create_task(self._pump_logs(rep))
+        rep.log_task = asyncio.create_task(self._pump_logs(rep, self._log_file(rep)))
         self._track(asyncio.create_task(self._watch(rep, rep.proc)))
 
     def _track(self, task: asyncio.Task) -> None:
         self._watchers.add(task)
         task.add_done_callback(self._watchers.discard)
 
-    async def _pump_logs(self, rep: Replica) -> None:
+    def _log_file(self, rep: Replica) -> BinaryIO:
+        """The replica's log file, opened for appending (restarts add to it)."""
+        return open(self.run_dir / "logs" / f"{rep.name}.log", "ab")
+
+    async def _pump_logs(self, rep: Replica, log_file: BinaryIO) -> None:
+        """Copy the replica's output to its log file and the console until it closes.
+
+        Lines already buffered are read without suspending, so a replica (or an engine
+        process of its) that logs without pause would keep this loop from giving the
+        event loop back: it yields every ``_YIELD_EVERY`` lines, so the control endpoint
+        and the other replicas' watchers keep running during a flood.
+        """
         assert rep.proc and rep.proc.stdout
         verbose = self.plan.common.log_level == "debug"
-        with open(self.run_dir / "logs" / f"{rep.name}.log", "ab") as f:
+        with log_file as f:
+            lines = 0
             async for raw in rep.proc.stdout:
                 f.write(raw)
                 if LEASE_LOST in raw:
                     rep.lease_lost = True
                 if console_worthy(raw, verbose):
                     self.printer(rep.name, raw.decode(errors="replace").rstrip())
+                lines += 1
+                if lines % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
 
     async def _exit_code(self, proc: asyncio.subprocess.Process, grace_s: float = 2.0) -> int:
         """The replica's exit code.  asyncio's ``wait()`` also waits for the replica's

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -191,3 +192,49 @@ def test_dry_run_prints_plan(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "EchoWorker x3" in res.stdout and "links: EchoWorker" in res.stdout
     assert "embedded etcd + NATS" in res.stdout
+
+
+def test_control_answers_while_a_replica_floods_its_output_and_restarts(tmp_path):
+    """An engine's processes may log without pause (vLLM at start); the supervisor copies
+    that output and must still answer its control endpoint at once, also while it
+    restarts the flooding replica."""
+    run = ServeRun(tmp_path, GRAPH, "--EchoWorker.flood_s=12")
+    try:
+        run.wait_ready(30)
+        victim = run.replicas("EchoWorker")[0]
+        slowest, deadline, killed = 0.0, time.monotonic() + 8, False
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            run.status()
+            slowest = max(slowest, time.monotonic() - t0)
+            if not killed and time.monotonic() > deadline - 6:
+                os.kill(victim["pid"], signal.SIGKILL)  # its flooding child lives on
+                killed = True
+            time.sleep(0.05)
+        assert slowest < 1.0, f"the control endpoint took {slowest:.2f}s under the flood"
+        wait_until(lambda: any(r["pid"] != victim["pid"] and r["state"] == "ready"
+                               for r in run.replicas("EchoWorker")), 20,
+                   what="flooding replica restarted")
+        log = (Path(run.info()["run_dir"]) / "logs" / "EchoWorker-0.log").stat().st_size
+        assert log > 1_000_000  # the flood really went through the supervisor
+        assert run.stop(signal.SIGTERM) == 0, run.output()[-2000:]
+    finally:
+        run.kill_all()
+        for pid in run.seen_pids:
+            for member in group_members(pid):
+                os.kill(member, signal.SIGKILL)
+
+
+def test_replicas_die_with_a_sigkilled_supervisor(tmp_path):
+    """Children get the parent-death signal from an exec wrapper, not from Python code
+    run between fork and exec (unsafe in the threaded supervisor)."""
+    run = ServeRun(tmp_path, GRAPH)
+    try:
+        run.wait_ready(30)
+        pids = [r["pid"] for r in run.replicas("EchoWorker") + run.replicas("EchoFront")]
+        os.kill(run.proc.pid, signal.SIGKILL)
+        run.proc.wait(5)
+        wait_until(lambda: not any(pid_alive(p) for p in pids), 15,
+                   what="replicas gone after their supervisor was killed")
+    finally:
+        run.kill_all()
