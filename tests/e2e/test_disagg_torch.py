@@ -130,7 +130,6 @@ def test_prefill_worker_killed_mid_job_request_still_completes(fault_graph):
     run, url = fault_graph
     pid = prefill_pid(run)
     long_prompt = SHARED * 3 + QUESTIONS[0]
-    expected_hint = "Paris"
     t0 = time.monotonic()
     with cf.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(ask, url, long_prompt, 24)
@@ -138,12 +137,14 @@ def test_prefill_worker_killed_mid_job_request_still_completes(fault_graph):
         os.kill(pid, signal.SIGKILL)
         answer = fut.result(timeout=60).choices[0].message.content
     assert time.monotonic() - t0 < 30
-    assert answer and expected_hint in answer or answer  # completed with a real answer
     # the supervisor brought the prefill worker back and remote prefill works again
     wait_until(lambda: any(r["state"] == "ready" and r["pid"] != pid
                            for r in run.replicas("PrefillWorker")), 60, interval_s=0.5,
                what="prefill worker restarted")
     assert "Paris" in ask(url, QUESTIONS[0]).choices[0].message.content
+    # The interrupted request got the same greedy answer as one that nothing disturbed
+    # (whichever way its prompt was prefilled in the end: redelivered or local).
+    assert answer == ask(url, long_prompt, 24).choices[0].message.content
 
 
 def test_route_explain_shows_the_offload_decision(tmp_path):
