@@ -6,11 +6,18 @@ Rules, first match wins (reason in quotes)::
     not enable_early_rejection                          admit   'early-rejection-disabled'
     not reject_on_slo_violation                         admit   'slo-rejection-disabled'
     no estimate, or a rate still at its warm-up value   admit   'no-estimate'
+      (batch-aware: the TTFT fit; a TPOT fit at warm-up only skips the TPOT rule)
     estimate stale (age_s > estimate_max_age_s)         admit   'stale-estimate'
     est_ttft_ms > limit_ms                              reject  'ttft-slo-risk'
+    batch-aware estimate and est_tpot_ms > tpot_limit   reject  'tpot-slo-risk'
     otherwise                                           admit   'within-slo'
 
-    limit_ms = max(class.ttft_ms, est.unloaded_ttft_ms) + low_priority_threshold_ms
+    limit_ms    = max(class.ttft_ms, est.unloaded_ttft_ms) + low_priority_threshold_ms
+    tpot_limit  = max(class.tpot_ms, est.unloaded_tpot_ms)
+
+In shadow mode (``QosConfig.mode``) a refusal becomes an admission with
+``would_reject`` set and the refusal's reason, and no degradation: the rules run and are
+recorded, but nothing is refused, held or changed.
 
 The ``max`` keeps a request from being rejected for its own length: a prompt that misses
 the target on an idle system would be rejected on every retry, so such a request is only
@@ -19,7 +26,12 @@ warm-up or stale numbers admit, and the reason says why.
 
 ``retry_after_s = clamp(ceil((est_ttft_ms - limit_ms) / 1000), 1, 30)``: the queue in
 front drains about one millisecond of estimated work per millisecond, so that is when the
-same request would first fit again, if nothing else arrived.
+same request would first fit again, if nothing else arrived.  A TPOT refusal suggests
+1 s: a batch shrinks as soon as one of its requests ends.
+
+A TPOT that is only a decode average (``Estimate.tpot_batch == 0``) says nothing about
+the batch the request would join, so it never refuses; degradable classes may still be
+shortened for it (``adaptive-generation-limit``).
 
 Admitted requests then get their degradation steps (``degrade.plan_degradations``).
 """
@@ -48,7 +60,10 @@ def _rejection_block(estimate: Estimate | None, config: QosConfig) -> str | None
         return "early-rejection-disabled"
     if not config.reject_on_slo_violation:
         return "slo-rejection-disabled"
-    if estimate is None or not estimate.observed:
+    # A batch-aware TTFT stands on its own: a fleet that answers single tokens never
+    # learns a TPOT, and its queue must still be judged.
+    if estimate is None or estimate.prefill_source == "warmup" or (
+            not estimate.tpot_batch and estimate.decode_source == "warmup"):
         return "no-estimate"
     if estimate.stale:
         return "stale-estimate"
@@ -66,8 +81,10 @@ def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfi
     load = load or LoadSignals()
     cls = config.class_named(request.class_name) or config.class_named(config.default_class)
     assert cls is not None  # QosConfig guarantees default_class names a class
-    est_ttft = estimate.est_ttft_ms if estimate is not None else None
-    limit: float | None = None
+    judged: dict = {"class_name": cls.name,
+                    "est_ttft_ms": estimate.est_ttft_ms if estimate is not None else None}
+    if estimate is not None and estimate.tpot_batch > 0:
+        judged["est_tpot_ms"] = estimate.est_tpot_ms
     if not cls.may_reject:
         reason = "always-admit"
     elif (blocked := _rejection_block(estimate, config)) is not None:
@@ -75,14 +92,25 @@ def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfi
     else:
         assert estimate is not None  # _rejection_block returned None
         limit = max(cls.ttft_ms, estimate.unloaded_ttft_ms) + config.low_priority_threshold_ms
+        judged["limit_ms"] = limit
+        if estimate.tpot_batch > 0:
+            judged["tpot_limit_ms"] = max(cls.tpot_ms, estimate.unloaded_tpot_ms)
+        refusal = None
         if estimate.est_ttft_ms > limit:
-            return Verdict(admit=False, reason="ttft-slo-risk", class_name=cls.name,
-                           retry_after_s=retry_after_s(estimate.est_ttft_ms, limit),
-                           est_ttft_ms=est_ttft, limit_ms=limit)
+            refusal = ("ttft-slo-risk", retry_after_s(estimate.est_ttft_ms, limit))
+        elif (estimate.tpot_batch > 0 and estimate.decode_source != "warmup"
+              and estimate.est_tpot_ms > judged["tpot_limit_ms"]):
+            refusal = ("tpot-slo-risk", RETRY_AFTER_MIN_S)
+        if refusal is not None:
+            if config.mode == "shadow":
+                return Verdict(admit=True, reason=refusal[0], would_reject=True,
+                               max_tokens=request.max_tokens, **judged)
+            return Verdict(admit=False, reason=refusal[0], retry_after_s=refusal[1], **judged)
         reason = "within-slo"
+    if config.mode == "shadow":
+        return Verdict(admit=True, reason=reason, max_tokens=request.max_tokens, **judged)
     steps, max_tokens = plan_degradations(request, cls, estimate, load, config.degradation)
-    return Verdict(admit=True, reason=reason, class_name=cls.name, degrade=steps,
-                   max_tokens=max_tokens, est_ttft_ms=est_ttft, limit_ms=limit)
+    return Verdict(admit=True, reason=reason, degrade=steps, max_tokens=max_tokens, **judged)
 
 
 def may_preempt(queued_class: str, incoming_class: str, config: QosConfig) -> bool:

@@ -16,13 +16,16 @@ low       5000     250      yes         yes
 ========  =======  =======  ==========  ===========
 
 Only ``low`` is rejected or degraded by default, as in the seed ("reject low priority");
-capping tokens truncates answers, so it is opt-in per class.
+capping tokens truncates answers, so it is opt-in per class.  A class needs only its name
+and targets: ``may_reject`` and ``may_degrade`` default to false, so admission "on" for
+every request is ``classes: [{name: default, ttft_ms: ..., tpot_ms: ..., may_reject:
+true}]``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import InitErrorDetails
@@ -46,8 +49,10 @@ class PriorityClass(StrictModel):
     name: str = Field(pattern=CLASS_NAME_PATTERN, description="Lower-case class name.")
     ttft_ms: float = Field(gt=0, description="Time-to-first-token target (ms).")
     tpot_ms: float = Field(gt=0, description="Time-per-output-token target (ms).")
-    may_reject: bool = Field(description="Whether admission may answer 503 for this class.")
-    may_degrade: bool = Field(description="Whether degradation steps may apply.")
+    may_reject: bool = Field(default=False, description="Whether admission may answer 503 "
+                             "for this class (its requests predicted to miss the targets).")
+    may_degrade: bool = Field(default=False, description="Whether degradation steps may "
+                              "apply (they shorten answers, so off unless asked for).")
 
 
 def default_classes() -> tuple[PriorityClass, ...]:
@@ -81,6 +86,10 @@ class QosConfig(StrictModel):
     user_map: dict[str, str] = Field(
         default_factory=dict,
         description="OpenAI `user` -> class, used when neither header nor metadata names one.")
+    mode: Literal["enforce", "shadow"] = Field(
+        default="enforce", description="enforce: refuse (or hold) what is predicted to miss "
+        "its class's targets; shadow: decide and record the same way (metrics, calibration) "
+        "but admit everything, hold nothing and degrade nothing.")
     enable_early_rejection: bool = Field(
         default=True, description="Master switch: false and admission never rejects.")
     reject_on_slo_violation: bool = Field(

@@ -84,6 +84,12 @@ class Estimate(FrozenModel):
     computed_at: float = Field(description="The ``now`` the estimate was computed at.")
     age_s: float = Field(ge=0, description="now - backlog.at (0 if the backlog is ahead).")
     stale: bool = Field(description="age_s > estimate_max_age_s: the backlog is too old.")
+    tpot_batch: int = Field(default=0, ge=0, description="Requests on the worker once this "
+                            "one joins, the batch ``est_tpot_ms`` was predicted for; 0 when "
+                            "the TPOT is a plain decode average that knows no batch (it "
+                            "then never justifies a refusal).")
+    unloaded_tpot_ms: float = Field(default=0.0, ge=0, description="Predicted TPOT alone on "
+                                    "the worker (batch of one); 0 when not batch-aware.")
 
     @property
     def observed(self) -> bool:
@@ -144,6 +150,12 @@ class Verdict(FrozenModel):
     est_ttft_ms: float | None = Field(default=None, description="The estimate compared.")
     limit_ms: float | None = Field(default=None, description="The TTFT limit it was compared "
                                    "against (rejectable classes with a usable estimate).")
+    est_tpot_ms: float | None = Field(default=None, description="The TPOT prediction compared "
+                                      "(batch-aware estimates only).")
+    tpot_limit_ms: float | None = Field(default=None, description="The TPOT limit it was "
+                                        "compared against.")
+    would_reject: bool = Field(default=False, description="Shadow mode only: admitted although "
+                               "the rules refused it; ``reason`` is the refusal's.")
 
     @property
     def prefill_locally(self) -> bool:

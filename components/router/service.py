@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ class RouterService:
         self.tracker = RecentPrefixTracker(ttl_s=cfg.recent_prefix_ttl_s)
         self.metrics = metrics or RouterMetrics()
         self.hash_blocks = hash_blocks or (lambda tokens: [])
-        self.qos = QosGate(cfg.qos, self.metrics.registry)
+        self.qos = QosGate(cfg.qos, self.metrics.registry, inflight_ttl_s=cfg.inflight_ttl_s)
         self.admission = AdmissionQueue(cfg.qos.queue)
 
     def on_load(self, payload: bytes) -> None:
@@ -142,23 +143,30 @@ class RouterService:
         recent = self.tracker.recent_blocks(hashes, now)
         record = call.record and not call.explain
         snapshot = self.fleet.snapshot(now, overlap, recent)
-        best_cached = max(overlap.values(), default=0) * self.cfg.block_size
-        if admitted is not None:
-            verdict = admitted
-            if record:
-                self.qos.record(call, verdict, len(self.fleet.placed))
-        else:
-            verdict = self.qos.check(call, snapshot.workers, best_cached, now, record,
-                                     inflight=len(self.fleet.placed) + len(self.admission.queue))
+        # Route first, then judge: admission predicts on the worker the policy picked
+        # (its queue, its prefix hit, its batch) and may move the request to another
+        # candidate that would meet the class's targets when the pick would not.
+        request = RouteRequest(request_id=call.request_id, num_tokens=len(call.token_ids),
+                               num_blocks=len(hashes), priority=self.qos.resolve(call).name,
+                               block_hashes=tuple(hashes))
+        decision = self.router.route(request, snapshot, self.cfg.profile)
+        cached = {w: n * self.cfg.block_size for w, n in overlap.items()}
+        adm = self.qos.check(call, snapshot.workers, cached, now, record=False,
+                             chosen=decision.worker_id,
+                             candidates=decision.candidates if decision.worker_id else ())
+        if admitted is not None:  # held in the admission queue: its verdict stands
+            adm = replace(adm, verdict=admitted)
+        if record and decision.worker_id is not None:
+            self.qos.record(call, adm, now)
+        verdict = adm.verdict
         qos = verdict.model_dump(mode="json")
         if not verdict.admit:
             return RouteReply(worker_id=None, reason=f"rejected-{verdict.reason}",
                               class_name=verdict.class_name,
                               retry_after_s=verdict.retry_after_s, qos=qos), None
-        request = RouteRequest(request_id=call.request_id, num_tokens=len(call.token_ids),
-                               num_blocks=len(hashes), priority=verdict.class_name,
-                               block_hashes=tuple(hashes))
-        decision = self.router.route(request, snapshot, self.cfg.profile)
+        if adm.rerouted:
+            decision = decision.model_copy(update={"worker_id": adm.worker_id,
+                                                   "reason": "qos-rerouted"})
         wid = decision.worker_id
         if record:
             self.metrics.route_latency.observe(time.monotonic() - now)
@@ -219,12 +227,12 @@ class RouterService:
         worker has a slot.  Returns (the rejection, None) if it was shed, (None, its
         verdict) once it holds a slot, (None, None) when the queue does not apply."""
         self.admission.reconfigure(self.qos.config.queue)
-        if not self.admission.enabled or call.explain or not call.record:
+        if (not self.admission.enabled or call.explain or not call.record
+                or self.qos.config.mode == "shadow"):  # shadow mode never holds
             return None, None
         now = time.monotonic()
         self._refresh_live()
-        verdict = self.qos.check(call, self.fleet.workers(now), 0, now, record=False,
-                                 inflight=len(self.fleet.placed) + len(self.admission.queue))
+        verdict = self.qos.check(call, self.fleet.workers(now), {}, now, record=False).verdict
         if not verdict.admit:
             return None, None  # decide() judges it again, rejects it and records why
         cls = self.qos.config.class_named(verdict.class_name)
@@ -236,7 +244,7 @@ class RouterService:
         if outcome == "go":
             return None, verdict
         reason = "deadline-passed" if outcome == "doomed" else "queue-full"
-        self.qos.metrics.verdicts.labels(verdict.class_name, "rejected", reason).inc()
+        self.qos.refused(verdict.class_name, reason)
         return RouteReply(worker_id=None, reason=f"rejected-{reason}",
                           class_name=verdict.class_name, retry_after_s=1,
                           qos={"admit": False, "reason": reason,
@@ -263,8 +271,7 @@ class RouterService:
         if call.outcome == "unreachable":
             self._refresh_live()
             self.mark_down(call.worker_id, time.monotonic())
-        self.qos.observe(call, time.monotonic(), inflight=len(self.fleet.placed),
-                         workers=len(self.fleet.live))
+        self.qos.observe(call, time.monotonic())
 
     async def status_handler(self, request: dict, context=None):
         """Endpoint handler: one RouterStatus."""

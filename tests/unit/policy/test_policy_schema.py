@@ -46,7 +46,7 @@ BAD = {
                              f"{CLASSES}.3.name"),
     "upper-case class name": (f"{CLASSES}.0.name", "Gold", f"{CLASSES}.0.name"),
     "zero ttft": (f"{CLASSES}.0.ttft_ms", 0, f"{CLASSES}.0.ttft_ms"),
-    "class without may_reject": (f"{CLASSES}.2.may_reject", DELETE, f"{CLASSES}.2.may_reject"),
+    "class without a TPOT target": (f"{CLASSES}.2.tpot_ms", DELETE, f"{CLASSES}.2.tpot_ms"),
     "no classes": (CLASSES, [], CLASSES),
     "default class not defined": ("qos.default_class", "gold", "qos.default_class"),
     "user mapped to unknown class": ("qos.user_map", {"bob": "gold"}, "qos.user_map.bob"),

@@ -124,3 +124,64 @@ PREEMPT = {
 def test_may_preempt(case):
     queued, incoming, cfg, expected = case
     assert may_preempt(queued, incoming, cfg) is expected
+
+
+AT_TARGETS = config(classes=[{"name": "default", "ttft_ms": 2000, "tpot_ms": 50,
+                              "may_reject": True}], low_priority_threshold_ms=0)
+SHADOW = AT_TARGETS.model_copy(update={"mode": "shadow"})
+
+TPOT_RULES = {
+    # name: (estimate, config, admit, reason, would_reject)
+    "batch fits both targets": (estimate(ttft=500, tpot=45, batch=6), AT_TARGETS, True,
+                                "within-slo", False),
+    "batch misses TPOT": (estimate(ttft=500, tpot=51, batch=7), AT_TARGETS, False,
+                          "tpot-slo-risk", False),
+    "TTFT is judged first": (estimate(ttft=2001, tpot=80, batch=7), AT_TARGETS, False,
+                             "ttft-slo-risk", False),
+    "a decode average is not a batch prediction": (estimate(ttft=500, tpot=80), AT_TARGETS,
+                                                   True, "within-slo", False),
+    "slow alone: not refused for the worker's own speed": (
+        estimate(ttft=500, tpot=70, batch=1, unloaded_tpot=70), AT_TARGETS, True,
+        "within-slo", False),
+    "slow alone and slower in the batch": (
+        estimate(ttft=500, tpot=71, batch=2, unloaded_tpot=70), AT_TARGETS, False,
+        "tpot-slo-risk", False),
+    "TPOT still at warm-up: TTFT alone is judged": (
+        estimate(ttft=500, tpot=80, batch=7, decode_source="warmup"), AT_TARGETS, True,
+        "within-slo", False),
+    "TPOT at warm-up and TTFT over": (
+        estimate(ttft=2500, tpot=80, batch=7, decode_source="warmup"), AT_TARGETS, False,
+        "ttft-slo-risk", False),
+    "shadow: would refuse for TPOT": (estimate(ttft=500, tpot=51, batch=7), SHADOW, True,
+                                      "tpot-slo-risk", True),
+    "shadow: would refuse for TTFT": (estimate(ttft=9000, batch=1), SHADOW, True,
+                                      "ttft-slo-risk", True),
+    "shadow: within both": (estimate(ttft=500, tpot=20, batch=1), SHADOW, True,
+                            "within-slo", False),
+}
+
+
+@pytest.mark.parametrize("case", TPOT_RULES.values(), ids=TPOT_RULES.keys())
+def test_tpot_rule_and_shadow_mode(case):
+    est, cfg, admitted, reason, would_reject = case
+    verdict = admit(request("default", max_tokens=100), est, cfg)
+    assert (verdict.admit, verdict.reason, verdict.would_reject) == (admitted, reason,
+                                                                     would_reject)
+    assert (verdict.retry_after_s is None) == admitted
+    if est.tpot_batch and est.decode_source != "warmup":
+        assert verdict.est_tpot_ms == est.est_tpot_ms
+        assert verdict.tpot_limit_ms == max(50, est.unloaded_tpot_ms)
+
+
+def test_shadow_mode_degrades_nothing():
+    cfg = config(mode="shadow")
+    verdict = admit(request("low", max_tokens=1000), estimate(ttft=5000, tpot=500), cfg)
+    assert verdict.admit and verdict.degrade == () and verdict.max_tokens == 1000
+
+
+def test_the_one_line_admission_form_validates_with_defaults():
+    cfg = config(classes=[{"name": "default", "ttft_ms": 2000, "tpot_ms": 50,
+                           "may_reject": True}], low_priority_threshold_ms=0)
+    (cls,) = cfg.classes
+    assert (cls.may_reject, cls.may_degrade) == (True, False)
+    assert cfg.mode == "enforce" and cfg.queue.max_inflight_per_worker == 0

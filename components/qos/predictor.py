@@ -1,0 +1,278 @@
+"""Per-worker latency prediction: TTFT from the queue ahead on the worker, TPOT from the
+batch the request joins; learned from every finished request, loaded or not.
+
+For one request with ``n`` uncached prompt tokens on worker ``w`` (after ``w``'s prefix
+hit), at time ``now``::
+
+    ahead      = prompt tokens placed on w not yet prefilled     (a fluid queue: each
+                 placement adds its uncached tokens, the worker drains 1 / per_token
+                 tokens per ms)
+    est_ttft   = fixed + (ahead + n) x per_token                  (TTFT fit of w)
+    batch      = requests running on w + 1                        (the batch it joins)
+    est_tpot   = base + per_request x batch                       (TPOT fit of w)
+
+Both are weighted least-squares lines (``estimator._Fit``), per worker and for the
+pool, refreshed on each finished request:
+
+- TTFT: ``x = ahead + n`` as predicted at placement, ``y`` = the measured time from
+  placement to first token.  Queued and unqueued requests both teach it, so the line is
+  the worker's *effective* drain rate: an engine that runs one sequence at a time drains
+  a request's tokens only once the request ahead has decoded, and the slope says so.  No
+  unloaded-only filter and no bootstrap are needed.
+- TPOT: ``x`` = the mean number of requests running on the worker over the request's
+  life (the integral of the count, divided by its duration), ``y`` = its measured time
+  per output token.  Samples are kept per batch size (``x`` rounded; an EMA each) and
+  the line is fitted over those bins, each weighted by its samples (at most
+  ``BIN_WEIGHT_CAP``): a fleet that ran at batch 8 for minutes still remembers what batch
+  2 cost, so the slope does not fade under steady load as one EMA over all samples
+  would.  With one bin (or a slope <= 0) the line is flat, the mean TPOT: no evidence of
+  growth is no growth, never a guess that would refuse.
+
+A series is used once it holds ``MIN_SAMPLES`` samples (worker, else pool); before that
+its source is ``warmup`` and admission answers ``no-estimate`` instead of refusing.
+
+Pure: the adapter passes ``now`` and each request's timings; the predictor keeps one
+ticket per placed request until its ``finish`` and returns a ``Calibration`` (predicted
+against measured) for the adapter's metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from .estimator import EstimatorParams, _Fit
+from .types import Estimate, RateSource
+
+MIN_SAMPLES = 3
+BIN_WEIGHT_CAP = 8  # samples that count for a TPOT bin's weight in the line
+POOL = "pool"
+MAX_TICKETS = 100_000  # placed requests remembered until their release (bounds memory)
+
+
+@dataclass
+class _Bins:
+    """TPOT samples per batch size: an EMA and a sample count per bin."""
+
+    bins: dict[int, list[float]] = field(default_factory=dict)  # batch -> [ema, samples]
+    samples: int = 0
+
+    def update(self, alpha: float, batch: float, ms: float) -> None:
+        key = max(1, round(batch))
+        cell = self.bins.get(key)
+        if cell is None:
+            self.bins[key] = [ms, 1.0]
+        else:
+            cell[0] = alpha * ms + (1.0 - alpha) * cell[0]
+            cell[1] += 1.0
+        self.samples += 1
+
+    def line(self) -> tuple[float, float] | None:
+        """(base, slope) over the bins, or None before MIN_SAMPLES; flat without growth."""
+        if self.samples < MIN_SAMPLES:
+            return None
+        pts = [(b, ema, min(n, BIN_WEIGHT_CAP)) for b, (ema, n) in self.bins.items()]
+        total = sum(w for _, _, w in pts)
+        mx = sum(b * w for b, _, w in pts) / total
+        my = sum(y * w for _, y, w in pts) / total
+        var = sum(w * (b - mx) ** 2 for b, _, w in pts)
+        slope = sum(w * (b - mx) * (y - my) for b, y, w in pts) / var if var > 0 else 0.0
+        if slope <= 0:
+            return my, 0.0
+        base = my - slope * mx
+        if base < 0:  # steeper than proportional: the line through the origin
+            return 0.0, sum(w * b * y for b, y, w in pts) / sum(w * b * b for b, _, w in pts)
+        return base, slope
+
+
+@dataclass
+class _Worker:
+    """One worker's running count (and its time integral) and its prefill queue."""
+
+    running: int = 0
+    area: float = 0.0  # integral of ``running`` over time, request-seconds
+    at: float = 0.0
+    backlog: float = 0.0  # prompt tokens placed and predicted not prefilled yet
+    drained_at: float = 0.0
+    ttft: _Fit | None = None
+    tpot: _Bins = field(default_factory=_Bins)
+
+    def advance(self, now: float) -> None:
+        if now > self.at:
+            self.area += self.running * (now - self.at)
+            self.at = now
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What was predicted for a placed request, kept until it finishes."""
+
+    worker: str
+    class_name: str
+    placed_at: float
+    x_ttft: float  # ahead + own tokens
+    area_at: float
+    estimate: Estimate
+    would_reject: bool
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One finished request: its prediction against what was measured."""
+
+    class_name: str
+    worker: str
+    would_reject: bool
+    ttft_observed: bool  # the TTFT prediction came from a learned fit, not warm-up values
+    tpot_observed: bool
+    predicted_ttft_ms: float
+    measured_ttft_ms: float
+    predicted_tpot_ms: float
+    measured_tpot_ms: float | None  # None for a single output token
+    mean_batch: float
+
+
+def _ttft_line(fit: _Fit | None) -> tuple[float, float] | None:
+    """(fixed, per token) of a TTFT series with enough samples, else None."""
+    if fit is None or fit.samples < MIN_SAMPLES:
+        return None
+    return fit.line()
+
+
+class LatencyPredictor:
+    """Per-worker TTFT and TPOT prediction for one router or frontend process."""
+
+    def __init__(self, params: EstimatorParams | None = None) -> None:
+        self.params = params or EstimatorParams()
+        self.workers: dict[str, _Worker] = {}
+        self.pool = _Worker()
+        self.tickets: OrderedDict[str, Ticket] = OrderedDict()
+
+    def _worker(self, worker: str, now: float) -> _Worker:
+        w = self.workers.get(worker)
+        if w is None:
+            w = self.workers[worker] = _Worker(at=now)
+        w.advance(now)
+        return w
+
+    def _series(self, w: _Worker, kind: str) -> tuple[tuple[float, float] | None, RateSource]:
+        sources: tuple[tuple[RateSource, _Worker], ...] = (("worker", w), ("pool", self.pool))
+        for source, holder in sources:
+            line = _ttft_line(holder.ttft) if kind == "ttft" else holder.tpot.line()
+            if line is not None:
+                return line, source
+        return None, "warmup"
+
+    def ttft_line(self, worker: str, now: float) -> tuple[float, float, RateSource]:
+        """(fixed ms, ms per token, source) of the worker's TTFT fit."""
+        line, source = self._series(self._worker(worker, now), "ttft")
+        fixed, per_token = line or (0.0, self.params.warmup_prefill_ms_per_token)
+        return fixed, max(per_token, 1e-6), source
+
+    def tpot_line(self, worker: str, now: float) -> tuple[float, float, RateSource]:
+        """(base ms, ms per running request, source) of the worker's TPOT fit."""
+        line, source = self._series(self._worker(worker, now), "tpot")
+        base, slope = line or (self.params.warmup_decode_ms_per_token, 0.0)
+        return base, slope, source
+
+    def pool_rates(self) -> tuple[float, float]:
+        """(TTFT ms per token, TPOT ms at a batch of one) of the pool's fits, for gauges."""
+        ttft = _ttft_line(self.pool.ttft)
+        tpot = self.pool.tpot.line()
+        per_token = ttft[1] if ttft else self.params.warmup_prefill_ms_per_token
+        one = tpot[0] + tpot[1] if tpot else self.params.warmup_decode_ms_per_token
+        return per_token, one
+
+    @staticmethod
+    def _drain(w: _Worker, now: float, per_token: float) -> float:
+        """Tokens still ahead on the worker at ``now`` (drained at ``per_token``)."""
+        w.backlog = max(0.0, w.backlog - max(0.0, now - w.drained_at) * 1000.0 / per_token)
+        w.drained_at = max(w.drained_at, now)
+        return w.backlog
+
+    def predict(self, worker: str, own_tokens: int, now: float) -> Estimate:
+        """Predict a request with ``own_tokens`` uncached prompt tokens placed on
+        ``worker`` now; called by admission for each candidate worker."""
+        own = max(0, own_tokens)
+        fixed, per_token, ttft_source = self.ttft_line(worker, now)
+        base, slope, tpot_source = self.tpot_line(worker, now)
+        w = self._worker(worker, now)
+        ahead = self._drain(w, now, per_token)
+        batch = w.running + 1
+        queue_ms = ahead * per_token
+        own_ms = fixed + own * per_token
+        tpot = max(1e-3, base + slope * batch)
+        return Estimate(
+            est_ttft_ms=queue_ms + own_ms, est_tpot_ms=tpot, queue_wait_ms=queue_ms,
+            unloaded_ttft_ms=own_ms, prefill_per_token_ms=per_token, prefill_fixed_ms=fixed,
+            decode_per_token_ms=tpot, prefill_source=ttft_source, decode_source=tpot_source,
+            request_tokens=own, prefill_queued_tokens=ahead, prefill_tokens_assumed=False,
+            prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
+            stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope))
+
+    def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,
+              class_name: str, would_reject: bool = False) -> None:
+        """Called once the request is placed on ``worker`` with ``estimate`` (from
+        ``predict`` at the same ``now``): it joins the batch and the prefill queue."""
+        w = self._worker(worker, now)
+        self._drain(w, now, estimate.prefill_per_token_ms)
+        w.running += 1
+        w.backlog += estimate.request_tokens
+        self.tickets[request_id] = Ticket(
+            worker, class_name, now, estimate.prefill_queued_tokens
+            + max(1, estimate.request_tokens), w.area, estimate, would_reject)
+        while len(self.tickets) > MAX_TICKETS:
+            self._drop(self.tickets.popitem(last=False)[1], now)
+
+    def _drop(self, ticket: Ticket, now: float) -> _Worker:
+        w = self._worker(ticket.worker, now)
+        w.running = max(0, w.running - 1)
+        return w
+
+    def expire(self, now: float, ttl_s: float) -> None:
+        """Forget placements older than ``ttl_s`` (a release that never came)."""
+        while self.tickets:
+            rid, ticket = next(iter(self.tickets.items()))
+            if now - ticket.placed_at <= ttl_s:
+                return
+            del self.tickets[rid]
+            self._drop(ticket, now)
+
+    def finish(self, request_id: str, now: float, *, ok: bool, ttft_s: float | None,
+               duration_s: float | None, output_tokens: int) -> Calibration | None:
+        """Called when a placed request is over, with the frontend's timings (measured
+        from the placement it reported: ``ttft_s`` to the first token, ``duration_s`` to
+        the end).  Learns from a finished request and returns its calibration; None for
+        one not placed here, one that failed or one with no first token."""
+        ticket = self.tickets.pop(request_id, None)
+        if ticket is None:
+            return None
+        w = self._drop(ticket, now)
+        if not ok or ttft_s is None:
+            return None
+        # The frontend measured from the reply it got; the prediction is from the
+        # placement here.  With the end time known, the first token's time on this
+        # clock is (now - duration + ttft); the difference is the route reply's trip.
+        first = now - duration_s + ttft_s if duration_s is not None else ticket.placed_at
+        ttft_ms = max(ttft_s, first - ticket.placed_at) * 1000.0
+        tpot_ms = None
+        if output_tokens > 1 and duration_s is not None:
+            tpot_ms = max(0.0, duration_s - ttft_s) * 1000.0 / (output_tokens - 1)
+        span = now - ticket.placed_at
+        mean_batch = (w.area - ticket.area_at) / span if span > 0 else w.running + 1.0
+        mean_batch = max(1.0, mean_batch)
+        alpha = self.params.smoothing
+        for holder in (w, self.pool):
+            if holder.ttft is None:
+                x = ticket.x_ttft
+                holder.ttft = _Fit(x, ttft_ms, x * x, x * ttft_ms, 1)
+            else:
+                holder.ttft.update(alpha, ticket.x_ttft, ttft_ms)
+            if tpot_ms is not None and math.isfinite(tpot_ms):
+                holder.tpot.update(alpha, mean_batch, tpot_ms)
+        est = ticket.estimate
+        return Calibration(ticket.class_name, ticket.worker, ticket.would_reject,
+                           est.prefill_source != "warmup", est.decode_source != "warmup",
+                           est.est_ttft_ms, ttft_ms, est.est_tpot_ms, tpot_ms,
+                           mean_batch)

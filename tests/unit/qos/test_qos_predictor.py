@@ -1,0 +1,129 @@
+"""Per-worker prediction: TTFT from the prompt tokens ahead on the worker drained at the
+learned rate, TPOT from the batch the request joins, and the calibration of each."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitserve.components.qos.predictor import MIN_SAMPLES, LatencyPredictor
+
+pytestmark = pytest.mark.unit
+
+# Every sample on one line: TTFT = 50 ms + 0.1 ms per token (ahead + own).
+TTFT_LINE = [(100, 0.060), (1000, 0.150), (2000, 0.250)]
+
+
+def teach(p: LatencyPredictor, worker: str = "9", t: float = 0.0, *,
+          ttft: list[tuple[int, float]] = TTFT_LINE, tpot_ms: float = 20.0,
+          batch: int = 1, output: int = 11) -> float:
+    """Run requests alone (``batch`` at once) on ``worker`` with the given timings, each
+    released ``duration`` after its placement, 10 s apart; returns the clock after."""
+    for own, ttft_s in ttft * 2:
+        duration = ttft_s + (output - 1) * tpot_ms / 1000.0
+        rids = [f"t{t}-{i}" for i in range(batch)]
+        for rid in rids:
+            p.place(rid, worker, p.predict(worker, own, t), t, class_name="default")
+        for rid in rids:
+            p.finish(rid, t + duration, ok=True, ttft_s=ttft_s, duration_s=duration,
+                     output_tokens=output)
+        t += 10.0
+    return t
+
+
+def test_before_enough_samples_the_prediction_is_a_warm_up_guess():
+    p = LatencyPredictor()
+    est = p.predict("a", 400, 0.0)
+    assert (est.prefill_source, est.decode_source) == ("warmup", "warmup")
+    assert not est.observed
+    assert est.est_ttft_ms == pytest.approx(400 * 0.25)
+    assert est.tpot_batch == 1
+
+
+def test_ttft_line_is_learned_and_used_by_other_workers_through_the_pool():
+    p = LatencyPredictor()
+    t = teach(p)
+    fixed, per_token, source = p.ttft_line("a", t)
+    assert (fixed, per_token, source) == (pytest.approx(50.0), pytest.approx(0.1), "pool")
+    assert p.ttft_line("9", t)[2] == "worker"
+
+
+@pytest.mark.parametrize(("placed", "wait_s", "own", "ahead", "ttft"), [
+    # (uncached tokens placed on the worker before, time since, own, ahead, est TTFT ms)
+    ([], 0.0, 500, 0, 50 + 50),
+    ([1000, 1000], 0.0, 500, 2000, 50 + 250),
+    ([1000, 1000], 0.1, 500, 1000, 50 + 150),  # 100 ms drain 1000 tokens at 0.1 ms each
+    ([1000, 1000], 1.0, 500, 0, 50 + 50),
+    ([4000] * 10, 0.0, 100, 40_000, 50 + 4010),
+], ids=["idle", "two-ahead", "draining", "drained", "deep-queue"])
+def test_ttft_prediction_from_the_queue_ahead(placed, wait_s, own, ahead, ttft):
+    p = LatencyPredictor()
+    t = teach(p)
+    for i, n in enumerate(placed):
+        p.place(f"q{i}", "a", p.predict("a", n, t), t, class_name="default")
+    est = p.predict("a", own, t + wait_s)
+    assert est.prefill_queued_tokens == pytest.approx(ahead)
+    assert est.est_ttft_ms == pytest.approx(ttft)
+    assert est.unloaded_ttft_ms == pytest.approx(50 + own * 0.1)
+    assert p.predict("b", own, t + wait_s).est_ttft_ms == pytest.approx(50 + own * 0.1)
+
+
+def test_tpot_prediction_from_the_batch_it_joins():
+    p = LatencyPredictor()
+    t = teach(p, tpot_ms=20.0, batch=1)
+    t = teach(p, t=t, tpot_ms=30.0, batch=3)  # 20 ms alone, 30 ms in threes: 15 + 5/request
+    for i in range(4):
+        p.place(f"r{i}", "a", p.predict("a", 100, t), t, class_name="default")
+    est = p.predict("a", 100, t)
+    assert est.tpot_batch == 5
+    assert est.est_tpot_ms == pytest.approx(15 + 5 * 5, rel=0.05)
+    assert est.unloaded_tpot_ms == pytest.approx(20, rel=0.05)
+
+
+def test_tpot_without_evidence_of_growth_is_flat():
+    p = LatencyPredictor()
+    t = teach(p, tpot_ms=20.0, batch=1)
+    for i in range(30):
+        p.place(f"r{i}", "a", p.predict("a", 100, t), t, class_name="default")
+    assert p.predict("a", 100, t).est_tpot_ms == pytest.approx(20.0)
+
+
+def test_finish_measures_ttft_from_the_placement_and_tpot_from_the_decode():
+    p = LatencyPredictor()
+    est = p.predict("a", 100, 100.0)
+    p.place("r", "a", est, 100.0, class_name="gold", would_reject=True)
+    # The frontend streamed from 100.5 (the route reply's trip and the admission queue
+    # are not in its numbers): first token 0.2 s later, done at 102.0.
+    cal = p.finish("r", 102.0, ok=True, ttft_s=0.2, duration_s=1.5, output_tokens=11)
+    assert cal is not None
+    assert cal.measured_ttft_ms == pytest.approx(700.0)
+    assert cal.measured_tpot_ms == pytest.approx(130.0)
+    assert (cal.class_name, cal.worker, cal.would_reject) == ("gold", "a", True)
+    assert cal.predicted_ttft_ms == est.est_ttft_ms
+    assert p.workers["a"].running == 0
+
+
+@pytest.mark.parametrize(("ok", "ttft_s"), [(False, 0.1), (True, None)],
+                         ids=["failed", "no-first-token"])
+def test_unfinished_requests_teach_nothing(ok, ttft_s):
+    p = LatencyPredictor()
+    p.place("r", "a", p.predict("a", 100, 0.0), 0.0, class_name="default")
+    assert p.finish("r", 1.0, ok=ok, ttft_s=ttft_s, duration_s=1.0, output_tokens=5) is None
+    assert p.workers["a"].running == 0 and p.pool.ttft is None
+
+
+def test_unknown_release_is_ignored_and_lost_releases_expire():
+    p = LatencyPredictor()
+    assert p.finish("nope", 1.0, ok=True, ttft_s=0.1, duration_s=1.0, output_tokens=5) is None
+    p.place("old", "a", p.predict("a", 100, 0.0), 0.0, class_name="default")
+    p.place("new", "a", p.predict("a", 100, 500.0), 500.0, class_name="default")
+    p.expire(700.0, ttl_s=600.0)
+    assert list(p.tickets) == ["new"] and p.workers["a"].running == 1
+
+
+def test_a_series_is_trusted_after_min_samples():
+    p = LatencyPredictor()
+    for i in range(MIN_SAMPLES):
+        assert p.predict("a", 100, i * 10.0).prefill_source == "warmup"
+        p.place(f"r{i}", "a", p.predict("a", 100, i * 10.0), i * 10.0, class_name="default")
+        p.finish(f"r{i}", i * 10.0 + 1, ok=True, ttft_s=0.1, duration_s=1.0, output_tokens=5)
+    assert p.predict("a", 100, 100.0).observed
