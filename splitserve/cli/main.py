@@ -5,7 +5,15 @@ from __future__ import annotations
 import typer
 
 from splitserve import __version__
-from splitserve.cli import bench_cmd, infra_cmd, route_cmd, scale_cmd, serve_cmd, status_cmd
+from splitserve.cli import (
+    bench_cmd,
+    infra_cmd,
+    qos_cmd,
+    route_cmd,
+    scale_cmd,
+    serve_cmd,
+    status_cmd,
+)
 from splitserve.planner import cli as planner_cli
 from splitserve.policy import cli as policy_cli
 
@@ -24,6 +32,7 @@ app.add_typer(route_cmd.app, name="route")
 app.add_typer(policy_cli.app, name="policy")
 app.add_typer(planner_cli.app, name="planner")
 app.add_typer(bench_cmd.app, name="bench")
+app.add_typer(qos_cmd.app, name="qos")
 
 
 @app.command()

@@ -1,0 +1,169 @@
+"""`dynamo qos calibration`: how well admission predicts, read from live /metrics.
+
+Reads the admission metrics of every Router replica and every frontend that routes in
+its own process (or the /metrics URLs given) and prints the confusion table (refused,
+admitted-and-met, admitted-and-missed; in shadow mode would-refuse-but-met and
+would-refuse-and-missed), the refusals by reason, and the calibration of the TTFT and
+TPOT predictions: quantiles of log2(measured / predicted) from the histogram's buckets.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import typer
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
+
+from splitserve.cli.paths import state_root
+from splitserve.cli.status_cmd import local_supervisors
+from splitserve.common.metrics import PREFIX
+from splitserve.serve.control import supervisor_status
+
+app = typer.Typer(help="Inspect QoS admission of a running graph.", no_args_is_help=True)
+
+OUTCOMES = ("refused", "admitted-met", "admitted-missed", "would-refuse-met",
+            "would-refuse-missed")
+
+
+@dataclass
+class Calibration:
+    """Admission's record summed over the scraped processes."""
+
+    confusion: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    refusals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    would_refuse: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    # kind -> upper bound -> cumulative count
+    buckets: dict[str, dict[float, float]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+
+    def add(self, text: str) -> None:
+        """Add one process's /metrics text."""
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == f"{PREFIX}_qos_confusion_total":
+                    self.confusion[s.labels["outcome"]] += s.value
+                elif s.name == f"{PREFIX}_qos_admissions_total":
+                    if s.labels.get("outcome") == "rejected":
+                        self.refusals[s.labels["reason"]] += s.value
+                    elif s.labels.get("outcome") == "shadow-rejected":
+                        self.would_refuse[s.labels["reason"]] += s.value
+                elif s.name == f"{PREFIX}_qos_prediction_log2_ratio_bucket":
+                    self.buckets[s.labels["kind"]][float(s.labels["le"])] += s.value
+
+    def quantile(self, kind: str, q: float) -> float | None:
+        """The bucket bound below which a fraction ``q`` of the log2 errors lie."""
+        cum = sorted(self.buckets.get(kind, {}).items())
+        total = cum[-1][1] if cum else 0.0
+        if total <= 0:
+            return None
+        return next(le for le, n in cum if n >= q * total)
+
+    def within(self, kind: str, bound: float) -> float | None:
+        """Share of predictions with |log2 error| <= ``bound`` (a bucket bound)."""
+        cum = dict(self.buckets.get(kind, {}))
+        total = cum.get(float("inf"), 0.0)
+        if total <= 0 or bound not in cum or -bound not in cum:
+            return None
+        below = max((n for le, n in cum.items() if le < -bound), default=0.0)
+        return (cum[bound] - below) / total
+
+    def summary(self) -> dict:
+        """Everything above as plain data (``--json``)."""
+        admitted = sum(self.confusion.get(o, 0.0) for o in OUTCOMES[1:])
+        missed = self.confusion.get("admitted-missed", 0.0) + \
+            self.confusion.get("would-refuse-missed", 0.0)
+        false_refusals = self.confusion.get("would-refuse-met", 0.0)
+        would = false_refusals + self.confusion.get("would-refuse-missed", 0.0)
+        return {
+            "confusion": {o: self.confusion.get(o, 0.0) for o in OUTCOMES},
+            "refusals_by_reason": dict(self.refusals),
+            "would_refuse_by_reason": dict(self.would_refuse),
+            "missed_share_of_admitted": missed / admitted if admitted else None,
+            "false_share_of_would_refuse": false_refusals / would if would else None,
+            "calibration": {kind: {"p10": self.quantile(kind, 0.1),
+                                   "p50": self.quantile(kind, 0.5),
+                                   "p90": self.quantile(kind, 0.9),
+                                   "within_2x": self.within(kind, 1.0)}
+                            for kind in ("ttft", "tpot")},
+        }
+
+
+def _fetch(url: str, timeout_s: float = 3.0) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.read().decode()
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def local_metrics_urls() -> list[str]:
+    """/metrics of the local graphs' Router replicas and frontends (admission runs in
+    one or the other)."""
+    urls = []
+    for info in local_supervisors(state_root()):
+        for rep in (supervisor_status(info) or {}).get("replicas", []):
+            if rep.get("component") in ("Router", "Frontend") and rep.get("metrics"):
+                urls.append(rep["metrics"])
+    return urls
+
+
+def _fmt(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}%" if pct else f"{x:+.2f}"
+
+
+@app.command()
+def calibration(
+    metrics: list[str] = typer.Option(None, "--metrics", help="A /metrics URL to read "
+                                      "(repeatable); default: every local graph's Router "
+                                      "replicas and frontends."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """The admission confusion table, refusals by reason, and how close the TTFT and TPOT
+    predictions came to what was measured."""
+    urls = list(metrics or []) or local_metrics_urls()
+    if not urls:
+        typer.echo("no running graph found; pass --metrics URL", err=True)
+        raise typer.Exit(1)
+    cal = Calibration()
+    read = 0
+    for url in urls:
+        text = _fetch(url)
+        if text is not None:
+            cal.add(text)
+            read += 1
+    if not read:
+        typer.echo(f"could not read any of {urls}", err=True)
+        raise typer.Exit(1)
+    out = cal.summary()
+    if json_out:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    console = Console()
+    table = Table(title="admission outcomes")
+    table.add_column("outcome")
+    table.add_column("requests", justify="right")
+    for outcome, n in out["confusion"].items():
+        table.add_row(outcome, f"{n:.0f}")
+    console.print(table)
+    console.print(f"missed among admitted: {_fmt(out['missed_share_of_admitted'], True)}; "
+                  f"would-refuse that met the SLO (shadow): "
+                  f"{_fmt(out['false_share_of_would_refuse'], True)}")
+    for title, rows in (("refused", out["refusals_by_reason"]),
+                        ("would refuse (shadow)", out["would_refuse_by_reason"])):
+        if rows:
+            console.print(f"{title}: " + ", ".join(f"{r} {n:.0f}" for r, n in rows.items()))
+    cal_table = Table(title="calibration: log2(measured / predicted), bucket bounds")
+    for col in ("kind", "p10", "p50", "p90", "within 2x"):
+        cal_table.add_column(col, justify="right")
+    for kind, q in out["calibration"].items():
+        cal_table.add_row(kind, _fmt(q["p10"]), _fmt(q["p50"]), _fmt(q["p90"]),
+                          _fmt(q["within_2x"], True))
+    console.print(cal_table)
