@@ -70,9 +70,9 @@ def make_engine(ctx: ComponentContext, cfg, role: str):
     if cfg.engine == "sglang":
         from splitserve.components.engines.sglang.engine import SglangEngine
 
-        local = (SglangEngine(cfg.engine_args, model, "agg", host=host)
-                 if role == "decode" and cfg.local_prefill_engine else None)
-        return SglangEngine(cfg.engine_args, model, role, host=host, local_prefill=local)
+        return SglangEngine(cfg.engine_args, model, role, host=host,
+                            advertise_host=ctx.run.common.advertised_host(),
+                            replica=ctx.run.replica)
     if cfg.engine == "trtllm":
         from splitserve.components.engines.trtllm.engine import TrtllmEngine
 
@@ -185,6 +185,7 @@ async def run_engine_prefill_worker(ctx: ComponentContext, cfg) -> None:
             max_concurrent_jobs=cfg.max_concurrent_jobs,
             heartbeat_s=cfg.prefill_queue.ack_wait_s / 3,
             handoff_timeout_s=getattr(cfg, "handoff_timeout_s", 5.0),
+            prefill_timeout_s=getattr(cfg, "prefill_timeout_s", 120.0),
             drain_timeout_s=cfg.drain_timeout_s)
         metrics = PrefillMetrics(h.metrics.registry)
         queue = await PrefillQueue.connect(nats_url, ns, ctx.run.common.model,

@@ -34,6 +34,12 @@ def print_plan(plan: ServePlan, console: Console) -> None:
                       f"  links: {links}{pruned}  shutdown rank {comp.shutdown_rank}")
         cfg = comp.config.model_dump(mode="json", exclude={"replicas"})
         console.print(f"      {json.dumps(cfg, sort_keys=True)}", highlight=False, markup=False)
+        for rep in plan.placement(comp):
+            parts = [f"{k}={v}" for k, v in {**rep["env"], **rep}.items()
+                     if k not in ("env", "replica")]
+            if parts:
+                console.print(f"      replica {rep['replica']}: {' '.join(parts)}",
+                              highlight=False, markup=False)
     for name in plan.ignored_sections:
         console.print(f"  [dim]{name}: section present but not in this graph; not started[/]")
 

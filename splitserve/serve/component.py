@@ -121,9 +121,19 @@ def load_run_config(argv: list[str] | None = None) -> ComponentRunConfig:
     """Parse ``--config FILE`` and validate it; exits with a message on a bad file."""
     parser = argparse.ArgumentParser(description="splitserve component process")
     parser.add_argument("--config", required=True, help="resolved component config (JSON)")
+    parser.add_argument("--bind-host", help="override Common.bind_host (e.g. a pod's IP, "
+                        "known only when the pod starts)")
+    parser.add_argument("--advertise-host", help="override Common.advertise_host")
     args = parser.parse_args(argv)
     text = Path(args.config).read_text()
-    return ComponentRunConfig.model_validate_json(text)
+    run_cfg = ComponentRunConfig.model_validate_json(text)
+    hosts = {k: v for k, v in (("bind_host", args.bind_host),
+                               ("advertise_host", args.advertise_host)) if v}
+    if hosts:
+        common = type(run_cfg.common).model_validate(
+            {**run_cfg.common.model_dump(mode="json"), **hosts})
+        run_cfg = run_cfg.model_copy(update={"common": common})
+    return run_cfg
 
 
 def make_runtime(loop: asyncio.AbstractEventLoop, request_plane: str):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from splitserve.common.models import StrictModel
 
@@ -74,6 +74,14 @@ class CommonConfig(StrictModel):
                            "metrics servers.  Loopback by default; set it to this machine's "
                            "address on the network the other nodes use to open the graph "
                            "for multi-node serving.")
+    advertise_host: str | None = Field(
+        None, description="Address other nodes reach this node's engine listeners at (an "
+        "SGLang prefill engine's bootstrap server is named by it in every handoff): this "
+        "machine's routable address, or a pod's IP (the Kubernetes manifests pass it with "
+        "--advertise-host from the downward API).  null = bind_host.")
+    allow_shared_devices: bool = Field(
+        False, description="Let two replicas (a prefill and a decode engine, say) be "
+        "assigned the same GPU; off, a device given to two replicas is refused.")
     request_plane: Literal["tcp", "nats"] = Field(
         "tcp", description="Transport of Dynamo's request plane between components.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(
@@ -100,9 +108,11 @@ class CommonConfig(StrictModel):
                              + ", ".join(SERVED_MODELS))
         return v
 
-    @field_validator("bind_host")
+    @field_validator("bind_host", "advertise_host")
     @classmethod
-    def _address(cls, v: str) -> str:
+    def _address(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         try:
             addr = ipaddress.ip_address(v)
         except ValueError:
@@ -115,9 +125,49 @@ class CommonConfig(StrictModel):
         return v
 
 
+    def advertised_host(self) -> str:
+        """The address peers are told to reach this node's listeners at."""
+        return self.advertise_host or self.bind_host
+
     def effective_context_length(self) -> int:
         """The context window every component enforces: the configured one, else the model's."""
         return self.context_length or MODEL_CONTEXT_LENGTH[self.model]
+
+
+def placement_checks(common: CommonConfig, sections: dict[str, Any]) -> list[str]:
+    """Refuse GPU assignments that would put two engines on one device, or GPU engines
+    with none assigned where several would start on the same default device.
+
+    Called by ``build_plan`` once every section validated; sections whose config says
+    ``needs_gpu`` run GPU engines, and ``gpus_needed_per_replica()`` (their tensor
+    parallelism) must equal ``gpus_per_replica`` when devices are assigned.
+    """
+    errors: list[str] = []
+    owner: dict[int, str] = {}
+    gpu_replicas = 0
+    unassigned: list[str] = []
+    for name, cfg in sections.items():
+        needs = getattr(cfg, "needs_gpu", False) and cfg.replicas > 0
+        if needs:
+            gpu_replicas += cfg.replicas
+            if cfg.gpus_per_replica == 0:
+                unassigned.append(name)
+            elif cfg.gpus_per_replica != cfg.gpus_needed_per_replica():
+                errors.append(f"{name}.gpus_per_replica: {cfg.gpus_per_replica} differs from "
+                              f"the engine's tensor parallelism "
+                              f"{cfg.gpus_needed_per_replica()}")
+        for replica in range(cfg.replicas):
+            for dev in cfg.replica_devices(replica) or ():
+                here = f"{name} replica {replica}"
+                if dev in owner and not common.allow_shared_devices:
+                    errors.append(f"{name}.devices: GPU {dev} is given to both {owner[dev]} "
+                                  f"and {here} (set Common.allow_shared_devices to allow it)")
+                owner.setdefault(dev, here)
+    if unassigned and gpu_replicas > 1:
+        errors += [f"{name}.devices: {gpu_replicas} GPU engine replicas in this graph, and "
+                   f"{name}'s have no devices: they would all start on the same GPU; set "
+                   "gpus_per_replica and devices" for name in unassigned]
+    return errors
 
 
 def context_length_checks(common: CommonConfig, sections: dict[str, Any]) -> list[str]:
@@ -150,6 +200,37 @@ class ComponentConfig(StrictModel):
                                      "Prometheus /metrics on Common.bind_host (0 = a free port, "
                                      "null = none; components with an HTTP API serve it "
                                      "there instead).")
+
+    gpus_per_replica: int = Field(0, ge=0, le=64, description="GPUs each replica "
+                                  "gets from `devices` (0: none assigned; the process "
+                                  "sees whatever the environment gives it).")
+    devices: list[int] = Field(default_factory=list, description="GPU indices for this "
+                               "component, consumed in order: replica i gets "
+                               "devices[i*gpus_per_replica : (i+1)*gpus_per_replica] as its "
+                               "CUDA_VISIBLE_DEVICES.")
+
+    @model_validator(mode="after")
+    def _placement(self) -> ComponentConfig:
+        g, devs = self.gpus_per_replica, self.devices
+        if any(d < 0 for d in devs):
+            raise ValueError(f"devices: GPU indices are >= 0, got {devs}")
+        if len(set(devs)) != len(devs):
+            raise ValueError(f"devices: {devs} lists a GPU twice")
+        if g == 0 and devs:
+            raise ValueError("gpus_per_replica: 0 with devices set; give the GPUs per replica")
+        if g and len(devs) < g * self.replicas:
+            raise ValueError(f"devices: {self.replicas} replicas x gpus_per_replica {g} need "
+                             f"{g * self.replicas} devices, got {len(devs)} ({devs})")
+        if g and "CUDA_VISIBLE_DEVICES" in self.env:
+            raise ValueError("env.CUDA_VISIBLE_DEVICES: set per replica from devices; "
+                             "remove it from env")
+        return self
+
+    def replica_devices(self, replica: int) -> list[int] | None:
+        """GPUs of one replica; None when none are assigned, [] when the device list
+        has none left for it (a replica added beyond the list sees no GPU)."""
+        g = self.gpus_per_replica
+        return None if g == 0 else self.devices[replica * g:(replica + 1) * g]
 
     def preflight(self) -> list[str]:
         """Checks that need more than the section itself (files it names, say).

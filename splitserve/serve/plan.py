@@ -21,6 +21,7 @@ from splitserve.serve.config import (
     apply_overrides,
     context_length_checks,
     format_validation_error,
+    placement_checks,
     read_yaml,
 )
 from splitserve.serve.graph import Graph
@@ -78,6 +79,23 @@ class ServePlan:
             config=comp.config.model_dump(mode="json"), links=comp.links,
             status_file=str(status_file))
 
+    def replica_env(self, comp: ComponentPlan, replica: int) -> dict[str, str]:
+        """Environment one replica gets on top of the section's ``env``: its GPUs as
+        ``CUDA_VISIBLE_DEVICES`` when the section assigns devices (an empty value, no
+        GPU, for a replica beyond the device list).  Called by the supervisor at every
+        spawn."""
+        devices = comp.config.replica_devices(replica)
+        if devices is None:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in devices)}
+
+    def placement(self, comp: ComponentPlan) -> list[dict[str, Any]]:
+        """Per replica: its environment from the plan and the ports it opens beside its
+        metrics (sections with ``replica_ports``), as ``--dry-run`` shows them."""
+        ports = getattr(comp.config, "replica_ports", None)
+        return [{"replica": i, "env": self.replica_env(comp, i),
+                 **(ports(i) if ports is not None else {})} for i in range(comp.replicas)]
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able description (dry-run output and the control endpoint)."""
         return {
@@ -87,6 +105,7 @@ class ServePlan:
             "components": [
                 {"name": c.name, "entrypoint": c.entrypoint, "replicas": c.replicas,
                  "links": c.links, "pruned": c.pruned, "shutdown_rank": c.shutdown_rank,
+                 "placement": self.placement(c),
                  "config": c.config.model_dump(mode="json")}
                 for c in self.components
             ],
@@ -143,6 +162,7 @@ def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
         if graph_checks is not None:
             errors += [f"{c.name}.{p}" for p in graph_checks(sections)]
     errors += context_length_checks(common, sections)
+    errors += placement_checks(common, sections)
     allowed = set(graph.components) | graph.defined | (known_sections or set()) | {"Common"}
     ignored = []
     for key in data:

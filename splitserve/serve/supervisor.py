@@ -131,6 +131,7 @@ class Supervisor:
     async def _spawn(self, rep: Replica) -> None:
         comp = self.plan.component(rep.component)
         env = {**os.environ, **self.env, **comp.config.env,
+               **self.plan.replica_env(comp, rep.index),  # its GPUs, when assigned
                "PYTHONUNBUFFERED": "1", "SPLITSERVE_REPLICA": rep.name}
         rep.status_file.unlink(missing_ok=True)
         rep.proc = await asyncio.create_subprocess_exec(

@@ -30,7 +30,11 @@ MAPPED = frozenset({
     "chunked_prefill_size", "disable_radix_cache", "random_seed", "skip_tokenizer_init",
     "host", "port", "kv_events_config", "enable_metrics", "disaggregation_mode",
     "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
-    "disaggregation_ib_device", "log_level", "incremental_streaming_output"})
+    "disaggregation_ib_device", "log_level", "incremental_streaming_output",
+    "enable_deterministic_inference", "disaggregation_decode_enable_radix_cache"})
+
+SGLANG_TIMEOUT_S = 300
+"""SGLang's default bootstrap and waiting timeouts (SGLANG_DISAGGREGATION_*_TIMEOUT)."""
 
 
 def sglang_available() -> bool:
@@ -90,6 +94,20 @@ class SglangEngineArgs(StrictModel):
                                 "bootstrap server port; decode engines connect to it.")
     ib_device: str | None = Field(None, description="RDMA device(s) for the transfer "
                                   "backend (--disaggregation-ib-device); None: automatic.")
+    deterministic_inference: bool = Field(
+        False, description="SGLang's --enable-deterministic-inference: the only mode in "
+        "which it honours a request's seed; without it requests with a seed are refused.")
+    decode_radix_cache: bool = Field(
+        False, description="Keep the radix cache on decode engines (SGLang's experimental "
+        "--disaggregation-decode-enable-radix-cache).  SGLang turns it off in decode mode "
+        "otherwise, and a decode engine then publishes no KV events.")
+    bootstrap_timeout_s: int = Field(
+        SGLANG_TIMEOUT_S, ge=10, description="How long a prefill engine waits for its "
+        "decode engine to join the bootstrap room (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT).")
+    waiting_timeout_s: int = Field(
+        SGLANG_TIMEOUT_S, ge=10, description="How long a decode engine waits for the KV "
+        "of a joined room (SGLANG_DISAGGREGATION_WAITING_TIMEOUT); the decode worker "
+        "gives up 30 s later if SGLang has not ended the request.")
     extra_server_args: dict[str, Any] = Field(
         default_factory=dict, description="Further ServerArgs fields, by name, passed "
         "through unchanged; unknown names are refused.")
@@ -120,17 +138,27 @@ class SglangEngineArgs(StrictModel):
         return self.kv_events and self.enable_prefix_caching
 
 
+def decode_radix_cache(args: SglangEngineArgs) -> bool:
+    """Whether a decode-mode engine runs with its radix cache, as SGLang resolves it
+    (``handle_pd_disaggregation``): only when the decode radix cache is asked for
+    explicitly, whatever ``disable_radix_cache`` says.  Without it the engine indexes no
+    prefixes and emits no KV events."""
+    return args.enable_prefix_caching and args.decode_radix_cache
+
+
 def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
                        kv_events_endpoint: str | None = None,
-                       host: str = "127.0.0.1") -> dict[str, Any]:
+                       host: str = "127.0.0.1", *,
+                       bootstrap_port: int | None = None) -> dict[str, Any]:
     """Keyword arguments of ``sglang.Engine`` / ``ServerArgs`` for one engine.
 
     Called once per engine before it starts.  ``role`` picks the disaggregation mode;
     ``kv_events_endpoint`` (``tcp://127.0.0.1:PORT``, where this project's relay
     listens) turns SGLang's ZMQ KV-event publisher on; ``host`` is what SGLang's
     listeners bind (a prefill engine's bootstrap server among them): loopback unless the
-    graph is opened for multi-node use.  Token ids in, token ids out: the frontend owns
-    the tokenizer.
+    graph is opened for multi-node use; ``bootstrap_port`` is this replica's (the
+    configured base port plus the replica index).  Token ids in, token ids out: the
+    frontend owns the tokenizer.
     """
     kw: dict[str, Any] = {
         "model_path": args.model_path, "served_model_name": served_name,
@@ -141,6 +169,8 @@ def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
         # each streamed output carries only the new tokens (requests.to_delta relies on it)
         "incremental_streaming_output": True,
     }
+    if args.deterministic_inference:
+        kw["enable_deterministic_inference"] = True
     for name in ("mem_fraction_static", "context_length", "max_running_requests",
                  "chunked_prefill_size", "random_seed"):
         value = getattr(args, name)
@@ -150,8 +180,11 @@ def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
         kw["disaggregation_transfer_backend"] = args.transfer_backend
         if args.ib_device is not None:
             kw["disaggregation_ib_device"] = args.ib_device
+    if role == "decode" and args.decode_radix_cache:
+        kw["disaggregation_decode_enable_radix_cache"] = True
     if role == "prefill":
-        kw["disaggregation_bootstrap_port"] = args.bootstrap_port
+        kw["disaggregation_bootstrap_port"] = (args.bootstrap_port if bootstrap_port is None
+                                               else bootstrap_port)
     if kv_events_endpoint is not None:
         if not kv_events_endpoint.startswith("tcp://127.0.0.1:"):
             raise ValueError(f"KV events must stay on loopback, got {kv_events_endpoint!r}")

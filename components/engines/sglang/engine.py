@@ -10,6 +10,11 @@ the room before it computes.  So the prefill worker must hand the decode worker
 ``begin_prefill(...).handoff`` first and await ``.result`` after: awaiting
 ``prefill()`` first would wait for a decode engine that was never told the room.
 ``info.extras["handoff_before_prefill"]`` says so to the prefill loop.
+
+One engine per process (``process.claim_process``); the worker's SIGTERM handler is kept
+when SGLang tries to install its own (``process.keep_worker_signal_handlers``).  A
+prefill engine's bootstrap server binds ``host`` on ``bootstrap_port + replica`` and the
+handoff names ``advertise_host``, the address decode engines reach it at.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -33,8 +39,8 @@ from splitserve.components.engines.interface import (
     TokenDelta,
 )
 
-from . import kv_relay
-from .config import Role, SglangEngineArgs, server_args_kwargs
+from . import kv_relay, process
+from .config import Role, SglangEngineArgs, decode_radix_cache, server_args_kwargs
 from .metrics import LoadTracker
 from .requests import finish_message, generate_kwargs, new_bootstrap_room, to_delta
 
@@ -55,34 +61,48 @@ class PrefillTicket:
 
 
 def default_factory(**kwargs: Any):
-    """Start a real ``sglang.Engine`` (GPU machines; blocks until loaded)."""
+    """Start a real ``sglang.Engine`` (GPU machines; blocks until loaded); refuses a
+    second live engine in this process."""
     import sglang
 
-    return sglang.Engine(**kwargs)
+    process.claim_process(f"SGLang {kwargs.get('disaggregation_mode', 'null')} engine")
+    try:
+        return sglang.Engine(**kwargs)
+    except BaseException:
+        process.release_process()
+        raise
+
+
+class SeedNeedsDeterminism(ValueError):
+    """A request asked for a seed this engine would silently ignore."""
 
 
 class SglangEngine:
     """One SGLang engine; implements ``splitserve.components.engines.interface.Engine``.
 
-    ``local_prefill`` (an ``agg`` SglangEngine beside a ``decode`` one) gives a decode
-    worker somewhere to prefill locally; without it ``supports_local_prefill`` is False.
     ``factory`` builds the engine from ServerArgs keywords (tests pass a double).
     """
 
     def __init__(self, args: SglangEngineArgs, served_name: str, role: Role = "agg", *,
-                 host: str = "127.0.0.1", local_prefill: SglangEngine | None = None,
-                 factory: Callable[..., Any] = default_factory) -> None:
-        if local_prefill is not None and (role != "decode" or local_prefill.role != "agg"):
-            raise ValueError("local_prefill pairs an agg engine with a decode engine")
+                 host: str = "127.0.0.1", advertise_host: str | None = None, replica: int = 0,
+                 factory: Callable[..., Any] = default_factory,
+                 decode_margin_s: float = 30.0) -> None:
         self.args, self.served_name, self.role, self.host = args, served_name, role, host
-        self.local_prefill = local_prefill
+        self.advertise_host = advertise_host or host
+        self.bootstrap_port = args.bootstrap_port + replica
         self._factory = factory
+        self._decode_margin_s = decode_margin_s
         self.info = EngineInfo(
             name="sglang", kv_block_size=args.page_size,
-            supports_local_prefill=role != "decode" or local_prefill is not None,
+            supports_local_prefill=role != "decode",
             extras={"role": role, "handoff_before_prefill": role == "prefill"})
+        # Only engines whose radix cache runs publish KV events: a prefill engine's would
+        # reach no router, and SGLang turns a decode engine's radix cache off in PD mode
+        # unless asked (config.decode_radix_cache).
+        publishes = args.kv_events_enabled() and (
+            role == "agg" or (role == "decode" and decode_radix_cache(args)))
         self.kv_endpoint = (f"tcp://127.0.0.1:{kv_relay.free_loopback_port()}"
-                            if args.kv_events_enabled() else None)
+                            if publishes else None)
         self._engine = None
         self._active: set[str] = set()
         self._accepting = True
@@ -93,23 +113,27 @@ class SglangEngine:
     def server_kwargs(self) -> dict[str, Any]:
         """The ServerArgs keywords this engine starts with."""
         return server_args_kwargs(self.args, self.role, self.served_name, self.kv_endpoint,
-                                  self.host)
+                                  self.host, bootstrap_port=self.bootstrap_port)
 
     async def start(self) -> None:
-        """Start SGLang (and the paired local-prefill engine); returns when both serve."""
+        """Start SGLang; returns when it serves.  Called on the worker's event loop,
+        after the worker registered its signal handlers."""
         kw = self.server_kwargs()
+        process.keep_worker_signal_handlers(asyncio.get_running_loop())
+        if self.role != "agg" and self._factory is default_factory:
+            # SGLang's scheduler processes read these when they start.
+            os.environ.update(process.disagg_timeout_env(self.args.bootstrap_timeout_s,
+                                                         self.args.waiting_timeout_s))
         log.info("starting SGLang (%s): %s", self.role, kw)
         self._engine = self._factory(**kw)
         self.tracker.start(self._engine)
-        if self.local_prefill is not None:
-            await self.local_prefill.start()
 
     async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
         """Refuse new work, wait up to ``drain_timeout_s`` for in-flight requests, abort
         what is left, then stop SGLang."""
         self._accepting = False
         deadline = time.monotonic() + drain_timeout_s
-        while self.inflight() and time.monotonic() < deadline:
+        while self.inflight() and time.monotonic() < deadline:  # noqa: ASYNC110 - a count
             await asyncio.sleep(0.05)
         for rid in list(self._active):
             await self.abort(rid)
@@ -119,8 +143,8 @@ class SglangEngine:
         if self._engine is not None:
             engine, self._engine = self._engine, None
             await asyncio.to_thread(engine.shutdown)
-        if self.local_prefill is not None:
-            await self.local_prefill.shutdown(0.0)
+            if self._factory is default_factory:
+                process.release_process()
 
     # ---- requests -----------------------------------------------------------------------
     def _admit(self, request_id: str) -> None:
@@ -130,12 +154,32 @@ class SglangEngine:
             raise ValueError(f"request id {request_id!r} is already running")
         self._active.add(request_id)
 
-    async def _stream(self, request_id: str, kw: dict[str, Any]) -> AsyncIterator[TokenDelta]:
+    def _check(self, params: GenerateParams) -> None:
+        if params.seed is not None and not self.args.deterministic_inference:
+            raise SeedNeedsDeterminism(
+                "seed: SGLang ignores a request's sampling_seed unless the engine runs "
+                "with deterministic inference (engine_args.deterministic_inference: true)")
+
+    def validate(self, params: GenerateParams) -> None:
+        """Refuse a request this engine would not honour (called before queueing)."""
+        self._check(params)
+
+    async def _stream(self, request_id: str, kw: dict[str, Any],
+                      first_token_timeout_s: float | None = None) -> AsyncIterator[TokenDelta]:
         self._admit(request_id)
         finished = False
         try:
             gen = await self._engine.async_generate(**kw)
-            async for out in gen:
+            it = gen.__aiter__()
+            if first_token_timeout_s is not None:
+                try:
+                    first = await asyncio.wait_for(it.__anext__(), first_token_timeout_s)
+                except TimeoutError:
+                    raise RuntimeError(
+                        f"SGLang decode of {request_id!r}: no token {first_token_timeout_s:.0f} "
+                        "s after the handoff (its KV never arrived)") from None
+                it = _prepend(first, it)
+            async for out in it:
                 delta = to_delta(out)
                 finished = delta.finished
                 yield delta
@@ -147,15 +191,14 @@ class SglangEngine:
                 await self.abort(request_id)
 
     def generate(self, request_id: str, params: GenerateParams) -> AsyncIterator[TokenDelta]:
-        """Aggregated: the whole request here.  A decode engine hands it to its paired
-        local-prefill engine, and without one refuses (NoLocalPrefill)."""
+        """Aggregated: the whole request here.  A decode engine refuses (NoLocalPrefill):
+        SGLang's decode mode cannot prefill."""
         if self.role == "decode":
-            if self.local_prefill is None:
-                raise NoLocalPrefill("this SGLang decode engine cannot prefill locally and "
-                                     "has no local prefill engine; prefill remotely")
-            return self.local_prefill.generate(request_id, params)
+            raise NoLocalPrefill("an SGLang decode engine cannot prefill locally; "
+                                 "prefill remotely")
         if self.role != "agg":
             raise RuntimeError(f"a {self.role} SGLang engine does not serve whole requests")
+        self._check(params)
         return self._stream(request_id, generate_kwargs(request_id, params))
 
     async def begin_prefill(self, request_id: str, params: GenerateParams) -> PrefillTicket:
@@ -163,8 +206,9 @@ class SglangEngine:
         handoff (publish it to the decode worker) and the task that finishes the job."""
         if self.role != "prefill":
             raise RuntimeError(f"prefill() needs a prefill SGLang engine, this is {self.role}")
-        handoff = SglangBootstrapHandoff(bootstrap_host=self.host,
-                                         bootstrap_port=self.args.bootstrap_port,
+        self._check(params)
+        handoff = SglangBootstrapHandoff(bootstrap_host=self.advertise_host,
+                                         bootstrap_port=self.bootstrap_port,
                                          bootstrap_room=new_bootstrap_room())
         self._admit(request_id)
         t0 = time.monotonic()
@@ -218,15 +262,18 @@ class SglangEngine:
         if not isinstance(handoff, SglangBootstrapHandoff):
             raise TypeError(f"an SGLang decode engine needs a sglang-bootstrap handoff, "
                             f"got {handoff.kind}")
-        return self._stream(request_id, generate_kwargs(request_id, params, handoff=handoff))
+        self._check(params)
+        # SGLang's own decode receiver gives up after its waiting timeout; this bound
+        # catches a request SGLang never ends (the prefill engine gone mid-transfer).
+        return self._stream(request_id, generate_kwargs(request_id, params, handoff=handoff),
+                            first_token_timeout_s=self.args.waiting_timeout_s
+                            + self._decode_margin_s)
 
     async def abort(self, request_id: str) -> None:
         """Abort one request in SGLang (unknown or finished ids are ignored by SGLang)."""
         if self._engine is not None:
             with contextlib.suppress(Exception):
                 self._engine.tokenizer_manager.abort_request(rid=request_id, abort_all=False)
-        if self.local_prefill is not None:
-            await self.local_prefill.abort(request_id)
 
     # ---- sources ------------------------------------------------------------------------
     async def run_kv_events(self, sink: KvEventSink,
@@ -242,14 +289,13 @@ class SglangEngine:
     def load(self) -> LoadSample:
         """Load from SGLang's scheduler metrics, or from the requests in flight here
         until the first metrics arrive."""
-        sample = self.tracker.sample(self.inflight())
-        if self.local_prefill is not None:
-            other = self.local_prefill.load()
-            sample = LoadSample(sample.active + other.active, sample.waiting + other.waiting,
-                                sample.kv_used_blocks + other.kv_used_blocks,
-                                sample.kv_total_blocks + other.kv_total_blocks)
-        return sample
+        return self.tracker.sample(self.inflight())
 
     def inflight(self) -> int:
-        local = self.local_prefill.inflight() if self.local_prefill is not None else 0
-        return len(self._active) + local
+        return len(self._active)
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -12,7 +12,10 @@ from splitserve.components.engines.disagg_sections import (
 )
 from splitserve.components.worker.config import WorkerCommon
 
-from .config import SglangEngineArgs
+from .config import SglangEngineArgs, decode_radix_cache
+
+# Router policies that score workers by their KV events (everything but these).
+NO_KV_POLICIES = frozenset({"round_robin"})
 
 
 def _router_block_size(engine_args: SglangEngineArgs, sections: dict[str, Any]) -> list[str]:
@@ -30,6 +33,12 @@ class SglangWorkerSection(WorkerCommon):
 
     engine: Literal["sglang"] = "sglang"
     engine_args: SglangEngineArgs = Field(default_factory=SglangEngineArgs)
+    needs_gpu: ClassVar[bool] = True
+
+    def gpus_needed_per_replica(self) -> int:
+        """GPUs one replica's engine uses (its tensor parallelism); the plan's placement
+        check compares it with gpus_per_replica."""
+        return self.engine_args.tp_size
 
     def graph_checks(self, sections: dict[str, Any]) -> list[str]:
         """Called by the plan builder with every validated section of the graph."""
@@ -40,33 +49,76 @@ class SglangDecodeWorkerConfig(EngineDecodeSection):
     """A decode worker fronting a decode-mode SGLang engine.
 
     A decode-mode engine cannot prefill: the decider's "local" verdicts become remote
-    (reason ``engine-no-local-prefill``) unless ``local_prefill_engine`` starts an
-    aggregated engine beside it (it shares the GPU: split ``mem_fraction_static``).
+    (reason ``engine-no-local-prefill``).  A second, aggregated engine in the same
+    process for local prefills is refused: SGLang keeps one live config per process and
+    its shutdown kills the process's whole child tree.
     """
 
     engine: Literal["sglang"] = "sglang"
     engine_args: SglangEngineArgs = Field(default_factory=SglangEngineArgs)
+    needs_gpu: ClassVar[bool] = True
+
+    def gpus_needed_per_replica(self) -> int:
+        """GPUs one replica's engine uses (its tensor parallelism); the plan's placement
+        check compares it with gpus_per_replica."""
+        return self.engine_args.tp_size
     local_prefill_engine: bool = Field(
-        False, description="Start an aggregated SGLang engine beside the decode engine "
-        "for local prefills (both engines then share the GPU).")
+        False, description="Refused when true: a second SGLang engine cannot share the "
+        "decode worker's process.  Run aggregated Workers for local serving instead.")
 
     @model_validator(mode="after")
-    def _two_engines_fit(self) -> SglangDecodeWorkerConfig:
-        frac = self.engine_args.mem_fraction_static
-        if self.local_prefill_engine and (frac is None or 2 * frac > 0.95):
-            raise ValueError(f"local_prefill_engine: true starts two engines on one GPU; "
-                             f"engine_args.mem_fraction_static {frac} must be set and at "
-                             f"most 0.475")
+    def _one_engine_per_process(self) -> SglangDecodeWorkerConfig:
+        if self.local_prefill_engine:
+            raise ValueError("local_prefill_engine: true is not supported: SGLang runs one "
+                             "engine per process (one live config per process, and "
+                             "Engine.shutdown kills every child of the process); decode "
+                             "workers prefill remotely")
         return self
 
     def graph_checks(self, sections: dict[str, Any]) -> list[str]:
         """Called by the plan builder with every validated section of the graph."""
-        return _router_block_size(self.engine_args, sections)
+        errors = _router_block_size(self.engine_args, sections)
+        policy = getattr(sections.get("Router"), "policy", None)
+        if (policy is not None and policy not in NO_KV_POLICIES
+                and not (self.engine_args.kv_events_enabled()
+                         and decode_radix_cache(self.engine_args))):
+            errors.append(
+                f"engine_args.decode_radix_cache: Router.policy {policy!r} routes by KV "
+                "events, but SGLang runs decode engines without a radix cache (so without "
+                "KV events) unless engine_args.decode_radix_cache is true (experimental in "
+                "SGLang) and kv_events and enable_prefix_caching are on; set it, or use "
+                "Router.policy: round_robin")
+        return errors
 
 
 class SglangPrefillWorkerConfig(EnginePrefillSection):
     """A prefill worker fronting a prefill-mode SGLang engine (bootstrap server on
-    ``engine_args.bootstrap_port``)."""
+    ``engine_args.bootstrap_port`` plus the replica index)."""
 
     engine: Literal["sglang"] = "sglang"
     engine_args: SglangEngineArgs = Field(default_factory=SglangEngineArgs)
+    needs_gpu: ClassVar[bool] = True
+
+    def gpus_needed_per_replica(self) -> int:
+        """GPUs one replica's engine uses (its tensor parallelism); the plan's placement
+        check compares it with gpus_per_replica."""
+        return self.engine_args.tp_size
+    prefill_timeout_s: float = Field(
+        630.0, gt=0, description="How long the prefill loop waits for a begun prefill to "
+        "finish before aborting it; must exceed SGLang's own bootstrap and waiting "
+        "timeouts (engine_args.bootstrap_timeout_s + waiting_timeout_s), or the loop "
+        "gives up on requests SGLang would still complete.")
+
+    @model_validator(mode="after")
+    def _outlasts_sglang(self) -> SglangPrefillWorkerConfig:
+        a = self.engine_args
+        if self.prefill_timeout_s <= a.bootstrap_timeout_s + a.waiting_timeout_s:
+            raise ValueError(
+                f"prefill_timeout_s: {self.prefill_timeout_s} must exceed "
+                f"engine_args.bootstrap_timeout_s + waiting_timeout_s "
+                f"({a.bootstrap_timeout_s} + {a.waiting_timeout_s})")
+        return self
+
+    def replica_ports(self, replica: int) -> dict[str, int]:
+        """Ports one replica opens beside its metrics (shown by --dry-run)."""
+        return {"bootstrap_port": self.engine_args.bootstrap_port + replica}

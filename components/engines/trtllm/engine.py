@@ -133,7 +133,7 @@ class TrtllmEngine:
         """Refuse new work, drain up to ``drain_timeout_s``, abort the rest, stop."""
         self._accepting = False
         deadline = time.monotonic() + drain_timeout_s
-        while self._active and time.monotonic() < deadline:
+        while self._active and time.monotonic() < deadline:  # noqa: ASYNC110 - a count
             await asyncio.sleep(0.05)
         for rid in list(self._active):
             await self.abort(rid)
@@ -269,7 +269,7 @@ class TrtllmEngine:
             ready.set()
         if not self.args.kv_events_enabled():
             return
-        while self.llm is None:
+        while self.llm is None:  # noqa: ASYNC110 - set by start(), which has no event
             await asyncio.sleep(0.05)
         while True:
             batch = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -29,6 +29,12 @@ class TrtllmWorkerSection(WorkerCommon):
 
     engine: Literal["trtllm"] = "trtllm"
     engine_args: TrtllmEngineArgs = Field(default_factory=TrtllmEngineArgs)
+    needs_gpu: ClassVar[bool] = True
+
+    def gpus_needed_per_replica(self) -> int:
+        """GPUs one replica's engine uses (its tensor parallelism); the plan's placement
+        check compares it with gpus_per_replica."""
+        return self.engine_args.tensor_parallel_size
 
     def graph_checks(self, sections: dict[str, Any]) -> list[str]:
         """Called by the plan builder with every validated section of the graph."""
@@ -41,6 +47,12 @@ class TrtllmDecodeWorkerConfig(EngineDecodeSection):
 
     engine: Literal["trtllm"] = "trtllm"
     engine_args: TrtllmEngineArgs = Field(default_factory=TrtllmEngineArgs)
+    needs_gpu: ClassVar[bool] = True
+
+    def gpus_needed_per_replica(self) -> int:
+        """GPUs one replica's engine uses (its tensor parallelism); the plan's placement
+        check compares it with gpus_per_replica."""
+        return self.engine_args.tensor_parallel_size
 
     def graph_checks(self, sections: dict[str, Any]) -> list[str]:
         """Called by the plan builder with every validated section of the graph."""
@@ -52,3 +64,9 @@ class TrtllmPrefillWorkerConfig(EnginePrefillSection):
 
     engine: Literal["trtllm"] = "trtllm"
     engine_args: TrtllmEngineArgs = Field(default_factory=TrtllmEngineArgs)
+    needs_gpu: ClassVar[bool] = True
+
+    def gpus_needed_per_replica(self) -> int:
+        """GPUs one replica's engine uses (its tensor parallelism); the plan's placement
+        check compares it with gpus_per_replica."""
+        return self.engine_args.tensor_parallel_size

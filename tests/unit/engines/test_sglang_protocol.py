@@ -73,16 +73,12 @@ async def test_each_prefill_gets_its_own_room():
     await pre.shutdown(0.0)
 
 
-async def test_decode_engine_cannot_prefill_locally_unless_paired():
+async def test_decode_engine_cannot_prefill_locally():
     rooms = BootstrapRooms()
     dec = await make("decode", rooms)
     assert dec.info.supports_local_prefill is False
     with pytest.raises(NoLocalPrefill):
         dec.generate("x", PROMPT)
-    paired = await make("decode", rooms, local_prefill=SglangEngine(
-        ARGS, "m", "agg", factory=lambda **a: SglangEngineDouble(rooms, **a)))
-    assert paired.info.supports_local_prefill is True
-    assert await collect(paired.generate("y", PROMPT)) == tokens_for([5, 6, 7, 8], 6)
 
 
 async def test_decode_refuses_a_handoff_of_another_engine():

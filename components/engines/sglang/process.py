@@ -1,0 +1,67 @@
+"""What one ``sglang.Engine`` does to the process it runs in, and the guards around it.
+
+- Signals: on its first request SGLang's ``TokenizerManager.auto_create_handle_loop``
+  registers its own SIGTERM handler with ``loop.add_signal_handler``, which replaces the
+  worker's: a SIGTERM would then end the process without deregistering, draining or
+  settling prefill jobs.  ``keep_worker_signal_handlers`` makes later registrations for
+  SIGTERM/SIGINT on the loop no-ops (logged); the worker's handler stays, and the
+  worker's shutdown stops SGLang itself.  Dynamo's SGLang worker guards the same way.
+- One engine per process: SGLang keeps one live server config per process (the last
+  engine built wins) and ``Engine.shutdown`` kills the process's whole child tree,
+  siblings included.  ``claim_process`` refuses a second live engine.
+- Disaggregation timeouts: SGLang reads its bootstrap and waiting timeouts from the
+  environment of the engine's processes; ``disagg_timeout_env`` gives the variables for
+  the configured values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+log = logging.getLogger("splitserve.sglang")
+
+GUARDED = (signal.SIGTERM, signal.SIGINT)
+
+_live_engine: list[str] = []
+
+
+def keep_worker_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
+    """Called once before the engine starts, on the loop the worker registered its
+    SIGTERM/SIGINT handlers on; later registrations for those signals are dropped."""
+    if getattr(loop, "_splitserve_signal_guard", False):
+        return
+    original = loop.add_signal_handler
+
+    def add_signal_handler(sig: int, callback: Any, *args: Any) -> None:
+        if sig in GUARDED:
+            log.info("kept the worker's handler for signal %s (SGLang asked for %r)",
+                     sig, getattr(callback, "__qualname__", callback))
+            return None
+        return original(sig, callback, *args)
+
+    loop.add_signal_handler = add_signal_handler  # type: ignore[method-assign]
+    loop._splitserve_signal_guard = True  # type: ignore[attr-defined]
+
+
+def claim_process(label: str) -> None:
+    """Called before an ``sglang.Engine`` is built; raises if one is live here."""
+    if _live_engine:
+        raise RuntimeError(
+            f"an SGLang engine ({_live_engine[0]}) already runs in this process; SGLang "
+            f"keeps one live config per process and its shutdown kills every child of "
+            f"the process, so {label} must run in a process of its own")
+    _live_engine.append(label)
+
+
+def release_process() -> None:
+    """Called after the engine has shut down."""
+    _live_engine.clear()
+
+
+def disagg_timeout_env(bootstrap_timeout_s: int, waiting_timeout_s: int) -> dict[str, str]:
+    """SGLang's environment variables for its disaggregation timeouts (seconds)."""
+    return {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(bootstrap_timeout_s),
+            "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(waiting_timeout_s)}

@@ -1,0 +1,215 @@
+"""What SGLang 0.5.23 does to the process and the graph around it, and the adapter's
+answers: the worker's SIGTERM handler kept, one engine per process, KV events only from
+engines that have a radix cache, seeds only with deterministic inference, timeouts that
+outlast SGLang's own, bootstrap ports per replica and the advertised host.  Where
+SGLang's or Dynamo's installed source states the fact, the test reads it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from splitserve.components.engines.interface import GenerateParams, SglangBootstrapHandoff
+from splitserve.components.engines.sglang import process
+from splitserve.components.engines.sglang.config import (
+    SGLANG_TIMEOUT_S,
+    SglangEngineArgs,
+    server_args_kwargs,
+)
+from splitserve.components.engines.sglang.engine import (
+    SeedNeedsDeterminism,
+    SglangEngine,
+    default_factory,
+)
+from splitserve.components.engines.sglang.sections import (
+    SglangDecodeWorkerConfig,
+    SglangPrefillWorkerConfig,
+)
+from tests.fixtures.engine_doubles import BootstrapRooms, SglangEngineDouble
+
+pytestmark = pytest.mark.unit
+
+ARGS = SglangEngineArgs.model_construct(**{
+    k: f.default for k, f in SglangEngineArgs.model_fields.items() if k != "extra_server_args"},
+    extra_server_args={})
+P = GenerateParams(token_ids=(5, 6, 7, 8), max_tokens=4, temperature=0.0)
+
+
+def args(**kw) -> SglangEngineArgs:
+    return ARGS.model_copy(update=kw)
+
+
+def engine(role: str, rooms: BootstrapRooms, a: SglangEngineArgs = ARGS, **kw) -> SglangEngine:
+    return SglangEngine(a, "m", role, factory=lambda **s: SglangEngineDouble(rooms, **s), **kw)
+
+
+def package_root(name: str) -> Path:
+    mod = pytest.importorskip(name)
+    return Path(next(iter(mod.__path__)))
+
+
+# ---- S4: SIGTERM stays the worker's -----------------------------------------------------
+def test_sglang_and_dynamo_facts_about_the_sigterm_handler():
+    src = (package_root("sglang") / "srt/managers/tokenizer_manager.py").read_text()
+    i = src.index("def auto_create_handle_loop")
+    assert "loop.add_signal_handler(signal.SIGTERM" in src[i:i + 1500]
+    dyn = package_root("dynamo") / "sglang/shutdown.py"
+    if dyn.exists():
+        assert "loop.add_signal_handler = " in dyn.read_text()
+
+
+def test_sigterm_after_the_first_request_still_reaches_the_worker():
+    async def go():
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stopping.set)  # as the component shell
+        eng = engine("agg", BootstrapRooms())
+        await eng.start()
+        async for d in eng.generate("r", P):
+            if d.finished:
+                break
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(stopping.wait(), 5)
+        assert not eng._engine.sigterm_seen
+        # other signals still go through
+        loop.add_signal_handler(signal.SIGUSR1, lambda: None)
+        loop.remove_signal_handler(signal.SIGUSR1)
+        await eng.shutdown()
+    asyncio.run(go())
+
+
+# ---- S5: one engine per process ---------------------------------------------------------
+def test_a_second_real_engine_in_one_process_is_refused(monkeypatch):
+    built: list[dict] = []
+
+    class Engine:
+        def __init__(self, **kw):
+            built.append(kw)
+
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
+    process.release_process()
+    try:
+        default_factory(disaggregation_mode="decode")
+        with pytest.raises(RuntimeError, match="process of its own"):
+            default_factory(disaggregation_mode="null")
+        assert len(built) == 1
+    finally:
+        process.release_process()
+
+
+def test_local_prefill_engine_is_refused_by_config():
+    with pytest.raises(ValidationError, match="one engine per process"):
+        SglangDecodeWorkerConfig(local_prefill_engine=True)
+
+
+# ---- S6: KV events only where a radix cache runs ----------------------------------------
+def test_sglang_disables_the_decode_radix_cache_in_pd_mode():
+    src = (package_root("sglang") / "srt/arg_groups/pd_disaggregation_hook.py").read_text()
+    i = src.index('if cfg.disaggregation_mode == "decode":')
+    block = src[i:i + 1600]
+    assert "if cfg.disaggregation_decode_enable_radix_cache:" in block
+    assert "disable_radix_cache=True" in block and "disable_radix_cache=False" in block
+
+
+def test_prefill_and_plain_decode_engines_publish_no_kv_events():
+    rooms = BootstrapRooms()
+    assert engine("agg", rooms).kv_endpoint is not None
+    assert engine("prefill", rooms).kv_endpoint is None
+    assert engine("decode", rooms).kv_endpoint is None
+    dec = engine("decode", rooms, args(decode_radix_cache=True))
+    assert dec.kv_endpoint is not None
+    assert dec.server_kwargs()["disaggregation_decode_enable_radix_cache"] is True
+
+
+def test_kv_routing_over_decode_engines_without_events_is_refused():
+    router = types.SimpleNamespace(policy="kv_aware", block_size=16)
+    errs = SglangDecodeWorkerConfig().graph_checks({"Router": router})
+    assert errs and "decode_radix_cache" in errs[0]
+    ok = SglangDecodeWorkerConfig(engine_args={"decode_radix_cache": True})
+    assert ok.graph_checks({"Router": router}) == []
+    rr = types.SimpleNamespace(policy="round_robin", block_size=16)
+    assert SglangDecodeWorkerConfig().graph_checks({"Router": rr}) == []
+
+
+# ---- S7: seeds ------------------------------------------------------------------------
+def test_sglang_uses_sampling_seed_only_in_deterministic_mode():
+    src = (package_root("sglang") / "srt/sampling/sampling_batch_info.py").read_text()
+    i = src.index("sampling_seed = (")
+    assert "if enable_deterministic" in src[i:i + 600]
+
+
+def test_a_seed_is_refused_unless_the_engine_is_deterministic():
+    seeded = GenerateParams(token_ids=(1, 2), max_tokens=2, seed=7)
+
+    async def go():
+        rooms = BootstrapRooms()
+        agg = engine("agg", rooms)
+        await agg.start()
+        with pytest.raises(SeedNeedsDeterminism, match="deterministic_inference"):
+            agg.generate("s", seeded)
+        with pytest.raises(SeedNeedsDeterminism):
+            agg.validate(seeded)
+        det = engine("agg", rooms, args(deterministic_inference=True))
+        assert det.server_kwargs()["enable_deterministic_inference"] is True
+        await det.start()
+        async for d in det.generate("s", seeded):
+            if d.finished:
+                break
+        assert det._engine.calls[-1]["sampling_params"]["sampling_seed"] == 7
+    asyncio.run(go())
+
+
+# ---- S8: timeouts -----------------------------------------------------------------------
+def test_sglangs_own_disaggregation_timeouts_are_300_s():
+    src = (package_root("sglang") / "srt/environ.py").read_text()
+    for name in ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"):
+        assert f"{name} = EnvInt({SGLANG_TIMEOUT_S})" in src
+    assert set(process.disagg_timeout_env(1, 2)) == {
+        "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"}
+
+
+def test_prefill_loop_outlasts_sglangs_timeouts():
+    assert SglangPrefillWorkerConfig().prefill_timeout_s > 2 * SGLANG_TIMEOUT_S
+    with pytest.raises(ValidationError, match="bootstrap_timeout_s"):
+        SglangPrefillWorkerConfig(prefill_timeout_s=120)
+    SglangPrefillWorkerConfig(prefill_timeout_s=120, engine_args={
+        "bootstrap_timeout_s": 50, "waiting_timeout_s": 60})
+
+
+def test_decode_gives_up_when_the_kv_never_arrives():
+    async def go():
+        dec = engine("decode", BootstrapRooms(), args(waiting_timeout_s=0), decode_margin_s=0.2)
+        await dec.start()
+        orphan = SglangBootstrapHandoff(bootstrap_host="127.0.0.1", bootstrap_port=8998,
+                                        bootstrap_room=42)  # no prefill will ever come
+        with pytest.raises(RuntimeError, match="never arrived"):
+            async for _ in dec.decode("d", P, orphan):
+                pass
+        assert "d" in dec._engine.aborted and dec.inflight() == 0
+    asyncio.run(go())
+
+
+# ---- S3: per-replica bootstrap port, advertised host ------------------------------------
+def test_bootstrap_port_per_replica_and_advertised_host():
+    async def go():
+        rooms = BootstrapRooms()
+        pre = engine("prefill", rooms, host="10.0.0.5", advertise_host="203.0.113.7", replica=2)
+        assert pre.server_kwargs()["disaggregation_bootstrap_port"] == 8998 + 2
+        assert pre.server_kwargs()["host"] == "10.0.0.5"
+        await pre.start()
+        ticket = await pre.begin_prefill("p", P)
+        assert (ticket.handoff.bootstrap_host, ticket.handoff.bootstrap_port) == (
+            "203.0.113.7", 9000)
+        ticket.result.cancel()
+        await pre.shutdown()
+    asyncio.run(go())
+    assert SglangPrefillWorkerConfig().replica_ports(3) == {"bootstrap_port": 9001}
+    assert server_args_kwargs(ARGS, "prefill", "m", bootstrap_port=9100)[
+        "disaggregation_bootstrap_port"] == 9100
