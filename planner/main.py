@@ -7,7 +7,6 @@ changes through the connector.  Follows `autoscale` updates of the live policy.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 

@@ -120,11 +120,26 @@ def _since(now: float, then: float | None) -> float:
     return math.inf if then is None else now - then
 
 
-def evaluate(pool: str, cfg: PoolAutoscale, obs: PoolObservation, observation: Observation,
-             state: PoolState, settings: PlannerSettings
-             ) -> tuple[Proposal, PoolState, PoolDiagnostics]:
-    """Read one pool: its proposal, its next state (streaks, load history), diagnostics."""
-    n, now = obs.replicas, observation.time_s
+@dataclass(frozen=True)
+class _Targets:
+    """What one pool's signals ask for before the gates (hysteresis, cooldown, bounds)."""
+
+    up: int | None
+    up_reason: str
+    up_why: str
+    down: int | None
+    down_ok: bool
+    down_why: str
+    tripped: dict[str, float]
+    history: tuple
+    predicted: float | None
+    sla_n: int | None
+
+
+def _targets(pool: str, cfg: PoolAutoscale, obs: PoolObservation, observation: Observation,
+             state: PoolState, settings: PlannerSettings) -> _Targets:
+    """Up and down targets from the thresholds, the SLA sizing and latency breaches."""
+    n = obs.replicas
     tripped = tripped_up(cfg, obs)
     down_ok, down_why = down_holds(cfg, obs, settings.unknown_signals)
     up_target = threshold_target(n, cfg, tripped) if tripped else None
@@ -138,7 +153,7 @@ def evaluate(pool: str, cfg: PoolAutoscale, obs: PoolObservation, observation: O
                                     sla.window)
         predicted = sla_math.predict(history, sla.predictor, sla.window)
         if predicted is not None:
-            # Not capped at max_replicas: the at-max gate below reports the shortfall.
+            # Not capped at max_replicas: the at-max gate reports the shortfall.
             sla_n = max(sla_math.replicas_needed(predicted, capacity), cfg.min_replicas)
             if sla_n > n and (up_target is None or sla_n > up_target):
                 up_target, up_reason = sla_n, "sla"
@@ -150,62 +165,85 @@ def evaluate(pool: str, cfg: PoolAutoscale, obs: PoolObservation, observation: O
     down_target = None
     if down_ok and up_target is None and (sla_n is None or sla_n < n):
         down_target = cfg.min_replicas if sla_n is None else sla_n
+    return _Targets(up_target, up_reason, up_why, down_target, down_ok, down_why, tripped,
+                    history, predicted, sla_n)
 
-    streak_up = state.up_streak + 1 if up_target is not None else 0
-    streak_down = state.down_streak + 1 if down_target is not None else 0
+
+def evaluate(pool: str, cfg: PoolAutoscale, obs: PoolObservation, observation: Observation,
+             state: PoolState, settings: PlannerSettings
+             ) -> tuple[Proposal, PoolState, PoolDiagnostics]:
+    """Read one pool: its proposal, its next state (streaks, load history), diagnostics."""
+    n = obs.replicas
+    t = _targets(pool, cfg, obs, observation, state, settings)
+    streak_up = state.up_streak + 1 if t.up is not None else 0
+    streak_down = state.down_streak + 1 if t.down is not None else 0
     new_state = replace(state, up_streak=streak_up, down_streak=streak_down,
-                        load_history=history)
+                        load_history=t.history)
     p = pressure(cfg, obs)
-    hyst, cool, step = settings.hysteresis, settings.cooldown, settings.max_step
-
-    def hold(reason: str, detail: str) -> Proposal:
-        return Proposal(pool, n, n, "hold", reason, detail, p)
-
     if n < cfg.min_replicas:
         prop = Proposal(pool, n, cfg.min_replicas, "up", "below-min",
                         f"{n} < min_replicas {cfg.min_replicas}", math.inf)
     elif n > cfg.max_replicas:
         prop = Proposal(pool, n, cfg.max_replicas, "down", "above-max",
                         f"{n} > max_replicas {cfg.max_replicas}")
-    elif up_target is not None:
-        wait_s = cool.scale_up_s - _since(now, state.last_up_s)
-        if n >= cfg.max_replicas:
-            prop = hold("at-max", f"{up_why}; already at max_replicas {cfg.max_replicas}")
-        elif streak_up < hyst.scale_up_intervals:
-            prop = hold("hysteresis", f"{up_why} ({streak_up}/{hyst.scale_up_intervals} "
-                                      "intervals)")
-        elif wait_s > 0:
-            prop = hold("cooldown", f"{up_why}; scale-up cooldown {wait_s:.0f}s left")
-        else:
-            target = min(up_target, cfg.max_replicas, n + step.scale_up)
-            prop = Proposal(pool, n, target, "up", up_reason, up_why, max(p, 1.0))
-    elif down_target is not None:
-        wait_s = cool.scale_down_s - _since(now, state.last_change_s)
-        k, refused = removable(n, min(step.scale_down, n - down_target), cfg, obs,
-                               settings.oscillation_guard)
-        if n <= cfg.min_replicas:
-            prop = hold("at-min", f"{down_why}; already at min_replicas {cfg.min_replicas}")
-        elif streak_down < hyst.scale_down_intervals:
-            prop = hold("hysteresis", f"{down_why} ({streak_down}/"
-                                      f"{hyst.scale_down_intervals} intervals)")
-        elif wait_s > 0:
-            prop = hold("cooldown", f"{down_why}; scale-down cooldown {wait_s:.0f}s left")
-        elif k == 0:
-            prop = hold("oscillation-guard", refused)
-        else:
-            reason = "sla" if sla_n is not None else "scale-down"
-            why = (f"predicted load {predicted:.4g} needs {sla_n}; {down_why}"
-                   if sla_n is not None else down_why)
-            prop = Proposal(pool, n, n - k, "down", reason, why, p)
+    elif t.up is not None:
+        prop = _gate_up(pool, cfg, n, t, streak_up, observation.time_s, state, settings, p)
+    elif t.down is not None:
+        prop = _gate_down(pool, cfg, obs, t, streak_down, observation.time_s, state, settings,
+                          p)
     else:
-        sized = (f"predicted load {predicted:.4g} needs {sla_n}" if sla_n is not None
+        sized = (f"predicted load {t.predicted:.4g} needs {t.sla_n}" if t.sla_n is not None
                  else "no signal past a threshold")
-        prop = hold("steady", down_why if not down_ok else sized)
+        prop = Proposal(pool, n, n, "hold", "steady", t.down_why if not t.down_ok else sized,
+                        p)
     diag = PoolDiagnostics(
         pool=pool, replicas=n,
         signals={s: obs.signal(s)
                  for s in sorted({*cfg.scale_up.signals(), *cfg.scale_down.signals()})},
-        tripped_up=tuple(sorted(tripped)), down_ok=down_ok, up_streak=streak_up,
-        down_streak=streak_down, predicted_load=predicted, sla_replicas=sla_n,
+        tripped_up=tuple(sorted(t.tripped)), down_ok=t.down_ok, up_streak=streak_up,
+        down_streak=streak_down, predicted_load=t.predicted, sla_replicas=t.sla_n,
         proposed=prop.target, pressure=p)
     return prop, new_state, diag
+
+
+def _gate_up(pool: str, cfg: PoolAutoscale, n: int, t: _Targets, streak: int, now: float,
+             state: PoolState, settings: PlannerSettings, p: float) -> Proposal:
+    """A scale-up the signals ask for, unless at max, in hysteresis or cooling down."""
+    hyst = settings.hysteresis
+    wait_s = settings.cooldown.scale_up_s - _since(now, state.last_up_s)
+    if n >= cfg.max_replicas:
+        return Proposal(pool, n, n, "hold", "at-max",
+                        f"{t.up_why}; already at max_replicas {cfg.max_replicas}", p)
+    if streak < hyst.scale_up_intervals:
+        return Proposal(pool, n, n, "hold", "hysteresis",
+                        f"{t.up_why} ({streak}/{hyst.scale_up_intervals} intervals)", p)
+    if wait_s > 0:
+        return Proposal(pool, n, n, "hold", "cooldown",
+                        f"{t.up_why}; scale-up cooldown {wait_s:.0f}s left", p)
+    target = min(t.up, cfg.max_replicas, n + settings.max_step.scale_up)
+    return Proposal(pool, n, target, "up", t.up_reason, t.up_why, max(p, 1.0))
+
+
+def _gate_down(pool: str, cfg: PoolAutoscale, obs: PoolObservation, t: _Targets, streak: int,
+               now: float, state: PoolState, settings: PlannerSettings, p: float) -> Proposal:
+    """A scale-down the signals allow, unless at min, in hysteresis, cooling down or
+    refused by the oscillation guard."""
+    n, hyst = obs.replicas, settings.hysteresis
+    wait_s = settings.cooldown.scale_down_s - _since(now, state.last_change_s)
+    k, refused = removable(n, min(settings.max_step.scale_down, n - t.down), cfg, obs,
+                           settings.oscillation_guard)
+    if n <= cfg.min_replicas:
+        return Proposal(pool, n, n, "hold", "at-min",
+                        f"{t.down_why}; already at min_replicas {cfg.min_replicas}", p)
+    if streak < hyst.scale_down_intervals:
+        return Proposal(pool, n, n, "hold", "hysteresis",
+                        f"{t.down_why} ({streak}/{hyst.scale_down_intervals} intervals)", p)
+    if wait_s > 0:
+        return Proposal(pool, n, n, "hold", "cooldown",
+                        f"{t.down_why}; scale-down cooldown {wait_s:.0f}s left", p)
+    if k == 0:
+        return Proposal(pool, n, n, "hold", "oscillation-guard", refused, p)
+    reason = "sla" if t.sla_n is not None else "scale-down"
+    why = (f"predicted load {t.predicted:.4g} needs {t.sla_n}; {t.down_why}"
+           if t.sla_n is not None else t.down_why)
+    return Proposal(pool, n, n - k, "down", reason, why, p)

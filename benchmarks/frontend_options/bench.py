@@ -246,9 +246,9 @@ class Server:
             env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return self
 
-    async def wait_ready(self, timeout: float = 60.0) -> None:
+    async def wait_ready(self, timeout_s: float = 60.0) -> None:
         import aiohttp
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout_s
         async with aiohttp.ClientSession() as s:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -405,10 +405,12 @@ async def cmd_bench(a) -> None:
                 ol = await open_loop(srv.url, a.rate, a.duration)
                 cpu_ms = (srv.cpu_seconds() - cpu0) * 1e3 / max(1, ol["ok"] + ol["errors"])
                 cl = await closed_loop(srv.url, a.concurrency, a.closed_duration)
-                add(kind, "seq_p50", seq["p50"]); add(kind, "seq_p99", seq["p99"])
-                add(kind, "rate_p50", ol["p50"]); add(kind, "rate_p99", ol["p99"])
-                add(kind, "rate_errors", ol["errors"]); add(kind, "rate_achieved", ol["achieved_rps"])
-                add(kind, "cpu_ms_per_req", cpu_ms); add(kind, "closed_rps", cl["rps"])
+                for key, value in (("seq_p50", seq["p50"]), ("seq_p99", seq["p99"]),
+                                   ("rate_p50", ol["p50"]), ("rate_p99", ol["p99"]),
+                                   ("rate_errors", ol["errors"]),
+                                   ("rate_achieved", ol["achieved_rps"]),
+                                   ("cpu_ms_per_req", cpu_ms), ("closed_rps", cl["rps"])):
+                    add(kind, key, value)
                 print(f"round {rnd} {kind:9s} seq p50={seq['p50']:.3f} p99={seq['p99']:.3f} ms | "
                       f"{a.rate:.0f} rps p50={ol['p50']:.3f} p99={ol['p99']:.3f} ms "
                       f"errors={ol['errors']} achieved={ol['achieved_rps']:.1f} | "

@@ -155,6 +155,43 @@ async def prepare_off_loop(state: FrontendState, kind: str, raw: bytes,
         state.pending_prepares -= 1
 
 
+async def next_chunk(state: FrontendState, chunks: AsyncIterator[dict], meta: StreamMeta
+                     ) -> dict:
+    """The worker's next chunk within the first-token or inter-token deadline; raises the
+    HTTP error the client gets for a stalled stream, a refusal or a worker error."""
+    timeout = (state.first_token_timeout_s if meta.first_token_at is None
+               else state.inter_token_timeout_s)
+    try:
+        chunk = await asyncio.wait_for(anext(chunks), timeout)
+    except StopAsyncIteration:
+        raise upstream_error("worker stream ended without a finish reason") from None
+    except TimeoutError:
+        raise upstream_error(f"no token from the worker within {timeout:.0f}s", 504,
+                             "worker_timeout") from None
+    if chunk.get("retry_after_s") is not None and meta.first_token_at is None:
+        # A worker that refuses the request before any token (e.g. no prefill
+        # worker for an engine that cannot prefill locally): 503 + Retry-After.
+        raise overloaded(f"worker: {chunk.get('error')}",
+                         retry_after_s=float(chunk["retry_after_s"]),
+                         code="worker_overloaded")
+    if chunk.get("error") or chunk.get("finish_reason") in ("error", "cancelled"):
+        raise upstream_error(f"worker error: {chunk.get('error') or chunk.get('text')}")
+    return chunk
+
+
+def account_tokens(state: FrontendState, meta: StreamMeta, n: int, started: float,
+                   last: float) -> float:
+    """Record ``n`` new output tokens (TTFT for the first, ITL after); returns now."""
+    now = time.monotonic()
+    if meta.first_token_at is None:
+        meta.first_token_at = now
+        state.metrics.ttft.observe(now - started)
+    else:
+        state.metrics.itl.observe((now - last) / n)
+    meta.output_tokens += n
+    return now
+
+
 async def token_events(state: FrontendState, p: Prepared, meta: StreamMeta, started: float
                        ) -> AsyncIterator[tuple[str, str | None, dict | None]]:
     """Yield (text delta, finish reason or None, usage or None) until the request ends.
@@ -176,33 +213,10 @@ async def token_events(state: FrontendState, p: Prepared, meta: StreamMeta, star
     finish: str | None = None
     try:
         while finish is None:
-            timeout = (state.first_token_timeout_s if meta.first_token_at is None
-                       else state.inter_token_timeout_s)
-            try:
-                chunk = await asyncio.wait_for(chunks.__anext__(), timeout)
-            except StopAsyncIteration:
-                raise upstream_error("worker stream ended without a finish reason") from None
-            except asyncio.TimeoutError:
-                raise upstream_error(f"no token from the worker within {timeout:.0f}s", 504,
-                                     "worker_timeout") from None
-            if chunk.get("retry_after_s") is not None and meta.first_token_at is None:
-                # A worker that refuses the request before any token (e.g. no prefill
-                # worker for an engine that cannot prefill locally): 503 + Retry-After.
-                raise overloaded(f"worker: {chunk.get('error')}",
-                                 retry_after_s=float(chunk["retry_after_s"]),
-                                 code="worker_overloaded")
-            if chunk.get("error") or chunk.get("finish_reason") in ("error", "cancelled"):
-                raise upstream_error(f"worker error: {chunk.get('error') or chunk.get('text')}")
+            chunk = await next_chunk(state, chunks, meta)
             ids = chunk.get("token_ids") or []
-            now = time.monotonic()
             if ids:
-                if meta.first_token_at is None:
-                    meta.first_token_at = now
-                    state.metrics.ttft.observe(now - started)
-                else:
-                    state.metrics.itl.observe((now - last) / len(ids))
-                last = now
-                meta.output_tokens += len(ids)
+                last = account_tokens(state, meta, len(ids), started, last)
             usage = chunk.get("completion_usage")
             if usage:
                 meta.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter
 
 from splitserve.common.metrics import PREFIX
+from splitserve.common.waiting import poll_until
 from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply, RouterStatus
 
 from .errors import APIError, overloaded, upstream_error
@@ -259,9 +260,7 @@ class RoutedBackend:
         client = self.clients.get(endpoint)
         if client is None:
             client = self.clients[endpoint] = await self.connect(endpoint)
-        deadline = time.monotonic() + wait_s
-        while instance_id not in client.instance_ids() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await poll_until(lambda: instance_id in client.instance_ids(), wait_s, poll_s=0.02)
         return client
 
     async def route(self, call: RouteCall, router_id: int) -> RouteReply:

@@ -288,18 +288,18 @@ class KvTransferAgent:
         or late, is dropped (a late staged payload is not unpacked)."""
         self._inbox.cancel(request_id)
 
-    async def wait_for(self, request_id: str, timeout: float | None = None) -> Arrival:
+    async def wait_for(self, request_id: str, timeout_s: float | None = None) -> Arrival:
         """Decode side: wait until ``request_id``'s KV is in the pool; returns its Arrival.
 
-        Raises TransferTimeout after ``timeout`` (default ``config.timeout_s``); the
+        Raises TransferTimeout after ``timeout_s`` (default ``config.timeout_s``); the
         request is then cancelled so a late staged payload is discarded, and the caller
         prefills locally.
         """
         self.start_poller()
         fut = self._inbox.waiter(request_id, asyncio.get_running_loop().create_future)
         try:
-            return await asyncio.wait_for(fut, timeout or self.config.timeout_s)
+            return await asyncio.wait_for(fut, timeout_s or self.config.timeout_s)
         except TimeoutError:
             self._inbox.cancel(request_id)
             raise TransferTimeout(f"KV of {request_id} did not arrive within "
-                                  f"{timeout or self.config.timeout_s}s") from None
+                                  f"{timeout_s or self.config.timeout_s}s") from None

@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 
 from splitserve.common.etcd import get_prefix
+from splitserve.common.waiting import poll_until
 from splitserve.components.engines.model_dir import export_model_dir
 from splitserve.components.mocker_worker.config import MockerEngineArgs
 from splitserve.infra.procs import spawn, terminate
-from splitserve.serve.component import ComponentContext, endpoint_path, run
+from splitserve.serve.component import ComponentContext, endpoint_path
 
 log = logging.getLogger("splitserve.mocker_worker")
 
@@ -157,8 +158,7 @@ async def wait_registered(etcd: str, prefix: str, proc: subprocess.Popen,
 
 
 async def _wait_exit(proc: subprocess.Popen) -> int:
-    while proc.poll() is None:
-        await asyncio.sleep(0.2)
+    await poll_until(lambda: proc.poll() is not None, poll_s=0.2)
     return proc.returncode
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from splitserve.common.waiting import poll_until
 from splitserve.components.engines.interface import (
     EngineHandoff,
     EngineInfo,
@@ -87,9 +88,7 @@ class MockerEngine:
         """Nothing to do: the shell starts the children and waits for their registration."""
 
     async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
-        deadline = time.monotonic() + drain_timeout_s
-        while self.active and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await poll_until(lambda: not self.active, drain_timeout_s)
 
     async def _stream(self, role: str, request: dict[str, Any], params: GenerateParams,
                       skip_first_usage: bool = False) -> AsyncIterator[TokenDelta]:

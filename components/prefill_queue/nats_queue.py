@@ -137,8 +137,8 @@ class PrefillQueue:
 
     # -- consumer side -------------------------------------------------------------------
 
-    async def pull(self, batch: int = 1, timeout: float = 1.0) -> list[PrefillJob]:
-        """Wait up to ``timeout`` s for work; called in a prefill worker's loop.
+    async def pull(self, batch: int = 1, wait_s: float = 1.0) -> list[PrefillJob]:
+        """Wait up to ``wait_s`` for work; called in a prefill worker's loop.
 
         Returns up to ``batch`` jobs, filled from the highest non-empty level down, or an
         empty list on timeout.  Expired and unreadable deliveries are settled here
@@ -146,7 +146,7 @@ class PrefillQueue:
         """
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + wait_s
         async with self._pull_lock:
             await self._open_consumer_side()
             while not self._closed:
@@ -165,7 +165,7 @@ class PrefillQueue:
         """Yield jobs forever (until ``close()``), highest priority first; the worker
         loop's ``async for job in queue.jobs(): ...``."""
         while not self._closed:
-            for job in await self.pull(batch, timeout=poll_s):
+            for job in await self.pull(batch, wait_s=poll_s):
                 yield job
 
     async def _scan(self, batch: int) -> list[PrefillJob]:

@@ -169,7 +169,7 @@ async def pull_loop(engine: Engine, nc, queue, settings: PrefillLoopSettings, wo
         if room <= 0:
             await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             continue
-        for job in await queue.pull(batch=room, timeout=0.5):
+        for job in await queue.pull(batch=room, wait_s=0.5):
             t = asyncio.create_task(prefill_one(engine, nc, job, settings, worker_id,
                                                 metrics))
             running.add(t)

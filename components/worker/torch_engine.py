@@ -23,6 +23,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 
+from splitserve.common.waiting import poll_until
 from splitserve.components.engines.interface import (
     EngineHandoff,
     EngineInfo,
@@ -59,9 +60,7 @@ class TorchEngine:
         """Nothing to do: the model is loaded and the runner started by the shell."""
 
     async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
-        deadline = time.monotonic() + drain_timeout_s
-        while self.runner.inflight() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await poll_until(lambda: not self.runner.inflight(), drain_timeout_s)
         for task in self._held:
             task.cancel()
 

@@ -318,7 +318,10 @@ def summarize(records: list[dict], slo: dict[str, float], makespan_s: float) -> 
     outcomes: dict[str, int] = {}
     for r in records:
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
-    ms = lambda key: [r[key] * 1e3 for r in ok if r.get(key) is not None]
+
+    def ms(key: str) -> list[float]:
+        return [r[key] * 1e3 for r in ok if r.get(key) is not None]
+
     good = sum(meets_slo(r, slo) for r in records)
     span = makespan_s if makespan_s > 0 else float("nan")
     out_tok = sum(r.get("output_tokens") or 0 for r in ok)

@@ -103,7 +103,7 @@ async def _offload(rt, reply: dict, token_ids: list[int], priority: str) -> dict
     client = await rt.endpoint(path).client()
     try:
         await asyncio.wait_for(client.wait_for_instances(), 1.0)
-    except (asyncio.TimeoutError, TimeoutError):
+    except TimeoutError:
         return None  # an aggregated worker: it has no offload decision
     try:
         async for item in await client.direct({"token_ids": token_ids, "priority": priority},
@@ -165,7 +165,7 @@ def explain(
                           for m in msgs])
     try:
         reply = asyncio.run(_explain(etcd, nats, namespace or "dynamo", ids, priority, timeout_s))
-    except (asyncio.TimeoutError, TimeoutError):
+    except TimeoutError:
         where = split_credentials(etcd.split(",")[0])[0]
         err.print("[red]error:[/] ", end="")
         err.print(f"no router (nor a frontend routing in process) registered in namespace "
@@ -186,9 +186,9 @@ def explain(
     if off:
         d, r, snap = off["decision"], off["request"], off["snapshot"]
         where = "REMOTE prefill" if d["remote"] else "LOCAL prefill"
+        score = f", score {d['score']:.2f}" if d.get("score") is not None else ""
         Console().print(f"offload decision on the decode worker: {where} ({d['reason']}"
-                        f"{', score %.2f' % d['score'] if d.get('score') is not None else ''})",
-                        highlight=False)
+                        f"{score})", highlight=False)
         Console().print(f"  prompt {r['prompt_length']} tokens, cached on worker "
                         f"{r['prefix_cached_length']}, prefill queue {snap['prefill_queue_depth']}"
                         f", decode active {snap['decode_active_requests']}, kv usage "

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from splitserve.common.waiting import poll_until
 from splitserve.serve.plan import ComponentRunConfig
 
 log = logging.getLogger("splitserve.component")
@@ -215,7 +216,5 @@ async def serve_until_stopped(ctx: ComponentContext, endpoint, handler,
         await endpoint.unregister_endpoint_instance()
     except Exception as exc:  # noqa: BLE001 - deregistration is best effort at shutdown
         log.warning("deregistration failed: %s", exc)
-    deadline = time.monotonic() + drain_timeout_s
-    while inflight() > 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await poll_until(lambda: inflight() <= 0, drain_timeout_s)
     task.cancel()

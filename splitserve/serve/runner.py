@@ -56,11 +56,7 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
     console = console or Console()
     live_status = console.is_terminal if live_status is None else live_status
     started = time.monotonic()
-    token = write_secret(run_dir / CONTROL_TOKEN_FILE)
-    if policy_key_file is None:
-        policy_key_file = run_dir / POLICY_KEY_FILE
-        write_secret(policy_key_file)
-    read_secret(policy_key_file)  # fail now, not in every replica, if it is unusable
+    token, policy_key_file = _prepare_secrets(run_dir, policy_key_file)
     infra = None
     if external is None:
         infra = EmbeddedInfra(run_dir / "infra")
@@ -71,7 +67,7 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
         endpoints = external
         console.print(f"[bold]infra[/] external etcd {endpoints.etcd}, NATS {endpoints.nats}")
     env = {**endpoints.env(), **(access_env or {}), **listener_env(plan.common.bind_host),
-           "SPLITSERVE_POLICY_KEY_FILE": str(Path(policy_key_file).resolve()),
+           "SPLITSERVE_POLICY_KEY_FILE": str(policy_key_file),
            "SPLITSERVE_CONTROL_TOKEN_FILE": str(run_dir / CONTROL_TOKEN_FILE),
            "DYN_LOG": os.environ.get("DYN_LOG", "warn")}
 
@@ -91,13 +87,9 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
                 "config": plan.source, "namespace": plan.common.namespace,
                 "etcd": endpoints.etcd, "nats": endpoints.nats, "run_dir": str(run_dir),
                 "token_file": str(run_dir / CONTROL_TOKEN_FILE),
-                "policy_key_file": str(Path(policy_key_file).resolve()),
+                "policy_key_file": str(policy_key_file),
                 "bind_host": plan.common.bind_host}
-        (run_dir / "control.json").write_text(json.dumps(info, indent=2))
-        if registry_dir:
-            registry_dir.mkdir(parents=True, exist_ok=True)
-            reg_file = registry_dir / f"{os.getpid()}.json"
-            reg_file.write_text(json.dumps(info, indent=2))
+        reg_file = _publish_run_info(info, run_dir, registry_dir)
         console.print(f"[bold]control[/] {control.url}  (run dir {run_dir})")
         await sup.start()
         await _watch_until_stop(sup, console, live_status, started, plan, ready_file)
@@ -116,6 +108,34 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
     if code == 0:
         shutil.rmtree(run_dir, ignore_errors=True)
     return code
+
+
+def _prepare_secrets(run_dir: Path, policy_key_file: Path | None) -> tuple[str, Path]:
+    """Write this run's control token (and its policy key unless one is given); returns
+    the token and the policy key's absolute path.  Fails now, not in every replica, when
+    the key is unusable."""
+    token = write_secret(run_dir / CONTROL_TOKEN_FILE)
+    if policy_key_file is None:
+        policy_key_file = run_dir / POLICY_KEY_FILE
+        write_secret(policy_key_file)
+    read_secret(policy_key_file)
+    return token, Path(policy_key_file).resolve()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2))
+
+
+def _publish_run_info(info: dict, run_dir: Path, registry_dir: Path | None) -> Path | None:
+    """Write the run's control info into its run directory and, when given, the local
+    registry that `dynamo status` reads; returns the registry file (removed at exit)."""
+    _write_json(run_dir / "control.json", info)
+    if not registry_dir:
+        return None
+    registry_dir.mkdir(parents=True, exist_ok=True)
+    reg_file = registry_dir / f"{os.getpid()}.json"
+    _write_json(reg_file, info)
+    return reg_file
 
 
 async def _watch_until_stop(sup: Supervisor, console: Console, live_status: bool,
@@ -145,10 +165,10 @@ async def _watch_until_stop(sup: Supervisor, console: Console, live_status: bool
                 console.out(f"{'supervisor':>14} | graph ready in "
                             f"{time.monotonic() - started:.1f}s", highlight=False)
                 if ready_file:
-                    ready_file.write_text(json.dumps({"ready": True, "rows": rows}))
+                    _write_json(ready_file, {"ready": True, "rows": rows})
             try:
                 await asyncio.wait_for(sup.stop_requested.wait(), 0.25)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
     finally:
         if live:

@@ -318,15 +318,9 @@ class Supervisor:
             if self.deps.states["etcd"].up:
                 self._recycle_lease_lost()
             for name in list(exited):
-                if self.shutting_down or time.monotonic() - down_since[name] < restart_delay_s:
-                    continue
-                try:
-                    pid = await asyncio.to_thread(self.infra.restart, name)
-                except Exception as exc:  # noqa: BLE001 - report and try again next round
-                    self.printer("supervisor", f"restarting embedded {name} failed: {exc}")
-                    continue
-                self.deps.states[name].restarts += 1
-                self.printer("supervisor", f"embedded {name} restarted (pid {pid})")
+                if not self.shutting_down and \
+                        time.monotonic() - down_since[name] >= restart_delay_s:
+                    await self._restart_embedded(name)
             for name in [n for n in down_since if self.deps.states[n].up]:
                 down_since.pop(name)
             if self.deps.down():
@@ -334,6 +328,17 @@ class Supervisor:
             else:
                 self.deps_up.set()
             await asyncio.sleep(interval_s)
+
+    async def _restart_embedded(self, name: str) -> None:
+        """Start the embedded server ``name`` again; a failure is reported and retried on
+        the next round of ``watch_dependencies``."""
+        try:
+            pid = await asyncio.to_thread(self.infra.restart, name)
+        except Exception as exc:  # noqa: BLE001 - report and try again next round
+            self.printer("supervisor", f"restarting embedded {name} failed: {exc}")
+            return
+        self.deps.states[name].restarts += 1
+        self.printer("supervisor", f"embedded {name} restarted (pid {pid})")
 
     def dependency_rows(self) -> list[dict]:
         """Rows of etcd/NATS health for the control endpoint and `dynamo status`."""

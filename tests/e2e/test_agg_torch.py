@@ -83,7 +83,7 @@ def test_32_concurrent_requests_equal_their_sequential_outputs(agg):
     with cf.ThreadPoolExecutor(32) as pool:
         concurrent = list(pool.map(lambda p: ask(c, p), work))
     assert len(concurrent) == 32
-    for p, out in zip(work, concurrent):
+    for p, out in zip(work, concurrent, strict=True):
         assert out == sequential[p], p
 
 

@@ -5,6 +5,7 @@ afterwards without flapping, and no request fails while replicas are removed."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 
@@ -80,6 +81,6 @@ def test_load_step_scales_prefill_up_then_down(tmp_path):
     assert counts[-1] < peak, f"prefill never scaled back down: {timeline}"
     # no flapping: once it started going down it never went back up
     first_down = next(i for i in range(1, len(counts)) if counts[i] < counts[i - 1])
-    assert all(b <= a for a, b in zip(counts[first_down:], counts[first_down + 1:])), timeline
+    assert all(b <= a for a, b in itertools.pairwise(counts[first_down:])), timeline
     failures = [r for r in results if r != 200]
     assert failures == [], failures[:5]

@@ -13,7 +13,6 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import start_graph
 from tests.integration.serve_helpers import REPO, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -94,7 +94,7 @@ def test_out_of_vocabulary_ids_sent_to_the_worker_do_not_take_it_down(tmp_path, 
         answers = asyncio.run(direct_requests(
             infra_env(run), "dynamo.worker.generate",
             [[*good, bad] for bad in BAD_IDS] + [good]))
-        for bad, chunks in zip(BAD_IDS, answers):
+        for bad, chunks in zip(BAD_IDS, answers, strict=True):
             assert chunks[-1].get("finish_reason") == "error", (bad, chunks)
             assert "vocabulary" in chunks[-1].get("error", ""), (bad, chunks)
         assert answers[-1][-1].get("finish_reason") == "length", answers[-1]

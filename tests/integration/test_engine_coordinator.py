@@ -251,7 +251,7 @@ async def test_prefill_worker_dies_mid_job_then_redelivered(nats_url: str) -> No
         serving = asyncio.create_task(tokens(rig.coord, "r7"))
         taken = []
         for _ in range(40):  # a worker pulls the job and dies without settling it
-            taken = await dead.pull(timeout=0.2)
+            taken = await dead.pull(wait_s=0.2)
             if taken:
                 break
         assert taken and taken[0].request.request_id == "r7"

@@ -72,12 +72,12 @@ async def test_enqueue_pull_ack(nats_url: str) -> None:
         result = await q.enqueue(sent)
         assert result.level == 1 and not result.duplicate
         assert (await q.depth()).waiting == (0, 1, 0)
-        [job] = await q.pull(timeout=2.0)
+        [job] = await q.pull(wait_s=2.0)
         assert job.request == sent and job.delivery_count == 1 and job.level == 1
         assert (await q.depth()).in_flight == (0, 1, 0)
         await job.ack()
         assert (await q.depth()).total == 0
-        assert await q.pull(timeout=0.2) == []
+        assert await q.pull(wait_s=0.2) == []
         assert (q.stats.enqueued, q.stats.delivered, q.stats.acked) == (1, 1, 1)
 
 
@@ -102,7 +102,7 @@ async def test_two_workers_share_work_each_message_once(nats_url: str) -> None:
         done: dict[str, list[str]] = {"w1": [], "w2": []}
 
         async def work(name: str, q: PrefillQueue) -> None:
-            while jobs := await q.pull(timeout=0.3):
+            while jobs := await q.pull(wait_s=0.3):
                 for job in jobs:
                     await asyncio.sleep(0.01)  # "prefill"
                     await job.ack()
@@ -122,10 +122,10 @@ async def test_dead_worker_job_is_redelivered_after_ack_wait(nats_url: str) -> N
                 await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as survivor):
         dying = await PrefillQueue.connect(nats_url, ns, MODEL, cfg)
         await producer.enqueue(make_request("r-dead"))
-        assert len(await dying.pull(timeout=2.0)) == 1
+        assert len(await dying.pull(wait_s=2.0)) == 1
         await dying.close()  # the worker dies holding the job: no ack, no nak
         start = time.monotonic()
-        [job] = await survivor.pull(timeout=5.0)
+        [job] = await survivor.pull(wait_s=5.0)
         waited = time.monotonic() - start
         assert job.request.request_id == "r-dead" and job.delivery_count == 2
         assert 0.5 <= waited <= 3.0
@@ -140,11 +140,11 @@ async def test_in_progress_keeps_a_long_job_from_redelivery(nats_url: str) -> No
     async with (await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as busy,
                 await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as other):
         await busy.enqueue(make_request("long"))
-        [job] = await busy.pull(timeout=2.0)
+        [job] = await busy.pull(wait_s=2.0)
         for _ in range(4):  # 1.6 s of "prefill", longer than ack_wait
             await asyncio.sleep(0.4)
             await job.in_progress()
-        assert await other.pull(timeout=0.2) == []
+        assert await other.pull(wait_s=0.2) == []
         await job.ack()
         assert other.stats.delivered == 0
 
@@ -160,7 +160,7 @@ async def test_full_queue_rejects_quickly(nats_url: str) -> None:
             await q.enqueue(make_request(priority="high"))
         assert time.monotonic() - start < 0.5
         assert (q.stats.enqueued, q.stats.rejected_full) == (2, 1)
-        [job] = await q.pull(timeout=1.0)
+        [job] = await q.pull(wait_s=1.0)
         await job.ack()
         await q.enqueue(make_request())  # room again after an ack
 
@@ -186,7 +186,7 @@ async def test_max_age_deletes_old_requests(nats_url: str) -> None:
 
         waited = await wait_until(empty, timeout_s=5.0)
         assert waited >= 0.5
-        assert await q.pull(timeout=0.2) == []
+        assert await q.pull(wait_s=0.2) == []
 
 
 @pytest.mark.asyncio
@@ -196,7 +196,7 @@ async def test_high_priority_is_pulled_first(nats_url: str) -> None:
                           ("high-1", "high"), ("def-2", "batch"), ("high-2", 0)]:
             await q.enqueue(make_request(rid, priority=prio))
         order = []
-        while jobs := await q.pull(timeout=0.3):
+        while jobs := await q.pull(wait_s=0.3):
             for job in jobs:
                 order.append(job.request.request_id)
                 await job.ack()
@@ -204,7 +204,7 @@ async def test_high_priority_is_pulled_first(nats_url: str) -> None:
         # A batch fills from the top level down.
         for rid, prio in [("l", "low"), ("d", "default"), ("h", "high")]:
             await q.enqueue(make_request(rid, priority=prio))
-        batch = await q.pull(batch=2, timeout=1.0)
+        batch = await q.pull(batch=2, wait_s=1.0)
         assert [j.request.request_id for j in batch] == ["h", "d"]
 
 
@@ -224,7 +224,7 @@ async def test_depth_monitor_tracks_depth_within_refresh(nats_url: str) -> None:
 
             assert await wait_until(lambda: seen(3), timeout_s=1.0, step_s=0.02) <= 0.5
             assert monitor.age_s is not None and monitor.age_s < 0.3
-            for job in await q.pull(batch=3, timeout=1.0):
+            for job in await q.pull(batch=3, wait_s=1.0):
                 await job.ack()
             assert await wait_until(lambda: seen(0), timeout_s=1.0, step_s=0.02) <= 0.5
         finally:
@@ -245,7 +245,7 @@ async def test_malformed_and_expired_are_dropped_and_counted(nats_url: str) -> N
             await nc.close()
         await q.enqueue(make_request("stale", enqueued_at=time.time() - 60, max_wait_s=5.0))
         await q.enqueue(make_request("good"))
-        [job] = await q.pull(timeout=2.0)
+        [job] = await q.pull(wait_s=2.0)
         assert job.request.request_id == "good"
         await job.ack()
         s = q.stats

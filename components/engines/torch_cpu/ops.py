@@ -53,7 +53,7 @@ class Linear:
         else:
             (a, b), w = self.bounds[0], self.chunks[0]
             y = x[:, a:b] @ w
-            for (a, b), w in zip(self.bounds[1:], self.chunks[1:]):
+            for (a, b), w in zip(self.bounds[1:], self.chunks[1:], strict=True):
                 y += x[:, a:b] @ w
         return y[:rows] if pad else y
 

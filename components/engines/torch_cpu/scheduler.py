@@ -81,7 +81,13 @@ class Scheduler:
         admitted while slots, prefill budget and blocks last.
         """
         out = SchedulerOutput()
-        budget = self.config.max_prefill_tokens
+        budget = self._schedule_running(out, self.config.max_prefill_tokens)
+        self._admit_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Decodes and unfinished prefill chunks of running sequences, preempting the
+        least important when a decode needs a block; returns the prefill budget left."""
         for seq in sorted(self.running, key=_rank):
             if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted earlier in this loop
@@ -98,6 +104,11 @@ class Scheduler:
                 if self.kv.allocate(seq.request_id, end):
                     out.prefills.append(PrefillChunk(seq, seq.num_computed, end))
                     budget -= end - seq.num_computed
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting sequences, most important first, while slots, the prefill
+        budget and blocks last."""
         self.waiting.sort(key=_rank)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             seq = self.waiting[0]
@@ -119,7 +130,6 @@ class Scheduler:
             self.running.append(seq)
             out.prefills.append(PrefillChunk(seq, cached, end))
             budget -= end - cached
-        return out
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)

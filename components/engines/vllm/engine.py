@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Literal
 
+from splitserve.common.waiting import poll_until
 from splitserve.components.engines.interface import (
     EngineHandoff,
     EngineInfo,
@@ -131,9 +132,7 @@ class VllmEngine:
         """Refuse new work, wait up to ``drain_timeout_s`` for in-flight requests, abort
         what is left, then stop vLLM's engine process."""
         self._accepting = False
-        deadline = time.monotonic() + drain_timeout_s
-        while self._active and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await poll_until(lambda: not self._active, drain_timeout_s)
         if self._engine is None:
             return
         if self._active:

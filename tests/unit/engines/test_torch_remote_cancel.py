@@ -53,8 +53,8 @@ class FakeAgent:
         self._fut(rid).set_result(Arrival(json.dumps(
             {"request_id": rid, "first_token": first_token}).encode()))
 
-    async def wait_for(self, rid: str, timeout: float):
-        return await asyncio.wait_for(self._fut(rid), timeout)
+    async def wait_for(self, rid: str, timeout_s: float):
+        return await asyncio.wait_for(self._fut(rid), timeout_s)
 
     def cancel(self, rid: str) -> None:
         self.cancelled.append(rid)

@@ -46,7 +46,7 @@ class FakeNats:
         self.error = error
         self.sent: list[tuple[str, PrefillHandoff]] = []
 
-    async def request(self, subject: str, data: bytes, timeout: float) -> Reply:
+    async def request(self, subject: str, data: bytes, timeout: float) -> Reply:  # noqa: ASYNC109 - nats-py's
         self.sent.append((subject, PrefillHandoff.model_validate_json(data)))
         if self.error is not None:
             raise self.error

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from splitserve.common.waiting import poll_until
 from splitserve.planner import Observation, PlannerState
 from splitserve.planner.connectors import DryRunConnector, replica_steps
 from splitserve.planner.fleet import FleetModel
@@ -115,8 +116,7 @@ def test_run_ticks_until_stopped_and_survives_errors():
         stop = asyncio.Event()
         live = Planner(p, Flaky(), DryRunConnector())
         task = asyncio.create_task(live.run(stop))
-        while Flaky.calls < 4:
-            await asyncio.sleep(0.005)
+        assert await poll_until(lambda: Flaky.calls >= 4, 10, poll_s=0.005)
         stop.set()
         await asyncio.wait_for(task, 1)
         return live

@@ -74,7 +74,7 @@ class FakeMsg:
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
 
-    async def ack_sync(self, timeout: float = 1.0) -> object:
+    async def ack_sync(self, timeout: float = 1.0) -> object:  # noqa: ASYNC109 - nats-py's
         self.calls.append(("ack", timeout))
         return self
 
