@@ -14,7 +14,7 @@ PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 # torch first and pinned: the CPU wheel.  An unpinned torch (or a looser range asked for
 # by another package) would pull multi-GB CUDA builds.
 "${PIP[@]}" "torch==2.13.0"
-"${PIP[@]}" -e ".[dev]"
+"${PIP[@]}" -e ".[dev,cpu]"   # cpu: the CPU torch wheel and nixl-cu12 (see pyproject.toml)
 # These three must go in without their declared dependencies:
 #  - ai-dynamo (the mocker and Dynamo's own frontend) depends on `aisimulate`, a stub that
 #    downloads from an index outside PyPI; its real requirements are in pyproject.toml.
