@@ -370,7 +370,7 @@ def versions() -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", nargs="+", default=ALL, choices=ALL)
     p.add_argument("--workers", type=int, default=4, help="mocker workers per configuration")
@@ -413,7 +413,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is None:
         args.out = str(REPO / "benchmarks/results" /
                        ("goodput_sweep.json" if args.loads else "compare.json"))
+    return args
 
+
+def prepare_workloads(args: argparse.Namespace) -> tuple[rp.ReplayConfig, dict]:
+    """The replay settings and, per rate scale, the identical requests every
+    configuration gets; a sweep (``--loads``) sets the rate scales and durations."""
     base = rp.ReplayConfig(trace=args.trace, start_s=args.start_s, duration_s=args.duration_s,
                            token_scale=args.token_scale, output_scale=args.output_scale,
                            context=args.context, seed=args.seed, slo=rp.parse_slo(args.slo),
@@ -438,7 +443,42 @@ def main(argv: list[str] | None = None) -> None:
           f"p99 {w['prompt_tokens']['p99']:.0f}; loads "
           + ", ".join(f"x{rs:g} = {prepared[rs][1]['offered_rps']:.1f} req/s"
                       for rs in args.rate_scales), flush=True)
+    return base, prepared
 
+
+def write_plots(args: argparse.Namespace, base: rp.ReplayConfig, prepared: dict,
+                reports: dict, points: list) -> None:
+    """The PNG plots of the run (none when matplotlib is missing)."""
+    try:
+        from splitserve.bench.plots import plot_latency_cdfs, plot_sweep
+    except ImportError as exc:  # matplotlib missing: results are still written
+        print(f"no plots: {exc}")
+        return
+    plots = Path(args.plots)
+    title = (f"{Path(args.trace).name} [{args.start_s:g}, {args.start_s + args.duration_s:g}) s, "
+             f"tokens /{args.token_scale}, outputs /{args.output_scale:g}; {args.workers} mocker "
+             f"workers (sglang, speedup {args.speedup:g})")
+    if args.loads:
+        title = (f"{Path(args.trace).name}, {', '.join(f'{m:g}' for m in args.loads)} x "
+                 f"capacity ({args.capacity_rps:g} req/s); tokens /{args.token_scale}, outputs "
+                 f"/{args.output_scale:g}; {args.workers} mocker workers (sglang)")
+        print(f"wrote {plot_sweep(points, plots / 'goodput_sweep.png', title=title, slo=base.slo)}")
+        return
+    written = [plot_sweep(points, plots / "compare_sweep.png", title=title, slo=base.slo)]
+    for rs in args.rate_scales:
+        res = {c: r["results"][f"x{rs:g}"] for c, r in reports.items()
+               if f"x{rs:g}" in r.get("results", {})}
+        if res:
+            written.append(plot_latency_cdfs(
+                res, plots / f"compare_cdf_x{rs:g}.png", slo=base.slo,
+                title=f"{title}\nrate x{rs:g} ({prepared[rs][1]['offered_rps']:.1f} req/s offered)"))
+    for w_ in written:
+        print(f"wrote {w_}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    base, prepared = prepare_workloads(args)
     t0 = time.monotonic()
     reports = {}
     for name in args.configs:
@@ -491,31 +531,7 @@ def main(argv: list[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out} ({result['total_wall_s']:.0f}s)")
-    try:
-        from splitserve.bench.plots import plot_latency_cdfs, plot_sweep
-    except ImportError as exc:  # matplotlib missing: results are still written
-        print(f"no plots: {exc}")
-        return
-    plots = Path(args.plots)
-    title = (f"{Path(args.trace).name} [{args.start_s:g}, {args.start_s + args.duration_s:g}) s, "
-             f"tokens /{args.token_scale}, outputs /{args.output_scale:g}; {args.workers} mocker "
-             f"workers (sglang, speedup {args.speedup:g})")
-    if args.loads:
-        title = (f"{Path(args.trace).name}, {', '.join(f'{m:g}' for m in args.loads)} x "
-                 f"capacity ({args.capacity_rps:g} req/s); tokens /{args.token_scale}, outputs "
-                 f"/{args.output_scale:g}; {args.workers} mocker workers (sglang)")
-        print(f"wrote {plot_sweep(points, plots / 'goodput_sweep.png', title=title, slo=base.slo)}")
-        return
-    written = [plot_sweep(points, plots / "compare_sweep.png", title=title, slo=base.slo)]
-    for rs in args.rate_scales:
-        res = {c: r["results"][f"x{rs:g}"] for c, r in reports.items()
-               if f"x{rs:g}" in r.get("results", {})}
-        if res:
-            written.append(plot_latency_cdfs(
-                res, plots / f"compare_cdf_x{rs:g}.png", slo=base.slo,
-                title=f"{title}\nrate x{rs:g} ({prepared[rs][1]['offered_rps']:.1f} req/s offered)"))
-    for w_ in written:
-        print(f"wrote {w_}")
+    write_plots(args, base, prepared, reports, points)
 
 
 if __name__ == "__main__":

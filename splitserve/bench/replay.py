@@ -351,10 +351,7 @@ async def send_one(client, url: str, model: str, req: PreparedRequest, timeout_s
                            "e2e_s": None, "output_tokens": None, "error": None}
     t0 = time.perf_counter()
     rec["sent_at"] = t0
-    first = last = None
-    chunks = 0
-    usage = None
-    finished = False
+    seen = _StreamSeen()
     try:
         async with client.post(f"{url}/v1/completions", json=body,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
@@ -365,51 +362,94 @@ async def send_one(client, url: str, model: str, req: PreparedRequest, timeout_s
                 rec["error"] = f"HTTP {resp.status}: {text}"
                 rec["e2e_s"] = time.perf_counter() - t0
                 return rec
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    rec["error"] = str(chunk["error"])[:300]
-                    break
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                choices = chunk.get("choices") or []
-                if not choices:
-                    continue
-                now = time.perf_counter()
-                chunks += 1
-                if first is None:
-                    first = now
-                last = now
-                if choices[0].get("finish_reason"):
-                    finished = True
+            rec["error"] = await seen.read(resp.content)
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
         rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    end = time.perf_counter()
-    rec["e2e_s"] = end - t0
-    rec["chunks"] = chunks
-    if first is not None:
-        rec["ttft_s"] = first - t0
-    n_out = usage.get("completion_tokens") if usage else None
-    rec["output_tokens"] = n_out if n_out is not None else chunks
-    if first is not None and last is not None and rec["output_tokens"] > 1:
-        rec["tpot_s"] = (last - first) / (rec["output_tokens"] - 1)
-    if finished and rec["error"] is None:
+    rec["e2e_s"] = time.perf_counter() - t0
+    rec["chunks"] = seen.chunks
+    if seen.first is not None:
+        rec["ttft_s"] = seen.first - t0
+    n_out = seen.usage.get("completion_tokens") if seen.usage else None
+    rec["output_tokens"] = n_out if n_out is not None else seen.chunks
+    if seen.first is not None and seen.last is not None and rec["output_tokens"] > 1:
+        rec["tpot_s"] = (seen.last - seen.first) / (rec["output_tokens"] - 1)
+    if seen.finished and rec["error"] is None:
         rec["outcome"] = "ok"
     elif rec["error"] is None:
         rec["error"] = "stream ended without a finish reason"
     return rec
 
 
+@dataclass
+class _StreamSeen:
+    """What a client saw of one SSE completion stream: chunk times, usage, finish."""
+
+    first: float | None = None
+    last: float | None = None
+    chunks: int = 0
+    usage: dict | None = None
+    finished: bool = False
+
+    async def read(self, lines) -> str | None:
+        """Consume the stream's lines; returns the error a chunk carried, if any."""
+        async for raw in lines:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return None
+            chunk = json.loads(data)
+            if "error" in chunk:
+                return str(chunk["error"])[:300]
+            if chunk.get("usage"):
+                self.usage = chunk["usage"]
+            choices = chunk.get("choices") or []
+            if not choices:
+                continue
+            now = time.perf_counter()
+            self.chunks += 1
+            if self.first is None:
+                self.first = now
+            self.last = now
+            if choices[0].get("finish_reason"):
+                self.finished = True
+        return None
+
+
 async def fetch_model(client, url: str) -> str:
     async with client.get(f"{url}/v1/models") as r:
         r.raise_for_status()
         return (await r.json())["data"][0]["id"]
+
+
+def _unserved(req: PreparedRequest, error: str) -> dict:
+    """The record of a request that got no reply (refused by the client, cancelled)."""
+    return {"index": req.index, "scheduled_s": req.t_s, "prompt_tokens": len(req.prompt),
+            "max_tokens": req.max_tokens, "outcome": "error", "error": error}
+
+
+async def _finish_by(tasks: list[asyncio.Task], timeout_s: float | None) -> int:
+    """Wait for ``tasks`` up to ``timeout_s``; cancel the rest and return how many."""
+    if not tasks:
+        return 0
+    _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return len(pending)
+
+
+async def _report_progress(start: float, every_s: float, tag: str, records: list[dict],
+                           state: dict[str, int], total: int) -> None:
+    """Print the replay's progress every ``every_s`` until cancelled."""
+    while True:
+        await asyncio.sleep(every_s)
+        ok = sum(r["outcome"] == "ok" for r in records)
+        rej = sum(r["outcome"] == "rejected" for r in records)
+        print(f"{tag}t={time.perf_counter() - start:6.1f}s sent {state['sent']}/{total} "
+              f"in flight {state['inflight']} ok {ok} rejected {rej} "
+              f"error {len(records) - ok - rej}", flush=True)
 
 
 async def replay(url: str, requests: list[PreparedRequest], *, model: str | None = None,
@@ -445,17 +485,9 @@ async def replay(url: str, requests: list[PreparedRequest], *, model: str | None
             finally:
                 state["inflight"] -= 1
 
-        async def report(start: float) -> None:
-            while True:
-                await asyncio.sleep(progress_s)
-                ok = sum(r["outcome"] == "ok" for r in records)
-                rej = sum(r["outcome"] == "rejected" for r in records)
-                print(f"{tag}t={time.perf_counter() - start:6.1f}s sent {state['sent']}/"
-                      f"{len(requests)} in flight {state['inflight']} ok {ok} rejected {rej} "
-                      f"error {len(records) - ok - rej}", flush=True)
-
         start = time.perf_counter()
-        reporter = asyncio.create_task(report(start)) if progress_s > 0 else None
+        reporter = asyncio.create_task(_report_progress(
+            start, progress_s, tag, records, state, len(requests))) if progress_s > 0 else None
         tasks = []
         try:
             for req in requests:
@@ -464,32 +496,23 @@ async def replay(url: str, requests: list[PreparedRequest], *, model: str | None
                     await asyncio.sleep(delay)
                 state["sent"] += 1
                 if state["inflight"] >= max_inflight:
-                    records.append({"index": req.index, "scheduled_s": req.t_s,
-                                    "prompt_tokens": len(req.prompt),
-                                    "max_tokens": req.max_tokens, "outcome": "error",
-                                    "error": "client-overload", "sent_at": time.perf_counter()})
+                    records.append({**_unserved(req, "client-overload"),
+                                    "sent_at": time.perf_counter()})
                     continue
                 state["inflight"] += 1  # counted here: the task may not have started yet
                 tasks.append(asyncio.create_task(run(req)))
-            if tasks:
-                remaining = None if deadline_s is None else max(
-                    0.0, start + deadline_s - time.perf_counter())
-                _done, pending = await asyncio.wait(tasks, timeout=remaining)
-                for t in pending:
-                    t.cancel()
-                if pending:
-                    await asyncio.gather(*pending, return_exceptions=True)
-                    print(f"{tag}deadline: cancelled {len(pending)} requests", flush=True)
+            remaining = None if deadline_s is None else max(
+                0.0, start + deadline_s - time.perf_counter())
+            cancelled = await _finish_by(tasks, remaining)
+            if cancelled:
+                print(f"{tag}deadline: cancelled {cancelled} requests", flush=True)
         finally:
             if reporter is not None:
                 reporter.cancel()
         end = time.perf_counter()
     done_idx = {r["index"] for r in records}
-    for req in requests:  # cancelled at the deadline
-        if req.index not in done_idx:
-            records.append({"index": req.index, "scheduled_s": req.t_s,
-                            "prompt_tokens": len(req.prompt), "max_tokens": req.max_tokens,
-                            "outcome": "error", "error": "cancelled at deadline"})
+    records += [_unserved(req, "cancelled at deadline") for req in requests
+                if req.index not in done_idx]
     records.sort(key=lambda r: r["index"])
     for r in records:
         if "sent_at" in r:
