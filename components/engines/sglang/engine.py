@@ -115,15 +115,24 @@ class SglangEngine:
         return server_args_kwargs(self.args, self.role, self.served_name, self.kv_endpoint,
                                   self.host, bootstrap_port=self.bootstrap_port)
 
+    def engine_env(self) -> dict[str, str]:
+        """Environment SGLang reads in its scheduler processes (disaggregated roles): its
+        bootstrap and waiting timeouts, and SGLANG_HOST_IP, the address its KV manager
+        binds its ZMQ socket on and tells its peers (otherwise the machine's routable
+        address, even on a loopback-only graph)."""
+        if self.role == "agg":
+            return {}
+        return {**process.disagg_timeout_env(self.args.bootstrap_timeout_s,
+                                             self.args.waiting_timeout_s),
+                "SGLANG_HOST_IP": self.host}
+
     async def start(self) -> None:
         """Start SGLang; returns when it serves.  Called on the worker's event loop,
         after the worker registered its signal handlers."""
         kw = self.server_kwargs()
         process.keep_worker_signal_handlers(asyncio.get_running_loop())
-        if self.role != "agg" and self._factory is default_factory:
-            # SGLang's scheduler processes read these when they start.
-            os.environ.update(process.disagg_timeout_env(self.args.bootstrap_timeout_s,
-                                                         self.args.waiting_timeout_s))
+        if self._factory is default_factory:
+            os.environ.update(self.engine_env())  # read by SGLang's scheduler processes
         log.info("starting SGLang (%s): %s", self.role, kw)
         self._engine = self._factory(**kw)
         self.tracker.start(self._engine)

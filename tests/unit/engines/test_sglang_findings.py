@@ -213,3 +213,17 @@ def test_bootstrap_port_per_replica_and_advertised_host():
     assert SglangPrefillWorkerConfig().replica_ports(3) == {"bootstrap_port": 9001}
     assert server_args_kwargs(ARGS, "prefill", "m", bootstrap_port=9100)[
         "disaggregation_bootstrap_port"] == 9100
+
+
+# ---- S9: SGLang's KV manager listens on SGLANG_HOST_IP, else the routable address -------
+def test_sglang_kv_manager_binds_the_host_ip_it_is_given():
+    conn = (package_root("sglang") / "srt/disaggregation/common/conn.py").read_text()
+    assert "self.local_ip = get_local_ip_auto()" in conn
+    assert "host=self.local_ip" in conn
+    net = (package_root("sglang") / "srt/utils/network.py").read_text()
+    i = net.index("def get_local_ip_auto")
+    assert 'os.getenv("SGLANG_HOST_IP"' in net[i:i + 2000]
+    rooms = BootstrapRooms()
+    assert engine("prefill", rooms, host="10.0.0.5").engine_env()["SGLANG_HOST_IP"] == "10.0.0.5"
+    assert engine("decode", rooms).engine_env()["SGLANG_HOST_IP"] == "127.0.0.1"
+    assert engine("agg", rooms).engine_env() == {}
