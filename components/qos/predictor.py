@@ -4,9 +4,7 @@ batch the request joins; learned from every finished request, loaded or not.
 For one request with ``n`` uncached prompt tokens on worker ``w`` (after ``w``'s prefix
 hit), at time ``now``::
 
-    ahead      = prompt tokens placed on w not yet prefilled     (a fluid queue: each
-                 placement adds its uncached tokens, the worker drains 1 / per_token
-                 tokens per ms)
+    ahead      = uncached prompt tokens of the requests placed on w and not finished
     est_ttft   = fixed + (ahead + n) x per_token                  (TTFT fit of w)
     batch      = requests running on w + 1                        (the batch it joins)
     est_tpot   = base + per_request x batch                       (TPOT fit of w)
@@ -14,11 +12,15 @@ hit), at time ``now``::
 Both are weighted least-squares lines (``estimator._Fit``), per worker and for the
 pool, refreshed on each finished request:
 
-- TTFT: ``x = ahead + n`` as predicted at placement, ``y`` = the measured time from
-  placement to first token.  Queued and unqueued requests both teach it, so the line is
-  the worker's *effective* drain rate: an engine that runs one sequence at a time drains
-  a request's tokens only once the request ahead has decoded, and the slope says so.  No
-  unloaded-only filter and no bootstrap are needed.
+- TTFT: ``x = ahead + n`` at placement, ``y`` = the measured time from placement to
+  first token.  Queued and unqueued requests both teach it, so the slope is the worker's
+  *effective* drain rate: an engine that runs one sequence at a time serves a request's
+  tokens only once the request ahead has decoded, and the slope says so; an engine with
+  a large batch overlaps them, and the slope is smaller.  No unloaded-only filter and no
+  bootstrap are needed.  ``ahead`` counts what was placed and not released, not a queue
+  drained at the learned rate: such a queue's length would depend on the fit it teaches
+  (a slope too low drains it too fast, the samples then show long TTFTs behind short
+  queues and the slope swings up, and back), and on a shared machine it oscillated.
 - TPOT: ``x`` = the mean number of requests running on the worker over the request's
   life (the integral of the count, divided by its duration), ``y`` = its measured time
   per output token.  Samples are kept per batch size (``x`` rounded; an EMA each) and
@@ -93,8 +95,7 @@ class _Worker:
     running: int = 0
     area: float = 0.0  # integral of ``running`` over time, request-seconds
     at: float = 0.0
-    backlog: float = 0.0  # prompt tokens placed and predicted not prefilled yet
-    drained_at: float = 0.0
+    inflight_tokens: float = 0.0  # uncached prompt tokens of placed requests not released
     ttft: _Fit | None = None
     tpot: _Bins = field(default_factory=_Bins)
 
@@ -148,6 +149,7 @@ class LatencyPredictor:
         self.workers: dict[str, _Worker] = {}
         self.pool = _Worker()
         self.tickets: OrderedDict[str, Ticket] = OrderedDict()
+        self.service_ms: float | None = None  # EMA of placement-to-release times
 
     def _worker(self, worker: str, now: float) -> _Worker:
         w = self.workers.get(worker)
@@ -184,23 +186,18 @@ class LatencyPredictor:
         one = tpot[0] + tpot[1] if tpot else self.params.warmup_decode_ms_per_token
         return per_token, one
 
-    @staticmethod
-    def _drain(w: _Worker, now: float, per_token: float) -> float:
-        """Tokens still ahead on the worker at ``now`` (drained at ``per_token``)."""
-        w.backlog = max(0.0, w.backlog - max(0.0, now - w.drained_at) * 1000.0 / per_token)
-        w.drained_at = max(w.drained_at, now)
-        return w.backlog
-
-    def predict(self, worker: str, own_tokens: int, now: float) -> Estimate:
+    def predict(self, worker: str, own_tokens: int, now: float,
+                held_ms: float = 0.0) -> Estimate:
         """Predict a request with ``own_tokens`` uncached prompt tokens placed on
-        ``worker`` now; called by admission for each candidate worker."""
+        ``worker`` now; called by admission for each candidate worker.  ``held_ms``: the
+        time it will wait before being placed (an admission queue ahead of it)."""
         own = max(0, own_tokens)
         fixed, per_token, ttft_source = self.ttft_line(worker, now)
         base, slope, tpot_source = self.tpot_line(worker, now)
         w = self._worker(worker, now)
-        ahead = self._drain(w, now, per_token)
+        ahead = w.inflight_tokens
         batch = w.running + 1
-        queue_ms = ahead * per_token
+        queue_ms = ahead * per_token + max(0.0, held_ms)
         own_ms = fixed + own * per_token
         tpot = max(1e-3, base + slope * batch)
         return Estimate(
@@ -216,9 +213,8 @@ class LatencyPredictor:
         """Called once the request is placed on ``worker`` with ``estimate`` (from
         ``predict`` at the same ``now``): it joins the batch and the prefill queue."""
         w = self._worker(worker, now)
-        self._drain(w, now, estimate.prefill_per_token_ms)
         w.running += 1
-        w.backlog += estimate.request_tokens
+        w.inflight_tokens += estimate.request_tokens
         self.tickets[request_id] = Ticket(
             worker, class_name, now, estimate.prefill_queued_tokens
             + max(1, estimate.request_tokens), w.area, estimate, would_reject)
@@ -228,6 +224,7 @@ class LatencyPredictor:
     def _drop(self, ticket: Ticket, now: float) -> _Worker:
         w = self._worker(ticket.worker, now)
         w.running = max(0, w.running - 1)
+        w.inflight_tokens = max(0.0, w.inflight_tokens - ticket.estimate.request_tokens)
         return w
 
     def expire(self, now: float, ttl_s: float) -> None:
@@ -260,9 +257,11 @@ class LatencyPredictor:
         if output_tokens > 1 and duration_s is not None:
             tpot_ms = max(0.0, duration_s - ttft_s) * 1000.0 / (output_tokens - 1)
         span = now - ticket.placed_at
+        alpha = self.params.smoothing
+        self.service_ms = span * 1000.0 if self.service_ms is None else \
+            alpha * span * 1000.0 + (1.0 - alpha) * self.service_ms
         mean_batch = (w.area - ticket.area_at) / span if span > 0 else w.running + 1.0
         mean_batch = max(1.0, mean_batch)
-        alpha = self.params.smoothing
         for holder in (w, self.pool):
             if holder.ttft is None:
                 x = ticket.x_ttft

@@ -110,8 +110,10 @@ class QosGate:
         return resolve_class(call.priority, call.user, call.metadata, self.config)
 
     def _judge(self, call: RouteCall, class_name: str, worker: WorkerState | None,
-               wid: int, cached_tokens: int, now: float, depth: int) -> Admission:
-        estimate = self.predictor.predict(f"{wid:x}", len(call.token_ids) - cached_tokens, now)
+               wid: int, cached_tokens: int, now: float, depth: int,
+               held_ms: float) -> Admission:
+        estimate = self.predictor.predict(f"{wid:x}", len(call.token_ids) - cached_tokens,
+                                          now, held_ms)
         load = LoadSignals(prefill_queue_depth=depth,
                            decode_kv_usage=worker.kv_usage if worker is not None else 0.0)
         verdict = admit(AdmissionRequest(request_id=call.request_id, class_name=class_name,
@@ -122,23 +124,28 @@ class QosGate:
 
     def check(self, call: RouteCall, workers: Sequence[WorkerState],
               cached: Mapping[int, int], now: float, record: bool,
-              chosen: int | None = None, candidates: Sequence[int] | None = None
-              ) -> Admission:
+              chosen: int | None = None, candidates: Sequence[int] | None = None,
+              held: int = 0, slots: int = 1) -> Admission:
         """The admission of one request (recorded in metrics and placed unless explaining).
 
         ``chosen``: the worker the routing policy picked (None: judge every candidate and
         take the admitted one predicted fastest); ``candidates``: the workers it could go
-        to (default: ``workers``); ``cached``: prompt tokens cached per worker.
+        to (default: ``workers``); ``cached``: prompt tokens cached per worker;
+        ``held``: requests waiting in the admission queue ahead of it, ``slots``: how many
+        run at once under its cap; they leave the queue as placed requests finish, one
+        slot per learned request duration.
         """
         self.predictor.expire(now, self.inflight_ttl_s)
         class_name = self.resolve(call).name
         by_id = {w.worker_id: w for w in workers}
         ids = list(candidates) if candidates is not None else list(by_id)
         depth = self.prefill_depth()
+        service = self.predictor.service_ms
+        held_ms = held / max(1, slots) * service if held and service else 0.0
 
         def judge(wid: int) -> Admission:
             return self._judge(call, class_name, by_id.get(wid), wid, cached.get(wid, 0),
-                               now, depth)
+                               now, depth, held_ms)
 
         first = judge(chosen) if chosen is not None else None
         if first is None or (not first.verdict.admit and self.config.mode == "enforce"):

@@ -232,7 +232,15 @@ class RouterService:
             return None, None
         now = time.monotonic()
         self._refresh_live()
-        verdict = self.qos.check(call, self.fleet.workers(now), {}, now, record=False).verdict
+        workers = self.fleet.workers(now)
+        routable = len(self.fleet.candidates(now))
+        # Requests it would wait behind: those queued, plus one release when every slot
+        # is taken.
+        held = len(self.admission.queue) + (
+            self.admission.free_slots(len(self.fleet.placed), routable) <= 0)
+        verdict = self.qos.check(call, workers, {}, now, record=False, held=held,
+                                 slots=self.admission.config.max_inflight_per_worker
+                                 * max(1, routable)).verdict
         if not verdict.admit:
             return None, None  # decide() judges it again, rejects it and records why
         cls = self.qos.config.class_named(verdict.class_name)

@@ -102,11 +102,11 @@ def _fetch(url: str, timeout_s: float = 3.0) -> str | None:
         return None
 
 
-def local_metrics_urls() -> list[str]:
+def local_metrics_urls(state_dir: str | None) -> list[str]:
     """/metrics of the local graphs' Router replicas and frontends (admission runs in
     one or the other)."""
     urls = []
-    for info in local_supervisors(state_root()):
+    for info in local_supervisors(state_root(state_dir)):
         for rep in (supervisor_status(info) or {}).get("replicas", []):
             if rep.get("component") in ("Router", "Frontend") and rep.get("metrics"):
                 urls.append(rep["metrics"])
@@ -125,10 +125,12 @@ def calibration(
                                       "(repeatable); default: every local graph's Router "
                                       "replicas and frontends."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    state_dir: str | None = typer.Option(None, "--state-dir", envvar="SPLITSERVE_HOME",
+                                         help="Where local graphs are registered."),
 ) -> None:
     """The admission confusion table, refusals by reason, and how close the TTFT and TPOT
     predictions came to what was measured."""
-    urls = list(metrics or []) or local_metrics_urls()
+    urls = list(metrics or []) or local_metrics_urls(state_dir)
     if not urls:
         typer.echo("no running graph found; pass --metrics URL", err=True)
         raise typer.Exit(1)

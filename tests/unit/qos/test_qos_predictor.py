@@ -47,24 +47,27 @@ def test_ttft_line_is_learned_and_used_by_other_workers_through_the_pool():
     assert p.ttft_line("9", t)[2] == "worker"
 
 
-@pytest.mark.parametrize(("placed", "wait_s", "own", "ahead", "ttft"), [
-    # (uncached tokens placed on the worker before, time since, own, ahead, est TTFT ms)
-    ([], 0.0, 500, 0, 50 + 50),
-    ([1000, 1000], 0.0, 500, 2000, 50 + 250),
-    ([1000, 1000], 0.1, 500, 1000, 50 + 150),  # 100 ms drain 1000 tokens at 0.1 ms each
-    ([1000, 1000], 1.0, 500, 0, 50 + 50),
-    ([4000] * 10, 0.0, 100, 40_000, 50 + 4010),
-], ids=["idle", "two-ahead", "draining", "drained", "deep-queue"])
-def test_ttft_prediction_from_the_queue_ahead(placed, wait_s, own, ahead, ttft):
+@pytest.mark.parametrize(("placed", "released", "own", "ahead", "ttft"), [
+    # (uncached tokens placed on the worker before, how many of them released, own,
+    #  tokens ahead, est TTFT ms)
+    ([], 0, 500, 0, 50 + 50),
+    ([1000, 1000], 0, 500, 2000, 50 + 250),
+    ([1000, 1000], 1, 500, 1000, 50 + 150),
+    ([1000, 1000], 2, 500, 0, 50 + 50),
+    ([4000] * 10, 0, 100, 40_000, 50 + 4010),
+], ids=["idle", "two-ahead", "one-released", "all-released", "deep-queue"])
+def test_ttft_prediction_from_the_queue_ahead(placed, released, own, ahead, ttft):
     p = LatencyPredictor()
     t = teach(p)
     for i, n in enumerate(placed):
         p.place(f"q{i}", "a", p.predict("a", n, t), t, class_name="default")
-    est = p.predict("a", own, t + wait_s)
+    for i in range(released):
+        p.finish(f"q{i}", t + 1.0, ok=False, ttft_s=None, duration_s=None, output_tokens=0)
+    est = p.predict("a", own, t + 1.0)
     assert est.prefill_queued_tokens == pytest.approx(ahead)
     assert est.est_ttft_ms == pytest.approx(ttft)
     assert est.unloaded_ttft_ms == pytest.approx(50 + own * 0.1)
-    assert p.predict("b", own, t + wait_s).est_ttft_ms == pytest.approx(50 + own * 0.1)
+    assert p.predict("b", own, t + 1.0).est_ttft_ms == pytest.approx(50 + own * 0.1)
 
 
 def test_tpot_prediction_from_the_batch_it_joins():
@@ -127,3 +130,12 @@ def test_a_series_is_trusted_after_min_samples():
         p.place(f"r{i}", "a", p.predict("a", 100, i * 10.0), i * 10.0, class_name="default")
         p.finish(f"r{i}", i * 10.0 + 1, ok=True, ttft_s=0.1, duration_s=1.0, output_tokens=5)
     assert p.predict("a", 100, 100.0).observed
+
+
+def test_a_wait_in_an_admission_queue_adds_to_the_ttft():
+    p = LatencyPredictor()
+    t = teach(p)
+    est = p.predict("a", 500, t, held_ms=700.0)
+    assert est.queue_wait_ms == pytest.approx(700.0)
+    assert est.est_ttft_ms == pytest.approx(50 + 500 * 0.1 + 700)
+    assert p.service_ms is not None and p.service_ms > 0

@@ -116,7 +116,7 @@ def test_a_request_leaving_the_queue_is_placed_even_when_newcomers_would_be_reje
         for i in range(6):  # measured TTFT and TPOT on the worker
             assert (await route(svc, f"t{i}"))["worker_id"] == 1
             done = ReleaseCall(request_id=f"t{i}", worker_id=1, prompt_tokens=32,
-                               output_tokens=8, ttft_s=0.01, duration_s=0.1)
+                               output_tokens=8, ttft_s=0.5, duration_s=1.0)
             [_ async for _ in svc.release(done.model_dump())]
         assert (await route(svc, "a"))["worker_id"] == 1
         waiting = asyncio.create_task(route(svc, "b"))  # admitted, queued behind "a"
