@@ -7,11 +7,13 @@ when the request is over so it can account load and latency.  With
 ``Frontend.routing: in_process`` the same service runs in the frontend's own process
 (``inproc.InProcessBackend``, which reuses this module's streaming and retries).
 
-A worker that cannot be reached, or whose stream breaks before it produced any output,
-is taken out of the candidates at once (discovery keeps a dead worker for seconds, until
-its lease expires), and the request is sent to another worker, at most
-``migration_limit`` times (Dynamo's ``--migration-limit``).  A request that already
-streamed output is never resent: the client would see text twice.
+A worker that cannot be reached, or whose stream breaks, is taken out of the candidates
+at once (discovery keeps a dead worker for seconds, until its lease expires), and the
+request moves to another worker, at most ``migration_limit`` times (Dynamo's
+``--migration-limit``).  A request that already streamed tokens is resumed, not resent:
+the next worker gets the prompt plus the tokens the client already has, with
+``max_tokens`` (and ``min_tokens``) reduced by as many, so the client's stream continues
+with the next token and greedy output equals an uninterrupted run.
 
 Readiness is truthful: with a router, ``ready()`` is true only while the router's last
 status names a worker it would route to and this frontend's discovery knows it too.
@@ -64,17 +66,73 @@ def chunk_data(item: Any) -> dict[str, Any]:
 
 
 class BackendMetrics:
-    """Worker failures seen by the frontend and the retries they caused."""
+    """Worker failures seen by the frontend and the migrations they caused."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         self.retries = Counter(f"{PREFIX}_frontend_request_retries_total",
                                "Requests sent to another worker because theirs failed "
                                "before producing output", registry=r)
+        self.migrations = Counter(f"{PREFIX}_frontend_migrations_total",
+                                  "Requests moved to another worker, by reason: "
+                                  "worker-failed-before-output (resent whole) or "
+                                  "worker-failed-mid-stream (resumed after the tokens "
+                                  "already streamed)", ["reason"], registry=r)
         self.worker_failures = Counter(f"{PREFIX}_frontend_worker_failures_total",
                                        "Worker connections or streams that failed, by "
                                        "whether output had been streamed already",
                                        ["stage"], registry=r)
+
+    def migrated(self, mid_stream: bool) -> None:
+        """Count one move of a request to another worker."""
+        if mid_stream:
+            self.migrations.labels("worker-failed-mid-stream").inc()
+        else:
+            self.retries.inc()
+            self.migrations.labels("worker-failed-before-output").inc()
+
+    def failed(self, exc: WorkerUnreachable) -> None:
+        self.worker_failures.labels("after_output" if exc.produced else "before_output").inc()
+
+
+class Resumable:
+    """A request's prompt and the tokens its workers streamed so far.
+
+    Called by the backends for every chunk they pass on; after a worker breaks, the
+    request continues on another worker from the prompt plus those tokens.
+    """
+
+    def __init__(self, request: dict) -> None:
+        self.prompt = list(request["token_ids"])
+        stop = request["stop_conditions"]
+        self.max_tokens = int(stop["max_tokens"])
+        self.min_tokens = int(stop.get("min_tokens") or 0)
+        self.generated: list[int] = []
+
+    def seen(self, chunk: dict) -> None:
+        self.generated.extend(chunk.get("token_ids") or ())
+
+    @property
+    def mid_stream(self) -> bool:
+        return bool(self.generated)
+
+    def left(self) -> int:
+        """Tokens the request may still produce."""
+        return self.max_tokens - len(self.generated)
+
+    def continue_in(self, request: dict) -> None:
+        """Rewrite ``request`` to continue after the tokens streamed so far."""
+        n = len(self.generated)
+        request["token_ids"] = self.prompt + self.generated
+        stop = request["stop_conditions"]
+        stop["max_tokens"] = self.left()
+        if self.min_tokens:
+            stop["min_tokens"] = max(0, self.min_tokens - n)
+
+
+def final_chunk() -> dict:
+    """The end of a request whose worker died right after its last token."""
+    return {"token_ids": [], "finish_reason": "length"}
 
 
 class WorkerUnreachable(Exception):
@@ -105,12 +163,32 @@ async def stream_from_worker(client, request: dict, worker_id: int, context,
             # The consumer may close us right after the last chunk: remember that the
             # request finished so the release reports it as ok, not cancelled.
             meta_out["finished"] = bool(chunk.get("finish_reason")) and not chunk.get("error")
+            meta_out["errored"] = bool(chunk.get("error"))
             produced = True
             yield chunk
     except Exception as exc:  # noqa: BLE001 - the stream broke (worker died)
         raise WorkerUnreachable(worker_id, exc, produced) from None
     if not produced:
         raise WorkerUnreachable(worker_id, "stream ended before any output")
+    if not meta_out.get("finished") and not meta_out.get("errored"):
+        raise WorkerUnreachable(worker_id, "stream ended before a finish reason", True)
+
+
+def migrate(exc: WorkerUnreachable, resume: Resumable, request: dict, attempt: int,
+            limit: int, metrics: BackendMetrics) -> bool:
+    """After ``exc``: whether the request moves to another worker (``attempt`` moves so
+    far, at most ``limit``); if so, ``request`` is rewritten to resume after the tokens
+    already streamed.  Counts the failure and the move."""
+    metrics.failed(exc)
+    move = attempt < limit and resume.left() > 0
+    log.warning("%s%s", exc, ("; resuming on another worker after "
+                              f"{len(resume.generated)} tokens" if resume.mid_stream
+                              else "; retrying on another worker") if move else "")
+    if move:
+        metrics.migrated(resume.mid_stream)
+        if resume.mid_stream:
+            resume.continue_in(request)
+    return move
 
 
 class Backend(Protocol):
@@ -146,12 +224,14 @@ class DirectBackend:
 
     async def stream(self, request: dict, meta: StreamMeta, context) -> AsyncIterator[dict]:
         attempt = 0
+        resume = Resumable(request)
         while True:
             workers = self.candidates()
             if not workers:
                 if attempt:
                     raise upstream_error("the worker failed and no other worker is "
-                                         "available", 503, "no_workers")
+                                         "available", 502 if resume.mid_stream else 503,
+                                         "no_workers")
                 raise overloaded("no worker is available yet", retry_after_s=2,
                                  code="no_workers")
             wid = workers[self._next % len(workers)]
@@ -159,18 +239,18 @@ class DirectBackend:
             meta.worker_id = wid
             try:
                 async for chunk in stream_from_worker(self.client, request, wid, context, {}):
+                    resume.seen(chunk)
                     yield chunk
                 return
             except WorkerUnreachable as exc:
                 self.down[wid] = time.monotonic()
-                retry = not exc.produced and attempt < self.migration_limit
-                self.metrics.worker_failures.labels(
-                    "after_output" if exc.produced else "before_output").inc()
-                log.warning("%s%s", exc, "; retrying on another worker" if retry else "")
-                if not retry:
-                    raise upstream_error(str(exc), 503 if not exc.produced else 502) from None
+                if not migrate(exc, resume, request, attempt, self.migration_limit,
+                               self.metrics):
+                    if resume.mid_stream and resume.left() <= 0:
+                        yield final_chunk()
+                        return
+                    raise upstream_error(str(exc), 502 if resume.mid_stream else 503) from None
                 attempt += 1
-                self.metrics.retries.inc()
 
 
 class RoutedBackend:
@@ -294,32 +374,32 @@ class RoutedBackend:
         return await self.route(call, meta.router_id)
 
     async def stream(self, request: dict, meta: StreamMeta, context) -> AsyncIterator[dict]:
-        max_tokens = request["stop_conditions"]["max_tokens"]
         failed: list[int] = []
+        resume = Resumable(request)
         while True:
             reply = await self.place(RouteCall(
                 request_id=meta.request_id, token_ids=request["token_ids"],
                 priority=meta.priority, user=meta.user, metadata=meta.metadata,
-                max_tokens=max_tokens, failed_workers=failed), meta)
+                max_tokens=resume.left(), failed_workers=failed), meta)
             self._check_reply(reply, failed)
-            self._apply_reply(request, reply, meta, max_tokens)
+            self._apply_reply(request, reply, meta, resume.left())
             try:
                 # aclosing: if our consumer stops early, the placement is released now
                 # (as ok or cancelled), not whenever the inner generator is collected.
                 async with contextlib.aclosing(
                         self._stream_placed(request, reply, meta, context)) as placed:
                     async for chunk in placed:
+                        resume.seen(chunk)
                         yield chunk
                 return
             except WorkerUnreachable as exc:
-                retry = not exc.produced and len(failed) < self.migration_limit
-                self.metrics.worker_failures.labels(
-                    "after_output" if exc.produced else "before_output").inc()
-                log.warning("%s%s", exc, "; retrying on another worker" if retry else "")
-                if not retry:
-                    raise upstream_error(str(exc), 502 if exc.produced else 503) from None
+                if not migrate(exc, resume, request, len(failed), self.migration_limit,
+                               self.metrics):
+                    if resume.mid_stream and resume.left() <= 0:
+                        yield final_chunk()
+                        return
+                    raise upstream_error(str(exc), 502 if resume.mid_stream else 503) from None
                 failed.append(reply.worker_id)
-                self.metrics.retries.inc()
 
     def _check_reply(self, reply: RouteReply, failed: list[int]) -> None:
         """Raise the HTTP error for a rejection or for no worker at all."""

@@ -35,8 +35,8 @@ class FrontendConfig(ComponentConfig):
                                    "(with routing in process: of the placement, admission "
                                    "queue wait included).")
     migration_limit: int = Field(1, ge=0, le=8, description="How many times a request whose "
-                                 "worker failed before producing output is sent to another "
-                                 "worker (0: never).")
+                                 "worker failed moves to another worker (0: never); one that "
+                                 "already streamed tokens resumes after them.")
     priority_header: str = Field("x-priority", min_length=1,
                                  description="Request header naming the priority class.")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body "

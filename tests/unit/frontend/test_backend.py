@@ -4,6 +4,7 @@ request whose worker failed before producing output, and truthful readiness."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 
 import pytest
@@ -27,15 +28,18 @@ class Workers:
     """A worker client: instance ids from discovery; ``dead`` ones refuse connections,
     ``breaking`` ones send one token and then their stream breaks."""
 
-    def __init__(self, ids, dead=(), breaking=()) -> None:
+    def __init__(self, ids, dead=(), breaking=(), truncating=()) -> None:
         self.ids, self.dead, self.breaking = list(ids), set(dead), set(breaking)
+        self.truncating = set(truncating)  # end after one token, with no finish reason
         self.sent: list[int] = []
+        self.requests: list[dict] = []
 
     def instance_ids(self):
         return list(self.ids)
 
     async def direct(self, request, worker_id, context=None):
         self.sent.append(worker_id)
+        self.requests.append(copy.deepcopy(request))
         if worker_id in self.dead:
             raise ConnectionRefusedError(f"instance {worker_id} unreachable")
         return self._stream(worker_id)
@@ -44,6 +48,8 @@ class Workers:
         yield {"token_ids": [worker_id], "finish_reason": None}
         if worker_id in self.breaking:
             raise ConnectionResetError("stream reset")
+        if worker_id in self.truncating:
+            return
         yield {"token_ids": [0], "finish_reason": "length"}
 
 
@@ -64,15 +70,22 @@ class RouterClient:
         return self.handler(request)
 
 
-def request() -> dict:
-    return {"token_ids": [1, 2, 3], "stop_conditions": {"max_tokens": 2},
+def request(max_tokens: int = 2, min_tokens: int | None = None) -> dict:
+    stop = {"max_tokens": max_tokens, **({"min_tokens": min_tokens} if min_tokens else {})}
+    return {"token_ids": [1, 2, 3], "stop_conditions": stop,
             "extra_args": {"splitserve": {}}}
 
 
-def collect(backend, meta=None) -> list[dict]:
+def collect(backend, meta=None, req=None) -> list[dict]:
     async def go():
-        return [c async for c in backend.stream(request(), meta or StreamMeta("r", None), None)]
+        return [c async for c in backend.stream(req or request(),
+                                                meta or StreamMeta("r", None), None)]
     return asyncio.run(go())
+
+
+def migrations(backend, reason: str) -> float:
+    return backend.metrics.registry.get_sample_value(
+        "splitserve_frontend_migrations_total", {"reason": reason}) or 0.0
 
 
 def routed(workers: Workers, migration_limit=1, router_ids=None):
@@ -122,19 +135,60 @@ def test_migration_limit_bounds_the_retries(limit):
     assert retries(backend) == limit
 
 
+def make_backend(make: str, workers: Workers, limit: int = 1):
+    if make == "routed":
+        return routed(workers, migration_limit=limit)[0]
+    return DirectBackend(workers, migration_limit=limit, metrics=BackendMetrics())
+
+
 @pytest.mark.parametrize("make", ["routed", "direct"])
-def test_a_request_that_streamed_output_is_not_resent(make):
-    workers = Workers([1, 2], breaking=[1, 2])
-    backend = routed(workers)[0] if make == "routed" else DirectBackend(workers)
+def test_a_stream_that_breaks_resumes_after_its_tokens_on_another_worker(make):
+    workers = Workers([1, 2], breaking=[1])
+    backend = make_backend(make, workers)
+    got = collect(backend, req=request(max_tokens=4, min_tokens=3))
+    # the client's stream goes on: worker 1's token, then worker 2's
+    assert [c["token_ids"] for c in got] == [[1], [2], [0]]
+    assert got[-1]["finish_reason"] == "length"
+    assert workers.sent == [1, 2]
+    resumed = workers.requests[1]
+    assert resumed["token_ids"] == [1, 2, 3, 1]  # the prompt, then what was streamed
+    assert resumed["stop_conditions"] == {"max_tokens": 3, "min_tokens": 2}
+    assert migrations(backend, "worker-failed-mid-stream") == 1
+    assert retries(backend) == 0
+
+
+@pytest.mark.parametrize("make", ["routed", "direct"])
+@pytest.mark.parametrize("limit", [0, 1, 2])
+def test_mid_stream_migrations_are_bounded(make, limit):
+    workers = Workers([1, 2, 3], breaking=[1, 2, 3])
+    backend = make_backend(make, workers, limit)
     got: list[dict] = []
 
     async def go():
-        async for c in backend.stream(request(), StreamMeta("r", None), None):
+        async for c in backend.stream(request(max_tokens=10), StreamMeta("r", None), None):
             got.append(c)
     with pytest.raises(APIError) as err:
         asyncio.run(go())
-    assert err.value.status == 502 and len(workers.sent) == 1 and len(got) == 1
-    assert retries(backend) == 0
+    assert err.value.status == 502
+    assert len(workers.sent) == limit + 1 and len(got) == limit + 1
+    assert migrations(backend, "worker-failed-mid-stream") == limit
+
+
+def test_a_stream_that_ends_without_a_finish_reason_is_resumed():
+    workers = Workers([1, 2], truncating=[1])
+    got = collect(make_backend("routed", workers), req=request(max_tokens=3))
+    assert [c["token_ids"] for c in got] == [[1], [2], [0]]
+    assert workers.requests[1]["token_ids"] == [1, 2, 3, 1]
+
+
+@pytest.mark.parametrize("make", ["routed", "direct"])
+def test_a_worker_that_dies_after_the_last_token_ends_the_request(make):
+    workers = Workers([1, 2], breaking=[1])
+    backend = make_backend(make, workers)
+    got = collect(backend, req=request(max_tokens=1))
+    assert [c["token_ids"] for c in got] == [[1], []]
+    assert got[-1]["finish_reason"] == "length"
+    assert workers.sent == [1], "nothing was left to generate elsewhere"
 
 
 def test_routed_retry_with_no_other_worker_says_so():
