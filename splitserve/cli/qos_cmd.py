@@ -108,8 +108,13 @@ def local_metrics_urls(state_dir: str | None) -> list[str]:
     urls = []
     for info in local_supervisors(state_root(state_dir)):
         for rep in (supervisor_status(info) or {}).get("replicas", []):
-            if rep.get("component") in ("Router", "Frontend") and rep.get("metrics"):
+            if rep.get("component") not in ("Router", "Frontend"):
+                continue
+            endpoint = str(rep.get("endpoint") or "")
+            if rep.get("metrics"):
                 urls.append(rep["metrics"])
+            elif endpoint.startswith("http"):  # a frontend serves /metrics on its port
+                urls.append(endpoint.rstrip("/") + "/metrics")
     return urls
 
 
