@@ -41,6 +41,8 @@ def sampling_params(p: GenerateParams, *, max_new_tokens: int | None = None) -> 
     }
     if p.stop_token_ids:
         sp["stop_token_ids"] = list(p.stop_token_ids)
+    if p.min_tokens:
+        sp["min_new_tokens"] = p.min_tokens
     if p.seed is not None:
         sp["sampling_seed"] = p.seed
     return sp

@@ -66,6 +66,10 @@ def test_sglang_and_dynamo_facts_about_the_sigterm_handler():
 
 
 def test_sigterm_after_the_first_request_still_reaches_the_worker():
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers need the main thread")
+
     async def go():
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
@@ -227,3 +231,12 @@ def test_sglang_kv_manager_binds_the_host_ip_it_is_given():
     assert engine("prefill", rooms, host="10.0.0.5").engine_env()["SGLANG_HOST_IP"] == "10.0.0.5"
     assert engine("decode", rooms).engine_env()["SGLANG_HOST_IP"] == "127.0.0.1"
     assert engine("agg", rooms).engine_env() == {}
+
+
+def test_min_tokens_reach_sglang_as_min_new_tokens():
+    from splitserve.components.engines.sglang.requests import sampling_params
+    src = (package_root("sglang") / "srt/sampling/sampling_params.py").read_text()
+    assert "min_new_tokens: int = 0" in src
+    sp = sampling_params(GenerateParams(token_ids=(1,), max_tokens=1, min_tokens=1,
+                                        ignore_eos=True))
+    assert sp["min_new_tokens"] == 1 and sp["ignore_eos"] is True
