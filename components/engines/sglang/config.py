@@ -129,8 +129,15 @@ class SglangEngineArgs(StrictModel):
                 raise ValueError(f"extra_server_args.{key}: not a field of SGLang's "
                                  "ServerArgs")
         for role in ("prefill", "decode"):
-            check_server_args(server_args_kwargs(self, role, "model",
-                                                 "tcp://127.0.0.1:1"))
+            built = check_server_args(server_args_kwargs(self, role, "model",
+                                                         "tcp://127.0.0.1:1"))
+            if role == "decode":
+                resolved = resolved_radix_cache(built)
+                if resolved is not None and resolved != decode_radix_cache(self):
+                    raise ValueError(
+                        f"decode_radix_cache: SGLang resolves the decode engine's radix "
+                        f"cache to {'on' if resolved else 'off'}, this project expected "
+                        f"{'on' if decode_radix_cache(self) else 'off'} (a changed SGLang?)")
         return self
 
     def kv_events_enabled(self) -> bool:
@@ -144,6 +151,24 @@ def decode_radix_cache(args: SglangEngineArgs) -> bool:
     explicitly, whatever ``disable_radix_cache`` says.  Without it the engine indexes no
     prefixes and emits no KV events."""
     return args.enable_prefix_caching and args.decode_radix_cache
+
+
+def resolved_radix_cache(built: Any) -> bool | None:
+    """Whether SGLang itself resolves this (disaggregated) ``ServerArgs`` to run with a
+    radix cache: its own ``handle_pd_disaggregation`` step of the launch-time resolution,
+    which runs on CPU (the rest of the pipeline needs the CUDA packages).  Raises
+    ValueError where SGLang refuses the combination; None where the step cannot run."""
+    try:
+        from sglang.srt.arg_groups import pd_disaggregation_hook as pd
+    except Exception:  # noqa: BLE001 - another SGLang layout: nothing to resolve with
+        return None
+    try:
+        pd.handle_pd_disaggregation(built)
+        return not pd.resolved_view(built).disable_radix_cache
+    except ValueError:
+        raise
+    except Exception:  # noqa: BLE001 - a step needing what this machine lacks
+        return None
 
 
 def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,

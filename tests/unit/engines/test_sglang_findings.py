@@ -122,6 +122,22 @@ def test_sglang_disables_the_decode_radix_cache_in_pd_mode():
     assert "disable_radix_cache=True" in block and "disable_radix_cache=False" in block
 
 
+def test_sglangs_own_resolution_agrees_with_the_decode_radix_cache_setting():
+    pytest.importorskip("sglang.srt.arg_groups.pd_disaggregation_hook")
+    from splitserve.components.engines.sglang.config import (
+        check_server_args,
+        resolved_radix_cache,
+    )
+
+    for asked in (False, True):
+        a = args(decode_radix_cache=asked)
+        for role, expect in (("decode", asked), ("prefill", True)):
+            built = check_server_args(server_args_kwargs(a, role, "m", "tcp://127.0.0.1:1"))
+            assert resolved_radix_cache(built) is expect, (role, asked)
+    # validation runs the same resolution (and would name a disagreement)
+    SglangEngineArgs(decode_radix_cache=True)
+
+
 def test_prefill_and_plain_decode_engines_publish_no_kv_events():
     rooms = BootstrapRooms()
     assert engine("agg", rooms).kv_endpoint is not None
