@@ -49,12 +49,20 @@ class MockerEngineArgs(StrictModel):
                           "`~/.cache/splitserve/models`.")
     ready_timeout_s: float = Field(60.0, gt=0, description="How long the mocker may take to "
                                    "register its instance in etcd before this replica fails.")
-    stop_timeout_s: float = Field(10.0, gt=0, description="Grace period after SIGTERM to the "
-                                  "mocker before it is killed.")
+    stop_timeout_s: float | None = Field(
+        None, gt=0, description="Grace period after SIGTERM to the mocker (which stops "
+                                "taking requests and lets its streams finish) before it is "
+                                "killed; None: the worker's drain_timeout_s.")
     extra_args: list[str] = Field(default_factory=list,
                                   description="Further `python -m dynamo.mocker` flags, appended "
                                               "verbatim (e.g. ['--sglang-schedule-policy', "
                                               "'lpm']).")
+
+    def stop_grace_s(self, default_s: float) -> float:
+        """Seconds the mocker gets after SIGTERM: ``stop_timeout_s`` when set, else
+        ``default_s`` (the aggregated worker's drain; a short grace behind a decode
+        worker, which has drained its requests before it stops its engines)."""
+        return self.stop_timeout_s if self.stop_timeout_s is not None else default_s
 
     @model_validator(mode="after")
     def _no_managed_flags_in_extra_args(self) -> MockerEngineArgs:

@@ -32,6 +32,10 @@ from splitserve.serve.component import ComponentContext, endpoint_path
 
 log = logging.getLogger("splitserve.mocker_disagg")
 
+# Grace for the engine children of a disaggregated mocker worker: the worker has drained
+# its requests before it stops them.
+ENGINE_STOP_GRACE_S = 10.0
+
 
 class EngineStalled(RuntimeError):
     """An engine stream produced nothing for longer than the idle timeout."""
@@ -102,13 +106,13 @@ async def start_engines(ctx: ComponentContext, args: MockerEngineArgs,
         if not ready.done():
             ready.cancel()
             await asyncio.gather(ready, return_exceptions=True)
-            await stop_engines(children, args.stop_timeout_s)
+            await stop_engines(children, args.stop_grace_s(ENGINE_STOP_GRACE_S))
             return None
         stop.cancel()
         ready.result()
         return children
     except BaseException:
-        await stop_engines(children, args.stop_timeout_s)
+        await stop_engines(children, args.stop_grace_s(ENGINE_STOP_GRACE_S))
         raise
 
 

@@ -162,11 +162,15 @@ async def _wait_exit(proc: subprocess.Popen) -> int:
     return proc.returncode
 
 
-async def run_mocker(ctx: ComponentContext, cfg: MockerEngineArgs) -> None:
+async def run_mocker(ctx: ComponentContext, cfg: MockerEngineArgs,
+                     drain_timeout_s: float = 30.0) -> None:
     """Component body: start the mocker, report ready, and stop it on SIGTERM.
 
     Registers under this component's own name (``Worker`` → ``worker``), so the router
-    and frontend find the mocker exactly where they would find a torch worker.
+    and frontend find the mocker exactly where they would find a torch worker.  On stop
+    the mocker deregisters and finishes its streams for ``cfg.stop_timeout_s`` (default
+    the worker's ``drain_timeout_s``); what it has not finished then is killed, and the
+    frontend resumes those requests on another worker.
     """
     component = ctx.run.component.lower()
     ctx.report("loading", progress="exporting model directory")
@@ -208,7 +212,7 @@ async def run_mocker(ctx: ComponentContext, cfg: MockerEngineArgs) -> None:
         ctx.report("stopping", endpoint=endpoint)
     finally:
         # The mocker deregisters (revokes its lease) on SIGTERM before exiting.
-        code = await asyncio.to_thread(terminate, proc, cfg.stop_timeout_s)
+        code = await asyncio.to_thread(terminate, proc, cfg.stop_grace_s(drain_timeout_s))
         log.info("mocker pid %d stopped with code %s", proc.pid, code)
 
 

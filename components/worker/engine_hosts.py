@@ -92,6 +92,7 @@ async def _host_torch(ctx, cfg, role: str, stack) -> Hosted:
 
 async def _host_mocker(ctx, cfg, role: str, stack) -> Hosted | None:
     from splitserve.components.mocker_worker.engines import (
+        ENGINE_STOP_GRACE_S,
         first_exit,
         start_engines,
         stop_engines,
@@ -102,7 +103,8 @@ async def _host_mocker(ctx, cfg, role: str, stack) -> Hosted | None:
     children = await start_engines(ctx, args, MOCKER_ROLES[role])
     if children is None:
         return None
-    stack.push_async_callback(stop_engines, children, args.stop_timeout_s)
+    stack.push_async_callback(stop_engines, children,
+                              args.stop_grace_s(ENGINE_STOP_GRACE_S))
     endpoint = ctx.endpoint(ctx.run.component, "generate")
     worker_id = endpoint.connection_id()
     metrics = WorkerMetrics()

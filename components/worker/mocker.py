@@ -24,4 +24,4 @@ async def run_mocker_worker(ctx: ComponentContext, cfg: MockerWorkerSection) -> 
     """Component main for ``engine: mocker``; exits non-zero if the engine dies."""
     from splitserve.components.mocker_worker.main import run_mocker
 
-    await run_mocker(ctx, cfg.engine_args)
+    await run_mocker(ctx, cfg.engine_args, drain_timeout_s=cfg.drain_timeout_s)

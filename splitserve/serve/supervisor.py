@@ -39,6 +39,9 @@ _CONSOLE_NOISE = (b"request_span", b"route request completed")
 # stop, and it never registers again, though the process keeps running.
 LEASE_LOST = b"Unable to maintain lease"
 
+# Beyond a replica's own drain: deregistration, its engine's stop and its runtime's exit.
+DRAIN_MARGIN_S = 10.0
+
 # Lines a log pump copies before it lets the event loop run other tasks.
 _YIELD_EVERY = 64
 LEASE_LOST_GRACE_S = 3.0
@@ -385,10 +388,18 @@ class Supervisor:
             await self._spawn(self._new_replica(comp))
         for rep in sorted(live, key=lambda r: r.index, reverse=True)[:max(0, len(live) - replicas)]:
             rep.retiring = True
-            self._track(asyncio.create_task(
-                self._stop_replicas([rep], self.plan.common.shutdown_timeout_s)))
+            self._track(asyncio.create_task(self._stop_replicas([rep], self.stop_grace_s(comp))))
         comp.config.replicas = replicas
         return {"component": component, "replicas": replicas}
+
+    def stop_grace_s(self, comp: ComponentPlan) -> float:
+        """How long a replica of ``comp`` removed by a scale-down may take to stop before
+        it is killed: the graph's shutdown deadline, or the component's own drain plus
+        ``DRAIN_MARGIN_S`` when that is longer, so a drain that would finish is never cut
+        (what the drain leaves is resumed elsewhere by the frontend)."""
+        drain = getattr(comp.config, "drain_timeout_s", None)
+        base = self.plan.common.shutdown_timeout_s
+        return base if drain is None else max(base, drain + DRAIN_MARGIN_S)
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
