@@ -39,10 +39,14 @@ PY
 
 for engine in "${engines[@]}"; do
     case "$engine" in
-        # The CPU torch wheel (2.13.0+cpu, no triton pin) comes from PyTorch's CPU index;
-        # CPU_TORCH_FIND_LINKS points at a folder or page holding it instead.
-        cpu) if [ -n "${CPU_TORCH_FIND_LINKS:-}" ]; then
-                 resolve cpu ".[dev,cpu]" --find-links "$CPU_TORCH_FIND_LINKS"
+        # The CPU torch wheel (2.13.0+cpu, no triton pin) is not on PyPI: it comes from
+        # CPU_TORCH_FIND_LINKS, else the find-links pip is configured with (where
+        # scripts/setup.sh found it), else PyTorch's CPU index.
+        cpu) links="${CPU_TORCH_FIND_LINKS:-$("$PY" -m pip config get global.find-links \
+                                             2>/dev/null || true)}"
+             if [ -n "$links" ]; then
+                 args=(); for l in $links; do args+=(--find-links "$l"); done
+                 resolve cpu ".[dev,cpu]" "${args[@]}"
              else
                  resolve cpu ".[dev,cpu]" --extra-index-url https://download.pytorch.org/whl/cpu
              fi ;;
