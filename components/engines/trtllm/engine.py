@@ -191,10 +191,14 @@ class TrtllmEngine:
         """Abort now, or for a generation request still receiving its KV, once its first
         output shows the transfer has ended."""
         if live.defer_abort and not live.first_seen:
-            task = asyncio.ensure_future(self._abort_after_first(live.result))
-            self._deferred.add(task)
-            task.add_done_callback(self._deferred.discard)
-            return
+            try:
+                task = asyncio.ensure_future(self._abort_after_first(live.result))
+            except RuntimeError:  # no running loop (a stream finalised at exit)
+                pass
+            else:
+                self._deferred.add(task)
+                task.add_done_callback(self._deferred.discard)
+                return
         with contextlib.suppress(Exception):
             live.result.abort()
 
