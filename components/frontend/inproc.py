@@ -15,7 +15,9 @@ come from the workers, are seen by all).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply
 
@@ -60,6 +62,23 @@ class InProcessBackend(RoutedBackend):
         except Exception as exc:
             log.exception("routing %s failed", call.request_id)
             raise upstream_error(f"routing failed: {exc}", 503, "routing_failed") from None
+
+    async def _stream_placed(self, request: dict, reply: RouteReply, meta: StreamMeta,
+                             context) -> AsyncIterator[dict]:
+        """The worker's stream, telling the service when the first token arrives: its
+        prompt then leaves the work ahead of later requests on that worker, and its TTFT
+        teaches admission at once rather than at the end of the answer."""
+        first = True
+        async with contextlib.aclosing(
+                super()._stream_placed(request, reply, meta, context)) as placed:
+            async for chunk in placed:
+                if first and chunk.get("token_ids"):
+                    first = False
+                    try:
+                        self.service.first_token(meta.request_id)
+                    except Exception:
+                        log.exception("first-token report of %s failed", meta.request_id)
+                yield chunk
 
     def deliver_release(self, call: ReleaseCall, meta: StreamMeta) -> None:
         """Account the finished request at once (called as its stream closes)."""

@@ -4,7 +4,8 @@ batch the request joins; learned from every finished request, loaded or not.
 For one request with ``n`` uncached prompt tokens on worker ``w`` (after ``w``'s prefix
 hit), at time ``now``::
 
-    ahead      = uncached prompt tokens of the requests placed on w and not finished
+    ahead      = uncached prompt tokens of the requests placed on w that have not
+                 produced a first token (reported in process) or finished
     est_ttft   = fixed + (ahead + n) x per_token                  (TTFT fit of w)
     batch      = requests running on w + 1                        (the batch it joins)
     est_tpot   = base + per_request x batch                       (TPOT fit of w)
@@ -17,8 +18,9 @@ pool, refreshed on each finished request:
   *effective* drain rate: an engine that runs one sequence at a time serves a request's
   tokens only once the request ahead has decoded, and the slope says so; an engine with
   a large batch overlaps them, and the slope is smaller.  No unloaded-only filter and no
-  bootstrap are needed.  ``ahead`` counts what was placed and not released, not a queue
-  drained at the learned rate: such a queue's length would depend on the fit it teaches
+  bootstrap are needed.  ``ahead`` counts what was placed and has not shown a first
+  token (``first_token``, reported where it is free: routing in the frontend) or been
+  released; it is never a queue drained at the learned rate: such a queue's length would depend on the fit it teaches
   (a slope too low drains it too fast, the samples then show long TTFTs behind short
   queues and the slope swings up, and back), and on a shared machine it oscillated.
 - TPOT: ``x`` = the mean number of requests running on the worker over the request's
@@ -96,6 +98,7 @@ class _Worker:
     area: float = 0.0  # integral of ``running`` over time, request-seconds
     at: float = 0.0
     inflight_tokens: float = 0.0  # uncached prompt tokens of placed requests not released
+    pending_tokens: float = 0.0  # ... of those whose first token was not reported yet
     ttft: _Fit | None = None
     tpot: _Bins = field(default_factory=_Bins)
 
@@ -150,6 +153,7 @@ class LatencyPredictor:
         self.pool = _Worker()
         self.tickets: OrderedDict[str, Ticket] = OrderedDict()
         self.service_ms: float | None = None  # EMA of placement-to-release times
+        self.first_tokens: dict[str, float] = {}  # request -> measured TTFT (ms)
 
     def _worker(self, worker: str, now: float) -> _Worker:
         w = self.workers.get(worker)
@@ -195,7 +199,7 @@ class LatencyPredictor:
         fixed, per_token, ttft_source = self.ttft_line(worker, now)
         base, slope, tpot_source = self.tpot_line(worker, now)
         w = self._worker(worker, now)
-        ahead = w.inflight_tokens
+        ahead = w.pending_tokens
         batch = w.running + 1
         queue_ms = ahead * per_token + max(0.0, held_ms)
         own_ms = fixed + own * per_token
@@ -215,16 +219,41 @@ class LatencyPredictor:
         w = self._worker(worker, now)
         w.running += 1
         w.inflight_tokens += estimate.request_tokens
+        w.pending_tokens += estimate.request_tokens
         self.tickets[request_id] = Ticket(
             worker, class_name, now, estimate.prefill_queued_tokens
             + max(1, estimate.request_tokens), w.area, estimate, would_reject)
         while len(self.tickets) > MAX_TICKETS:
-            self._drop(self.tickets.popitem(last=False)[1], now)
+            rid, old = self.tickets.popitem(last=False)
+            self._drop(old, now, rid)
 
-    def _drop(self, ticket: Ticket, now: float) -> _Worker:
+    def first_token(self, request_id: str, now: float) -> None:
+        """Called when a placed request's first token reached the frontend (in process,
+        where that costs nothing): its prompt leaves the work ahead of later requests,
+        and its TTFT teaches the fit at once instead of at its release."""
+        ticket = self.tickets.get(request_id)
+        if ticket is None or request_id in self.first_tokens:
+            return
+        ttft_ms = max(0.0, now - ticket.placed_at) * 1000.0
+        self.first_tokens[request_id] = ttft_ms
         w = self._worker(ticket.worker, now)
+        w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
+        self._learn_ttft(w, ticket.x_ttft, ttft_ms)
+
+    def _learn_ttft(self, w: _Worker, x: float, ttft_ms: float) -> None:
+        for holder in (w, self.pool):
+            if holder.ttft is None:
+                holder.ttft = _Fit(x, ttft_ms, x * x, x * ttft_ms, 1)
+            else:
+                holder.ttft.update(self.params.smoothing, x, ttft_ms)
+
+    def _drop(self, ticket: Ticket, now: float, rid: str) -> _Worker:
+        w = self._worker(ticket.worker, now)
+        if self.first_tokens.pop(rid, None) is None:
+            w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
         w.running = max(0, w.running - 1)
         w.inflight_tokens = max(0.0, w.inflight_tokens - ticket.estimate.request_tokens)
+        w.pending_tokens = min(w.pending_tokens, w.inflight_tokens)
         return w
 
     def expire(self, now: float, ttl_s: float) -> None:
@@ -234,7 +263,7 @@ class LatencyPredictor:
             if now - ticket.placed_at <= ttl_s:
                 return
             del self.tickets[rid]
-            self._drop(ticket, now)
+            self._drop(ticket, now, rid)
 
     def finish(self, request_id: str, now: float, *, ok: bool, ttft_s: float | None,
                duration_s: float | None, output_tokens: int) -> Calibration | None:
@@ -245,7 +274,8 @@ class LatencyPredictor:
         ticket = self.tickets.pop(request_id, None)
         if ticket is None:
             return None
-        w = self._drop(ticket, now)
+        reported = self.first_tokens.get(request_id)
+        w = self._drop(ticket, now, request_id)
         if not ok or ttft_s is None:
             return None
         # The frontend measured from the reply it got; the prediction is from the
@@ -253,6 +283,8 @@ class LatencyPredictor:
         # clock is (now - duration + ttft); the difference is the route reply's trip.
         first = now - duration_s + ttft_s if duration_s is not None else ticket.placed_at
         ttft_ms = max(ttft_s, first - ticket.placed_at) * 1000.0
+        if reported is not None:  # measured on this clock already, and learned from
+            ttft_ms = reported
         tpot_ms = None
         if output_tokens > 1 and duration_s is not None:
             tpot_ms = max(0.0, duration_s - ttft_s) * 1000.0 / (output_tokens - 1)
@@ -262,13 +294,10 @@ class LatencyPredictor:
             alpha * span * 1000.0 + (1.0 - alpha) * self.service_ms
         mean_batch = (w.area - ticket.area_at) / span if span > 0 else w.running + 1.0
         mean_batch = max(1.0, mean_batch)
-        for holder in (w, self.pool):
-            if holder.ttft is None:
-                x = ticket.x_ttft
-                holder.ttft = _Fit(x, ttft_ms, x * x, x * ttft_ms, 1)
-            else:
-                holder.ttft.update(alpha, ticket.x_ttft, ttft_ms)
-            if tpot_ms is not None and math.isfinite(tpot_ms):
+        if reported is None:
+            self._learn_ttft(w, ticket.x_ttft, ttft_ms)
+        if tpot_ms is not None and math.isfinite(tpot_ms):
+            for holder in (w, self.pool):
                 holder.tpot.update(alpha, mean_batch, tpot_ms)
         est = ticket.estimate
         return Calibration(ticket.class_name, ticket.worker, ticket.would_reject,

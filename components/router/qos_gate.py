@@ -190,6 +190,10 @@ class QosGate:
         self.metrics.verdicts.labels(class_name, "rejected", reason).inc()
         self.metrics.confusion.labels(class_name, "refused").inc()
 
+    def first_token(self, request_id: str, now: float) -> None:
+        """A placed request's first token reached the frontend (routing in process)."""
+        self.predictor.first_token(request_id, now)
+
     def observe(self, call: ReleaseCall, now: float) -> Calibration | None:
         """Learn from a finished request's timings (release calls carry them) and record
         its prediction against what was measured; returns that calibration."""

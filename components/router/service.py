@@ -281,6 +281,11 @@ class RouterService:
             self.mark_down(call.worker_id, time.monotonic())
         self.qos.observe(call, time.monotonic())
 
+    def first_token(self, request_id: str) -> None:
+        """A placed request's first token reached the client: called in process by the
+        frontend (free there; the Router process learns it from the release instead)."""
+        self.qos.first_token(request_id, time.monotonic())
+
     async def status_handler(self, request: dict, context=None):
         """Endpoint handler: one RouterStatus."""
         yield self.status().model_dump(mode="json")

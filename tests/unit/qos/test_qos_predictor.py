@@ -139,3 +139,19 @@ def test_a_wait_in_an_admission_queue_adds_to_the_ttft():
     assert est.queue_wait_ms == pytest.approx(700.0)
     assert est.est_ttft_ms == pytest.approx(50 + 500 * 0.1 + 700)
     assert p.service_ms is not None and p.service_ms > 0
+
+
+def test_a_reported_first_token_leaves_the_work_ahead_and_teaches_at_once():
+    p = LatencyPredictor()
+    t = teach(p)
+    samples = p.pool.ttft.samples
+    p.place("r", "a", p.predict("a", 1000, t), t, class_name="default")
+    assert p.predict("a", 500, t).prefill_queued_tokens == 1000
+    p.first_token("r", t + 0.15)
+    assert p.predict("a", 500, t + 0.15).prefill_queued_tokens == 0
+    assert p.pool.ttft.samples == samples + 1
+    p.first_token("r", t + 0.2)  # reported twice: counted once
+    cal = p.finish("r", t + 1.0, ok=True, ttft_s=0.1, duration_s=0.9, output_tokens=11)
+    assert cal is not None and cal.measured_ttft_ms == pytest.approx(150.0)
+    assert p.pool.ttft.samples == samples + 1  # not learned again at the release
+    assert p.workers["a"].pending_tokens == 0 and p.workers["a"].inflight_tokens == 0
