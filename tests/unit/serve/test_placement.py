@@ -103,3 +103,17 @@ def test_bind_and_advertised_host_come_from_the_command_line(tmp_path):
     assert (run.common.bind_host, run.common.advertised_host()) == ("10.1.2.3", "10.1.2.3")
     with pytest.raises(ValueError, match="wildcard"):
         load_run_config(["--config", str(path), "--advertise-host", "0.0.0.0"])
+
+
+@pytest.mark.parametrize("name", ["sglang_disagg", "trtllm_disagg"])
+def test_kubernetes_workers_bind_and_advertise_the_pod_ip(name):
+    docs = list(yaml.safe_load_all((ROOT_DIR / f"deploy/kubernetes/{name}.yaml").read_text()))
+    for d in docs:
+        if d.get("kind") == "Deployment" and d["metadata"]["name"] in ("decodeworker",
+                                                                     "prefillworker"):
+            c = d["spec"]["template"]["spec"]["containers"][0]
+            cmd = c["command"]
+            assert cmd[cmd.index("--bind-host") + 1] == "$(POD_IP)"
+            assert cmd[cmd.index("--advertise-host") + 1] == "$(POD_IP)"
+            pod_ip = next(e for e in c["env"] if e["name"] == "POD_IP")
+            assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
