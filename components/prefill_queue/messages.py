@@ -27,6 +27,8 @@ from splitserve.components.engines.interface import EngineHandoff
 from .config import PrefillQueueConfig
 
 WIRE_VERSION = 1
+ADDED_FIELDS = ("ignore_eos", "min_tokens")
+"""Optional fields added to version 1 after its first release (see ``encode``)."""
 
 
 class PrefillRequest(BaseModel):
@@ -103,8 +105,13 @@ class PrefillRequest(BaseModel):
         return None if self.max_wait_s is None else self.enqueued_at + self.max_wait_s
 
     def encode(self) -> bytes:
-        """Serialise for publishing; called by the adapter on enqueue."""
-        return self.model_dump_json().encode("utf-8")
+        """Serialise for publishing; called by the adapter on enqueue.  Fields added to
+        version 1 later (``ADDED_FIELDS``) are written only when set, so a prefill worker
+        of the previous release, which refuses unknown fields, still reads every request
+        that does not use them."""
+        unset = {k for k in ADDED_FIELDS
+                 if getattr(self, k) == type(self).model_fields[k].default}
+        return self.model_dump_json(exclude=unset).encode("utf-8")
 
 
 def priority_level(priority: int | str, config: PrefillQueueConfig) -> int:

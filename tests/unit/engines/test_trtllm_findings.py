@@ -106,6 +106,18 @@ def test_prefill_job_carries_ignore_eos_and_min_tokens():
     assert p.ignore_eos and p.min_tokens == 4 and p.max_tokens == 1
 
 
+def test_prefill_jobs_without_the_new_fields_read_as_before():
+    import json
+
+    base = dict(request_id="r", token_ids=[1, 2], decode_worker_id="d", nixl_agent="a",
+                block_ids=[0], block_size=16, enqueued_at=0.0)
+    plain = json.loads(PrefillRequest(**base).encode())
+    assert "ignore_eos" not in plain and "min_tokens" not in plain  # older readers forbid them
+    both = PrefillRequest.model_validate_json(
+        PrefillRequest(**base, ignore_eos=True, min_tokens=2).encode())
+    assert (both.ignore_eos, both.min_tokens) == (True, 2)
+
+
 def test_context_phase_whose_token_is_a_stop_token_still_hands_off_with_ignore_eos():
     first = tokens_for(list(P.token_ids), 1)[0]
     stop_first = GenerateParams(token_ids=P.token_ids, max_tokens=1, stop_token_ids=(first,))
