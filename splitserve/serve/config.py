@@ -134,16 +134,23 @@ class CommonConfig(StrictModel):
         return self.context_length or MODEL_CONTEXT_LENGTH[self.model]
 
 
+MAX_SHARED_MEMORY = 0.95
+"""Most of one GPU's memory that engines sharing it may claim together."""
+
+
 def placement_checks(common: CommonConfig, sections: dict[str, Any]) -> list[str]:
     """Refuse GPU assignments that would put two engines on one device, or GPU engines
     with none assigned where several would start on the same default device.
 
     Called by ``build_plan`` once every section validated; sections whose config says
     ``needs_gpu`` run GPU engines, and ``gpus_needed_per_replica()`` (their tensor
-    parallelism) must equal ``gpus_per_replica`` when devices are assigned.
+    parallelism) must equal ``gpus_per_replica`` when devices are assigned.  Sections
+    with ``gpu_memory_share()`` (the fraction of a GPU's memory the engine claims)
+    must fit together on a shared device.
     """
     errors: list[str] = []
     owner: dict[int, str] = {}
+    share: dict[int, list[tuple[str, float]]] = {}
     gpu_replicas = 0
     unassigned: list[str] = []
     for name, cfg in sections.items():
@@ -163,6 +170,14 @@ def placement_checks(common: CommonConfig, sections: dict[str, Any]) -> list[str
                     errors.append(f"{name}.devices: GPU {dev} is given to both {owner[dev]} "
                                   f"and {here} (set Common.allow_shared_devices to allow it)")
                 owner.setdefault(dev, here)
+                frac = getattr(cfg, "gpu_memory_share", lambda: None)()
+                if frac is not None:
+                    share.setdefault(dev, []).append((here, frac))
+    for dev, users in share.items():
+        if len(users) > 1 and sum(f for _, f in users) > MAX_SHARED_MEMORY:
+            parts = ", ".join(f"{who} {f:g}" for who, f in users)
+            errors.append(f"Common.allow_shared_devices: GPU {dev} is shared by {parts}: "
+                          f"memory shares add up to more than {MAX_SHARED_MEMORY:g}")
     if unassigned and gpu_replicas > 1:
         errors += [f"{name}.devices: {gpu_replicas} GPU engine replicas in this graph, and "
                    f"{name}'s have no devices: they would all start on the same GPU; set "

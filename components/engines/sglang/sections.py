@@ -40,6 +40,11 @@ class SglangWorkerSection(WorkerCommon):
         check compares it with gpus_per_replica."""
         return self.engine_args.tp_size
 
+    def gpu_memory_share(self) -> float | None:
+        """Fraction of each GPU's memory the engine claims (mem_fraction_static), for
+        the plan's check of engines sharing a device; None: SGLang's own estimate."""
+        return self.engine_args.mem_fraction_static
+
     def graph_checks(self, sections: dict[str, Any]) -> list[str]:
         """Called by the plan builder with every validated section of the graph."""
         return _router_block_size(self.engine_args, sections)
@@ -62,6 +67,11 @@ class SglangDecodeWorkerConfig(EngineDecodeSection):
         """GPUs one replica's engine uses (its tensor parallelism); the plan's placement
         check compares it with gpus_per_replica."""
         return self.engine_args.tp_size
+
+    def gpu_memory_share(self) -> float | None:
+        """Fraction of each GPU's memory the engine claims (mem_fraction_static), for
+        the plan's check of engines sharing a device; None: SGLang's own estimate."""
+        return self.engine_args.mem_fraction_static
     local_prefill_engine: bool = Field(
         False, description="Refused when true: a second SGLang engine cannot share the "
         "decode worker's process.  Run aggregated Workers for local serving instead.")
@@ -103,6 +113,11 @@ class SglangPrefillWorkerConfig(EnginePrefillSection):
         """GPUs one replica's engine uses (its tensor parallelism); the plan's placement
         check compares it with gpus_per_replica."""
         return self.engine_args.tp_size
+
+    def gpu_memory_share(self) -> float | None:
+        """Fraction of each GPU's memory the engine claims (mem_fraction_static), for
+        the plan's check of engines sharing a device; None: SGLang's own estimate."""
+        return self.engine_args.mem_fraction_static
     prefill_timeout_s: float = Field(
         630.0, gt=0, description="How long the prefill loop waits for a begun prefill to "
         "finish before aborting it; must exceed SGLang's own bootstrap and waiting "

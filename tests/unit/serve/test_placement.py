@@ -117,3 +117,12 @@ def test_kubernetes_workers_bind_and_advertise_the_pod_ip(name):
             assert cmd[cmd.index("--advertise-host") + 1] == "$(POD_IP)"
             pod_ip = next(e for e in c["env"] if e["name"] == "POD_IP")
             assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_engines_sharing_a_gpu_must_fit_in_its_memory():
+    pytest.importorskip("sglang.srt.server_args")
+    shared = ["--PrefillWorker.devices=[0]", "--Common.allow_shared_devices=true"]
+    assert "add up to more than 0.95" in errors_of("sglang_disagg.yaml", shared)
+    plan_of("sglang_disagg.yaml", [*shared,
+                                   "--PrefillWorker.engine_args.mem_fraction_static=0.4",
+                                   "--DecodeWorker.engine_args.mem_fraction_static=0.4"])
