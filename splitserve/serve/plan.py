@@ -154,15 +154,7 @@ def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
         comps.append(ComponentPlan(name=name, entrypoint=spec.entrypoint, config=cfg,
                                    links=graph.links_of(name), pruned=graph.pruned_of(name),
                                    shutdown_rank=spec.shutdown_rank))
-    # Checks across sections (a worker's KV block size against the router's): a config
-    # model may define graph_checks(sections) -> ["field: message", ...].
-    sections = {c.name: c.config for c in comps}
-    for c in comps:
-        graph_checks = getattr(c.config, "graph_checks", None)
-        if graph_checks is not None:
-            errors += [f"{c.name}.{p}" for p in graph_checks(sections)]
-    errors += context_length_checks(common, sections)
-    errors += placement_checks(common, sections)
+    errors += cross_section_checks(common, comps)
     allowed = set(graph.components) | graph.defined | (known_sections or set()) | {"Common"}
     ignored = []
     for key in data:
@@ -175,6 +167,21 @@ def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
         raise ConfigError(source, errors)
     return ServePlan(graph_ref=graph_ref, source=source, common=common, components=comps,
                      ignored_sections=ignored)
+
+
+def cross_section_checks(common: CommonConfig, comps: list[ComponentPlan]) -> list[str]:
+    """Checks across the validated sections, called by ``build_plan``: each config's
+    ``graph_checks(sections)`` (a worker's KV block size against the router's), the
+    context window, and GPU placement.  Returns lines of ``Section.field: message``."""
+    sections = {c.name: c.config for c in comps}
+    errors: list[str] = []
+    for c in comps:
+        graph_checks = getattr(c.config, "graph_checks", None)
+        if graph_checks is not None:
+            errors += [f"{c.name}.{p}" for p in graph_checks(sections)]
+    errors += context_length_checks(common, sections)
+    errors += placement_checks(common, sections)
+    return errors
 
 
 def load_plan(graph: Graph, graph_ref: str, config_path: Path | None,
