@@ -182,6 +182,11 @@ class LatencyPredictor:
         base, slope = line or (self.params.warmup_decode_ms_per_token, 0.0)
         return base, slope, source
 
+    def load(self, worker: str) -> tuple[float, int]:
+        """(prompt tokens ahead, requests running) on ``worker``: cheap, for ordering."""
+        w = self.workers.get(worker)
+        return (w.pending_tokens, w.running) if w is not None else (0.0, 0)
+
     def pool_rates(self) -> tuple[float, float]:
         """(TTFT ms per token, TPOT ms at a batch of one) of the pool's fits, for gauges."""
         ttft = _ttft_line(self.pool.ttft)

@@ -40,6 +40,7 @@ from .types import WorkerState
 # log2(measured / predicted): 0 is exact, 1 is twice as slow as predicted.
 LOG2_RATIO_BUCKETS = (-4.0, -3.0, -2.0, -1.5, -1.0, -0.5, -0.25, -0.1, 0.1, 0.25, 0.5, 1.0,
                       1.5, 2.0, 3.0, 4.0)
+MAX_ALTERNATIVES = 4  # other candidates judged when the policy's pick would miss
 CONFUSION_OUTCOMES = ("refused", "admitted-met", "admitted-missed", "would-refuse-met",
                       "would-refuse-missed")
 
@@ -149,7 +150,11 @@ class QosGate:
 
         first = judge(chosen) if chosen is not None else None
         if first is None or (not first.verdict.admit and self.config.mode == "enforce"):
-            judged = [judge(w) for w in ids if w != chosen]
+            # The least loaded few are judged (a refusal under overload must stay cheap
+            # on a large fleet): less work ahead and a smaller batch predict lower.
+            others = sorted((w for w in ids if w != chosen),
+                            key=lambda w: self.predictor.load(f"{w:x}"))
+            judged = [judge(w) for w in others[:MAX_ALTERNATIVES]]
             fits = [a for a in judged if a.verdict.admit and not a.verdict.would_reject]
             if fits:
                 best = min(fits, key=lambda a: a.verdict.est_ttft_ms or 0.0)
