@@ -26,6 +26,8 @@ from .errors import APIError, upstream_error
 
 log = logging.getLogger(__name__)
 
+PROGRESS_TOKENS = 16  # output tokens after which a request's TPOT so far is reported
+
 
 class InProcessBackend(RoutedBackend):
     """Frontend → RouterService (same process) → Worker (stream) → RouterService."""
@@ -65,20 +67,27 @@ class InProcessBackend(RoutedBackend):
 
     async def _stream_placed(self, request: dict, reply: RouteReply, meta: StreamMeta,
                              context) -> AsyncIterator[dict]:
-        """The worker's stream, telling the service when the first token arrives: its
+        """The worker's stream, telling the service when the first token arrives (its
         prompt then leaves the work ahead of later requests on that worker, and its TTFT
-        teaches admission at once rather than at the end of the answer."""
-        first = True
+        teaches admission at once) and when PROGRESS_TOKENS have streamed (its TPOT so
+        far teaches admission before a long answer ends)."""
+        tokens = 0
         async with contextlib.aclosing(
                 super()._stream_placed(request, reply, meta, context)) as placed:
             async for chunk in placed:
-                if first and chunk.get("token_ids"):
-                    first = False
-                    try:
-                        self.service.first_token(meta.request_id)
-                    except Exception:
-                        log.exception("first-token report of %s failed", meta.request_id)
+                if tokens < PROGRESS_TOKENS and chunk.get("token_ids"):
+                    before, tokens = tokens, tokens + len(chunk["token_ids"])
+                    self._report(meta.request_id, before, tokens)
                 yield chunk
+
+    def _report(self, request_id: str, before: int, tokens: int) -> None:
+        try:
+            if before == 0:
+                self.service.first_token(request_id)
+            if tokens >= PROGRESS_TOKENS:
+                self.service.decode_progress(request_id, tokens)
+        except Exception:
+            log.exception("progress report of %s failed", request_id)
 
     def deliver_release(self, call: ReleaseCall, meta: StreamMeta) -> None:
         """Account the finished request at once (called as its stream closes)."""

@@ -154,6 +154,7 @@ class LatencyPredictor:
         self.tickets: OrderedDict[str, Ticket] = OrderedDict()
         self.service_ms: float | None = None  # EMA of placement-to-release times
         self.first_tokens: dict[str, float] = {}  # request -> measured TTFT (ms)
+        self.decode_seen: set[str] = set()  # requests whose TPOT taught the fit already
 
     def _worker(self, worker: str, now: float) -> _Worker:
         w = self.workers.get(worker)
@@ -245,6 +246,27 @@ class LatencyPredictor:
         w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
         self._learn_ttft(w, ticket.x_ttft, ttft_ms)
 
+    def decode_progress(self, request_id: str, tokens: int, now: float) -> None:
+        """Called once per request, in process, after its first ``tokens`` output tokens
+        (the first one reported with ``first_token``): its TPOT so far, against the mean
+        batch it ran in so far, teaches the TPOT fit at once.  A long answer otherwise
+        teaches only at its end, and a fleet filling up under load for the first time
+        would be admitted blind for that long."""
+        ticket = self.tickets.get(request_id)
+        first_ms = self.first_tokens.get(request_id)
+        if ticket is None or first_ms is None or tokens < 2 or request_id in self.decode_seen:
+            return
+        decode_s = now - ticket.placed_at - first_ms / 1000.0
+        span = now - ticket.placed_at
+        if decode_s <= 0 or span <= 0:
+            return
+        self.decode_seen.add(request_id)
+        w = self._worker(ticket.worker, now)
+        mean_batch = max(1.0, (w.area - ticket.area_at) / span)
+        tpot_ms = decode_s * 1000.0 / (tokens - 1)
+        for holder in (w, self.pool):
+            holder.tpot.update(self.params.smoothing, mean_batch, tpot_ms)
+
     def _learn_ttft(self, w: _Worker, x: float, ttft_ms: float) -> None:
         for holder in (w, self.pool):
             if holder.ttft is None:
@@ -253,6 +275,7 @@ class LatencyPredictor:
                 holder.ttft.update(self.params.smoothing, x, ttft_ms)
 
     def _drop(self, ticket: Ticket, now: float, rid: str) -> _Worker:
+        self.decode_seen.discard(rid)
         w = self._worker(ticket.worker, now)
         if self.first_tokens.pop(rid, None) is None:
             w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
@@ -280,6 +303,8 @@ class LatencyPredictor:
         if ticket is None:
             return None
         reported = self.first_tokens.get(request_id)
+        decode_taught = request_id in self.decode_seen
+        self.decode_seen.discard(request_id)
         w = self._drop(ticket, now, request_id)
         if not ok or ttft_s is None:
             return None
@@ -301,7 +326,7 @@ class LatencyPredictor:
         mean_batch = max(1.0, mean_batch)
         if reported is None:
             self._learn_ttft(w, ticket.x_ttft, ttft_ms)
-        if tpot_ms is not None and math.isfinite(tpot_ms):
+        if tpot_ms is not None and math.isfinite(tpot_ms) and not decode_taught:
             for holder in (w, self.pool):
                 holder.tpot.update(alpha, mean_batch, tpot_ms)
         est = ticket.estimate

@@ -155,3 +155,19 @@ def test_a_reported_first_token_leaves_the_work_ahead_and_teaches_at_once():
     assert cal is not None and cal.measured_ttft_ms == pytest.approx(150.0)
     assert p.pool.ttft.samples == samples + 1  # not learned again at the release
     assert p.workers["a"].pending_tokens == 0 and p.workers["a"].inflight_tokens == 0
+
+
+def test_decode_progress_teaches_tpot_before_the_answer_ends():
+    p = LatencyPredictor()
+    for i in range(3):  # three requests at once on one worker, still streaming
+        p.place(f"r{i}", "a", p.predict("a", 100, 0.0), 0.0, class_name="default")
+    for i in range(3):
+        p.first_token(f"r{i}", 0.1)
+        p.decode_progress(f"r{i}", 16, 0.1 + 15 * 0.030)  # 30 ms per token in a batch of 3
+        p.decode_progress(f"r{i}", 16, 9.0)  # once per request
+    assert p.predict("a", 100, 1.0).decode_source != "warmup"
+    assert p.tpot_line("a", 1.0)[:2] == (pytest.approx(30.0), 0.0)  # one bin: flat
+    samples = p.pool.tpot.samples
+    cal = p.finish("r0", 10.0, ok=True, ttft_s=0.1, duration_s=9.9, output_tokens=300)
+    assert cal is not None and cal.measured_tpot_ms == pytest.approx(9.8 * 1000 / 299)
+    assert p.pool.tpot.samples == samples  # taught once, mid-stream
