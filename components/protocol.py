@@ -30,11 +30,34 @@ class StopConditions(BaseModel):
 
 
 class SamplingOptions(BaseModel):
+    """How the next token is chosen (Dynamo's SamplingOptions fields, plus ``logit_bias``).
+
+    None means the engine's neutral value: no penalty, no bias, no top-k / min-p cut.
+    """
+
     model_config = ConfigDict(extra="ignore")
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    """Token id -> bias added to its logit before sampling (OpenAI's range -100..100)."""
+
+
+class OutputOptions(BaseModel):
+    """What a worker returns beside the tokens (Dynamo's OutputOptions fields)."""
+
+    model_config = ConfigDict(extra="ignore")
+    logprobs: int | None = None
+    """Return each sampled token's log-probability and this many most likely
+    alternatives (0: the sampled token's only; None: no log-probabilities)."""
+    prompt_logprobs: int | None = None
+    """Return the log-probability of every prompt token after the first (and this many
+    alternatives at each position); None: none."""
 
 
 class RequestMeta(BaseModel):
@@ -55,6 +78,7 @@ class WorkerRequest(BaseModel):
     token_ids: list[int]
     stop_conditions: StopConditions = Field(default_factory=StopConditions)
     sampling_options: SamplingOptions = Field(default_factory=SamplingOptions)
+    output_options: OutputOptions = Field(default_factory=OutputOptions)
     eos_token_ids: list[int] = Field(default_factory=list)
     annotations: list[str] = Field(default_factory=list)
     extra_args: dict[str, Any] | None = None
@@ -66,26 +90,50 @@ class WorkerRequest(BaseModel):
 
 def worker_request(*, model: str, token_ids: list[int], max_tokens: int,
                    temperature: float | None, top_p: float | None, seed: int | None,
-                   eos_token_ids: list[int], request_id: str, priority: str) -> dict[str, Any]:
-    """Build the dict sent to a worker (plain dict: it goes straight onto the wire)."""
-    return {
+                   eos_token_ids: list[int], request_id: str, priority: str,
+                   sampling: dict[str, Any] | None = None, min_tokens: int | None = None,
+                   output: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build the dict sent to a worker (plain dict: it goes straight onto the wire).
+
+    ``sampling`` holds further SamplingOptions fields and ``output`` OutputOptions
+    fields; both are left off the wire when empty, so engines that predate them see the
+    request they always saw."""
+    stop: dict[str, Any] = {"max_tokens": max_tokens}
+    if min_tokens:
+        stop["min_tokens"] = min_tokens
+    req: dict[str, Any] = {
         "model": model,
         "token_ids": token_ids,
-        "stop_conditions": {"max_tokens": max_tokens},
-        "sampling_options": {"temperature": temperature, "top_p": top_p, "seed": seed},
+        "stop_conditions": stop,
+        "sampling_options": {"temperature": temperature, "top_p": top_p, "seed": seed,
+                             **(sampling or {})},
         "eos_token_ids": eos_token_ids,
         "annotations": [],
         "extra_args": {"splitserve": {"version": PROTOCOL_VERSION, "request_id": request_id,
                                       "priority": priority}},
     }
+    if output:
+        req["output_options"] = output
+    return req
 
 
 def output_chunk(token_ids: list[int], finish_reason: FinishReason | None = None,
                  *, prompt_tokens: int | None = None, cached_tokens: int | None = None,
-                 completion_tokens: int | None = None, error: str | None = None
-                 ) -> dict[str, Any]:
-    """One streamed item of a worker's answer (Dynamo LLMEngineOutput shape)."""
+                 completion_tokens: int | None = None, error: str | None = None,
+                 logprobs: TokenLogprobs | None = None,
+                 prompt_logprobs: TokenLogprobs | None = None) -> dict[str, Any]:
+    """One streamed item of a worker's answer (Dynamo LLMEngineOutput shape).
+
+    ``logprobs`` (one entry per token of ``token_ids``) travels as Dynamo's ``log_probs``
+    and ``top_logprobs``; ``prompt_logprobs`` (one entry per prompt token after the
+    first) only on the first chunk."""
     out: dict[str, Any] = {"token_ids": token_ids}
+    if logprobs is not None:
+        out["log_probs"] = logprobs.logprobs
+        out["top_logprobs"] = logprobs.top
+    if prompt_logprobs is not None:
+        out["prompt_logprobs"] = {"log_probs": prompt_logprobs.logprobs,
+                                  "top_logprobs": prompt_logprobs.top}
     if finish_reason is not None:
         out["finish_reason"] = finish_reason
     if prompt_tokens is not None:
@@ -98,6 +146,35 @@ def output_chunk(token_ids: list[int], finish_reason: FinishReason | None = None
     if error is not None:
         out["error"] = error
     return out
+
+
+# A log-probability the engine could not give (a token sampled elsewhere, a banned
+# token): OpenAI's value for it, since JSON has no -inf or NaN.
+NO_LOGPROB = -9999.0
+
+
+class TokenLogprobs(BaseModel):
+    """Log-probabilities of a run of tokens: for each token its own, and its position's
+    most likely tokens as ``[[token_id, logprob], ...]`` (best first)."""
+
+    model_config = ConfigDict(extra="ignore")
+    logprobs: list[float] = Field(default_factory=list)
+    top: list[list[tuple[int, float]]] = Field(default_factory=list)
+
+
+def chunk_logprobs(chunk: dict[str, Any]) -> TokenLogprobs | None:
+    """The sampled tokens' log-probabilities of a worker chunk, if it carries them."""
+    if chunk.get("log_probs") is None:
+        return None
+    return TokenLogprobs(logprobs=chunk["log_probs"], top=chunk.get("top_logprobs") or [])
+
+
+def chunk_prompt_logprobs(chunk: dict[str, Any]) -> TokenLogprobs | None:
+    """The prompt's log-probabilities of a worker chunk, if it carries them."""
+    raw = chunk.get("prompt_logprobs")
+    if raw is None:
+        return None
+    return TokenLogprobs(logprobs=raw["log_probs"], top=raw.get("top_logprobs") or [])
 
 
 # ---- router calls -----------------------------------------------------------------------

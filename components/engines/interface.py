@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from splitserve.components.engines.torch_cpu.kv_events import KvEvent
+from splitserve.components.protocol import TokenLogprobs, WorkerRequest
 
 HANDOFF_VERSION = 1
 
@@ -88,6 +89,54 @@ class GenerateParams:
     min_tokens: int = 0
     """Tokens to produce before a stop token may end the request."""
     priority: int = 1
+    top_k: int = 0
+    """Sample among the k most likely tokens only (0: no limit)."""
+    min_p: float = 0.0
+    """Drop tokens less likely than ``min_p`` times the most likely one (0: off)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token already generated (OpenAI's)."""
+    frequency_penalty: float = 0.0
+    """Subtracted once per earlier occurrence in the generated tokens (OpenAI's)."""
+    repetition_penalty: float = 1.0
+    """Divides positive / multiplies negative logits of tokens in the prompt or output
+    (CTRL's; 1: off)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits."""
+    logprobs: int | None = None
+    """Return the sampled tokens' log-probabilities and this many alternatives each."""
+    prompt_logprobs: int | None = None
+    """Return the prompt tokens' log-probabilities and this many alternatives each."""
+
+    def neutral_sampling(self) -> bool:
+        """True when no penalty, bias, top-k or min-p changes the model's distribution."""
+        return (self.top_k <= 0 and self.min_p <= 0 and self.presence_penalty == 0
+                and self.frequency_penalty == 0 and self.repetition_penalty == 1.0
+                and not self.logit_bias)
+
+
+PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
+
+
+def params_from_wire(wreq: WorkerRequest, default_max_tokens: int = 256) -> GenerateParams:
+    """The engine's view of a wire request: the one wire -> engine mapping every worker
+    shell uses (unset wire fields take the engines' neutral values)."""
+    s, sc, o = wreq.sampling_options, wreq.stop_conditions, wreq.output_options
+
+    def given(v, neutral):
+        return neutral if v is None else v
+
+    return GenerateParams(
+        token_ids=tuple(wreq.token_ids), max_tokens=sc.max_tokens or default_max_tokens,
+        temperature=given(s.temperature, 1.0), top_p=given(s.top_p, 1.0), seed=s.seed,
+        stop_token_ids=tuple(wreq.eos_token_ids) + tuple(sc.stop_token_ids_hidden or ()),
+        ignore_eos=bool(sc.ignore_eos), min_tokens=sc.min_tokens or 0,
+        priority=PRIORITY_RANK.get(wreq.meta().priority, 1),
+        top_k=max(0, given(s.top_k, 0)), min_p=given(s.min_p, 0.0),
+        presence_penalty=given(s.presence_penalty, 0.0),
+        frequency_penalty=given(s.frequency_penalty, 0.0),
+        repetition_penalty=given(s.repetition_penalty, 1.0),
+        logit_bias=tuple(sorted((s.logit_bias or {}).items())),
+        logprobs=o.logprobs, prompt_logprobs=o.prompt_logprobs)
 
 
 @dataclass(frozen=True)
@@ -99,6 +148,10 @@ class TokenDelta:
     finish_reason: Literal["stop", "length", "abort", "error"] | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    logprobs: TokenLogprobs | None = None
+    """One entry per token of ``token_ids`` when the request asked for log-probabilities."""
+    prompt_logprobs: TokenLogprobs | None = None
+    """On the first delta of a request that asked for prompt log-probabilities."""
 
 
 @dataclass(frozen=True)

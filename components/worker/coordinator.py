@@ -40,6 +40,7 @@ from splitserve.components.engines.interface import (
     GenerateParams,
     TokenDelta,
     TorchBlocksHandoff,
+    params_from_wire,
 )
 from splitserve.components.engines.sglang.offload import (
     OffloadPlan,
@@ -79,23 +80,20 @@ class Rejected(Exception):
         self.reason, self.retry_after_s = reason, retry_after_s
 
 
-PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
-
-
 def params_of(wreq: WorkerRequest) -> GenerateParams:
     """The engine's view of a wire request (raises ValueError on an unusable one)."""
     max_tokens = wreq.stop_conditions.max_tokens
     if not wreq.token_ids or not max_tokens or max_tokens < 1:
         raise ValueError("token_ids and max_tokens >= 1 are required")
-    s = wreq.sampling_options
-    stops = tuple(wreq.eos_token_ids) + tuple(wreq.stop_conditions.stop_token_ids_hidden or ())
-    return GenerateParams(
-        token_ids=tuple(wreq.token_ids), max_tokens=max_tokens,
-        temperature=s.temperature if s.temperature is not None else 1.0,
-        top_p=s.top_p if s.top_p is not None else 1.0, seed=s.seed,
-        stop_token_ids=stops, ignore_eos=bool(wreq.stop_conditions.ignore_eos),
-        min_tokens=wreq.stop_conditions.min_tokens or 0,
-        priority=PRIORITY_RANK.get(wreq.meta().priority, 1))
+    return params_from_wire(wreq)
+
+
+def job_carries(params: GenerateParams) -> bool:
+    """True when a prefill job can sample the first token as this request asks: jobs carry
+    temperature, top-p, seed and the stop conditions, not penalties, bias, top-k, min-p
+    or log-probabilities (such requests are prefilled where they decode)."""
+    return (params.neutral_sampling() and params.logprobs is None
+            and params.prompt_logprobs is None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +190,8 @@ class EngineDecodeCoordinator:
                         outcome = d.finish_reason or "stop"
                     yield output_chunk(list(d.token_ids), _finish(d), **(
                         {"prompt_tokens": d.prompt_tokens, "cached_tokens": d.cached_tokens,
-                         "completion_tokens": produced} if d.finished else {}))
+                         "completion_tokens": produced} if d.finished else {}),
+                        logprobs=d.logprobs, prompt_logprobs=d.prompt_logprobs)
         except Rejected as exc:
             outcome = "rejected"
             chunk = output_chunk([], "error", error=f"overloaded: {exc.reason}")
@@ -245,6 +244,8 @@ class EngineDecodeCoordinator:
         if prefill_locally:
             # QoS degradation (low priority while the prefill pool is busy): no offload.
             decision = OffloadDecision(remote=False, reason="qos-local-prefill")
+        elif not job_carries(params):
+            decision = OffloadDecision(remote=False, reason="sampling-local-prefill")
         else:
             decision = self.decider.decide(
                 OffloadRequest(request_id=rid, prompt_length=len(params.token_ids),

@@ -36,6 +36,7 @@ from splitserve.components.engines.interface import (
 )
 
 from .runner import EngineRunner
+from .torch_worker import output_logprobs, torch_request
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
 
@@ -70,13 +71,7 @@ class TorchEngine:
         self.core.check_token_ids(params.token_ids)
 
     def _request(self, request_id: str, params: GenerateParams, **extra):
-        from splitserve.components.engines.torch_cpu import Request
-
-        return Request(request_id=request_id, prompt_token_ids=params.token_ids,
-                       max_tokens=params.max_tokens, temperature=params.temperature,
-                       top_p=params.top_p, seed=params.seed,
-                       stop_token_ids=params.stop_token_ids, priority=params.priority,
-                       **extra)
+        return torch_request(request_id, params, **extra)
 
     async def _deltas(self, request_id: str, q: asyncio.Queue) -> AsyncIterator[TokenDelta]:
         """The runner's outputs of one request as deltas; aborts it if abandoned."""
@@ -90,11 +85,13 @@ class TorchEngine:
                 finished = out.finished
                 if out.finish_reason == "error":
                     raise RuntimeError(out.error or "engine error")
+                sampled, prompt = output_logprobs(out)
                 yield TokenDelta(
                     token_ids=tuple(out.new_token_ids), finished=finished,
                     finish_reason=FINISH.get(out.finish_reason or "", "stop")
                     if finished else None,
-                    prompt_tokens=out.num_prompt_tokens, cached_tokens=out.num_cached_tokens)
+                    prompt_tokens=out.num_prompt_tokens, cached_tokens=out.num_cached_tokens,
+                    logprobs=sampled, prompt_logprobs=prompt)
         finally:
             if not finished:
                 self.runner.abort(request_id)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import uuid
 from dataclasses import dataclass
 
+from splitserve.components.engines.interface import GenerateParams, params_from_wire
 from splitserve.components.protocol import (
+    NO_LOGPROB,
+    TokenLogprobs,
     WorkerLoad,
     WorkerRequest,
     load_subject,
@@ -32,23 +36,43 @@ from .runner import EngineRunner
 
 log = logging.getLogger("splitserve.worker")
 
-PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
 FINISH = {"stop": "eos", "length": "length", "abort": "cancelled"}
+
+
+def torch_request(request_id: str, params: GenerateParams, **extra):
+    """The engine core's request for ``params`` (``extra``: core-only fields such as
+    ``prefill_only``); raises ValueError if invalid."""
+    from splitserve.components.engines.torch_cpu import Request
+
+    return Request(
+        request_id=request_id, prompt_token_ids=params.token_ids,
+        max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+        seed=params.seed, stop_token_ids=params.stop_token_ids, priority=params.priority,
+        top_k=params.top_k, min_p=params.min_p, presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias,
+        min_tokens=params.min_tokens, logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs, **extra)
 
 
 def engine_request(wreq: WorkerRequest, request_id: str):
     """Map the wire request onto the engine core's request (raises ValueError if invalid)."""
-    from splitserve.components.engines.torch_cpu import Request
+    return torch_request(request_id, params_from_wire(wreq))
 
-    meta = wreq.meta()
-    s, sc = wreq.sampling_options, wreq.stop_conditions
-    stop_ids = tuple(wreq.eos_token_ids) + tuple(sc.stop_token_ids_hidden or ())
-    return Request(
-        request_id=request_id, prompt_token_ids=tuple(wreq.token_ids),
-        max_tokens=sc.max_tokens or 256,
-        temperature=s.temperature if s.temperature is not None else 1.0,
-        top_p=s.top_p if s.top_p is not None else 1.0, seed=s.seed,
-        stop_token_ids=stop_ids, priority=PRIORITY_RANK.get(meta.priority, 1))
+
+def output_logprobs(out) -> tuple[TokenLogprobs | None, TokenLogprobs | None]:
+    """A core ``RequestOutput``'s sampled-token and prompt log-probabilities, if any."""
+    def wire(values, tops) -> TokenLogprobs:
+        return TokenLogprobs(logprobs=[v if math.isfinite(v) else NO_LOGPROB for v in values],
+                             top=[[(t, v if math.isfinite(v) else NO_LOGPROB) for t, v in top]
+                                  for top in tops or ()])
+
+    sampled = prompt = None
+    if out.logprobs is not None:
+        sampled = wire(out.logprobs, out.top_logprobs)
+    if out.prompt_logprobs is not None:
+        prompt = wire(out.prompt_logprobs, out.prompt_top_logprobs)
+    return sampled, prompt
 
 
 def build_engine(args, threads: int, progress):
@@ -63,7 +87,8 @@ def build_engine(args, threads: int, progress):
     configure_threads(threads)
     loaded = load_smollm2(progress=progress)
     cfg = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                       max_running=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens)
+                       max_running=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens,
+                       max_chunk_tokens=args.max_chunk_tokens)
     return EngineCore(loaded.weights, loaded.config, cfg)
 
 
@@ -95,7 +120,9 @@ async def stream_outputs(runner: EngineRunner, q, rid: str, metrics: WorkerMetri
                 usage = dict(prompt_tokens=out.num_prompt_tokens,
                              cached_tokens=out.num_cached_tokens, completion_tokens=produced)
                 metrics.requests.labels(out.finish_reason or "stop").inc()
-            yield output_chunk(list(out.new_token_ids), reason, **usage)
+            sampled, prompt = output_logprobs(out)
+            yield output_chunk(list(out.new_token_ids), reason, logprobs=sampled,
+                               prompt_logprobs=prompt, **usage)
     finally:
         if not finished:
             runner.abort(rid)

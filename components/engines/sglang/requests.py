@@ -45,6 +45,26 @@ def sampling_params(p: GenerateParams, *, max_new_tokens: int | None = None) -> 
         sp["min_new_tokens"] = p.min_tokens
     if p.seed is not None:
         sp["sampling_seed"] = p.seed
+    sp.update(_shaping(p))
+    return sp
+
+
+def _shaping(p: GenerateParams) -> dict[str, Any]:
+    """SGLang's names for the penalties, cuts and bias a request sets (only those)."""
+    sp: dict[str, Any] = {}
+    if p.top_k > 0:
+        sp["top_k"] = p.top_k
+    if p.min_p > 0:
+        sp["min_p"] = p.min_p
+    if p.min_tokens:
+        sp["min_new_tokens"] = p.min_tokens
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(p, name):
+            sp[name] = getattr(p, name)
+    if p.repetition_penalty != 1.0:
+        sp["repetition_penalty"] = p.repetition_penalty
+    if p.logit_bias:
+        sp["logit_bias"] = {str(t): b for t, b in p.logit_bias}
     return sp
 
 

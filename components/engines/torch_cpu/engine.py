@@ -11,6 +11,7 @@ another engine writes (``allocate_remote``) and then continue the request
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,8 +21,19 @@ from .kv_cache import KVCacheManager
 from .kv_events import KvEvent
 from .model import ForwardBatch, LlamaWeights, PrefillSpan, forward
 from .request import EngineStats, RemoteKvAllocation, Request, RequestOutput, SeqStatus, Sequence
-from .sampler import sample_token, skip_draw
+from .sampler import Sampled, prompt_logprobs, sample_batch, skip_draw
 from .scheduler import Scheduler, SchedulerOutput
+
+
+@dataclass
+class LogitLayout:
+    """Which rows of a step's logits serve what: ``sample_rows[i]`` is ``samplers[i]``'s
+    next-token row; ``prompt_spans`` are (sequence, first row, first position, count)
+    runs of prompt positions whose logits score the prompt (prompt log-probabilities)."""
+
+    samplers: list[Sequence] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+    prompt_spans: list[tuple[Sequence, int, int, int]] = field(default_factory=list)
 
 
 class EngineCore:
@@ -88,11 +100,11 @@ class EngineCore:
         if not plan.empty:
             self._num_steps += 1
             try:
-                logits, samplers = self._compute(plan)
+                logits, layout = self._compute(plan)
             except Exception as exc:  # noqa: BLE001 - isolated below
                 self._run_alone(plan, exc)
             else:
-                self._apply(plan, logits, samplers)
+                self._apply(plan, logits, layout)
         outputs, self._pending = self._pending, []
         return outputs
 
@@ -213,15 +225,15 @@ class EngineCore:
         self._seqs[seq.request_id] = seq
         self.scheduler.add(seq)
 
-    def _compute(self, plan: SchedulerOutput) -> tuple[torch.Tensor, list[Sequence]]:
+    def _compute(self, plan: SchedulerOutput) -> tuple[torch.Tensor, LogitLayout]:
         """Build the batch and run the forward pass; changes no bookkeeping, so a plan
         whose computation raised can be run again (its KV slots are simply rewritten)."""
-        batch, samplers = self._build_batch(plan)
+        batch, layout = self._build_batch(plan)
         with torch.inference_mode():
             logits = forward(
                 self.weights, self.model_config, self.kv.pool(), batch, self.config.attention_tile
             )
-        return logits, samplers
+        return logits, layout
 
     def _run_alone(self, plan: SchedulerOutput, exc: Exception) -> None:
         """The batch failed: run each of its requests alone, failing those that still raise."""
@@ -234,38 +246,46 @@ class EngineCore:
         for part in parts:
             seq = part.prefills[0].seq if part.prefills else part.decodes[0]
             try:
-                logits, samplers = self._compute(part)
+                logits, layout = self._compute(part)
             except Exception as alone_exc:  # noqa: BLE001 - this request is the bad one
                 self.fail(seq, alone_exc)
             else:
-                self._apply(part, logits, samplers)
+                self._apply(part, logits, layout)
 
     def fail(self, seq: Sequence, exc: BaseException) -> None:
         """Finish ``seq`` with ``finish_reason="error"`` (its blocks are freed)."""
         seq.error = f"engine step failed: {type(exc).__name__}: {exc}"
         self._finish(seq, "error")
 
-    def _apply(self, plan: SchedulerOutput, logits: torch.Tensor,
-               samplers: list[Sequence]) -> None:
+    def _apply(self, plan: SchedulerOutput, logits: torch.Tensor, layout: LogitLayout) -> None:
         for chunk in plan.prefills:
             chunk.seq.num_computed = chunk.end
         for seq in plan.decodes:
             seq.num_computed += 1
         for seq in [c.seq for c in plan.prefills] + plan.decodes:
             self.kv.commit(seq.request_id, seq.all_token_ids, seq.num_computed)
-        for row, seq in enumerate(samplers):
-            req = seq.request
-            self._append_token(
-                seq, sample_token(logits[row], req.temperature, req.top_p, seq.generator)
-            )
+        for seq, row0, start, count in layout.prompt_spans:
+            nxt = list(seq.request.prompt_token_ids[start + 1 : start + 1 + count])
+            lps, tops = prompt_logprobs(logits[row0 : row0 + count], nxt,
+                                        seq.request.prompt_logprobs or 0)
+            seq.prompt_logprobs += lps
+            seq.prompt_top_logprobs += tops
+        picks = sample_batch(logits[layout.sample_rows], layout.samplers)
+        for seq, picked in zip(layout.samplers, picks, strict=True):
+            self._append_token(seq, picked.token, picked)
             if seq.status is SeqStatus.RUNNING:
                 self._pending.append(self._output(seq))
 
-    def _append_token(self, seq: Sequence, token: int) -> None:
+    def _append_token(self, seq: Sequence, token: int, picked: Sampled | None = None) -> None:
         """Record a new token and finish the sequence if it should stop."""
         seq.output_ids.append(token)
+        if seq.request.logprobs is not None:
+            # A token sampled elsewhere (disaggregated prefill) carries no logprobs here.
+            seq.logprobs.append(picked.logprob if picked and picked.logprob is not None
+                                else float("nan"))
+            seq.top_logprobs.append(picked.top if picked else ())
         self._num_generated += 1
-        if token in seq.stop_ids:
+        if token in seq.stop_ids:  # never before min_tokens: the sampler bans them
             self._finish(seq, "stop")
         elif (
             len(seq.output_ids) >= seq.request.max_tokens
@@ -288,9 +308,19 @@ class EngineCore:
         self._pending.append(self._output(seq, blocks))
 
     def _output(self, seq: Sequence, kv_block_ids: tuple[int, ...] = ()) -> RequestOutput:
-        new = tuple(seq.output_ids[seq.num_emitted :])
+        start = seq.num_emitted
+        new = tuple(seq.output_ids[start:])
         seq.num_emitted = len(seq.output_ids)
+        asked = seq.request.logprobs is not None
+        prompt = None
+        if seq.request.prompt_logprobs is not None and not seq.prompt_logprobs_sent:
+            seq.prompt_logprobs_sent = True
+            prompt = (tuple(seq.prompt_logprobs), tuple(seq.prompt_top_logprobs))
         return RequestOutput(
+            logprobs=tuple(seq.logprobs[start:]) if asked else None,
+            top_logprobs=tuple(seq.top_logprobs[start:]) if asked else None,
+            prompt_logprobs=prompt[0] if prompt else None,
+            prompt_top_logprobs=prompt[1] if prompt else None,
             request_id=seq.request_id,
             new_token_ids=new,
             finished=seq.status is SeqStatus.FINISHED,
@@ -301,8 +331,8 @@ class EngineCore:
             error=seq.error,
         )
 
-    def _build_batch(self, plan: SchedulerOutput) -> tuple[ForwardBatch, list[Sequence]]:
-        """Pack the plan into flat tensors; also return the sequences to sample, in logit order."""
+    def _build_batch(self, plan: SchedulerOutput) -> tuple[ForwardBatch, LogitLayout]:
+        """Pack the plan into flat tensors; also say which logit rows serve what."""
         bs = self.config.block_size
         tile = self.config.attention_tile
         group = self.model_config.group_size
@@ -311,7 +341,8 @@ class EngineCore:
         slot_blocks: list[int] = []
         prefills: list[PrefillSpan] = []
         logit_rows: list[int] = []
-        samplers: list[Sequence] = []
+        layout = LogitLayout()
+        samplers = layout.samplers
 
         def padded(table: list[int], num_keys: int) -> list[int]:
             nb = -(-num_keys // tile) * (tile // bs)
@@ -346,7 +377,9 @@ class EngineCore:
                     prefill_mask(span_pos, nb * bs, group),
                 )
             )
+            _score_prompt_rows(chunk.seq, chunk.start, chunk.end, row0, logit_rows, layout)
             if chunk.samples:
+                layout.sample_rows.append(len(logit_rows))
                 logit_rows.append(len(tokens) - 1)
                 samplers.append(chunk.seq)
         decode_start = len(tokens)
@@ -356,6 +389,7 @@ class EngineCore:
             tables.append(place(seq, pos, pos + 1))
             lens.append(pos + 1)
             if i == 0 or decode_rows[i - 1][0] is not seq:
+                layout.sample_rows.append(len(logit_rows))
                 logit_rows.append(len(tokens) - 1)
                 samplers.append(seq)
         longest = max(lens, default=0)
@@ -373,4 +407,18 @@ class EngineCore:
             decode_masked=decode_mask(torch.tensor(lens, dtype=torch.long), num_keys),
             logit_rows=torch.tensor(logit_rows, dtype=torch.long),
         )
-        return batch, samplers
+        return batch, layout
+
+
+def _score_prompt_rows(seq: Sequence, start: int, end: int, row0: int,
+                       logit_rows: list[int], layout: LogitLayout) -> None:
+    """Ask for the logits of a chunk's prompt positions not scored yet (requests with
+    prompt log-probabilities): position p's logits score prompt token p + 1."""
+    if seq.request.prompt_logprobs is None or seq.prompt_logprobs_sent:
+        return
+    first = max(start, len(seq.prompt_logprobs))
+    last = min(end, len(seq.request.prompt_token_ids) - 1)
+    if last <= first:
+        return
+    layout.prompt_spans.append((seq, len(logit_rows), first, last - first))
+    logit_rows.extend(range(row0 + first - start, row0 + last - start))

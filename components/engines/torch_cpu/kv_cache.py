@@ -109,19 +109,20 @@ class KVCacheManager:
             parent, n = h, n + 1
         return n * bs
 
-    def open_sequence(self, seq_id: str, token_ids: Sequence[int]) -> int:
+    def open_sequence(self, seq_id: str, token_ids: Sequence[int], reuse: bool = True) -> int:
         """Start tracking ``seq_id`` and reuse the longest cached prefix of ``token_ids``.
 
         Called when a request is admitted (or re-admitted after preemption).
         Returns the number of leading tokens whose KV is already in the cache.
         At least one token is always left uncached so that the engine computes
-        the logits of the last position.
+        the logits of the last position.  ``reuse=False`` reuses nothing (a request
+        that needs the logits of every prompt position).
         """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} is already open")
         seq = _SeqBlocks()
         bs = self.block_size
-        max_blocks = (len(token_ids) - 1) // bs
+        max_blocks = (len(token_ids) - 1) // bs if reuse else 0
         parent: int | None = None
         for i in range(max_blocks):
             h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])

@@ -24,6 +24,23 @@ class Request:
     stop_token_ids: tuple[int, ...] = ()  # in addition to the model's EOS tokens
     priority: int = 0  # higher = more important: admitted first, preempted last
     prefill_only: bool = False  # disaggregation: stop after the first token, keep the KV
+    # Sampling beyond temperature / top-p (neutral defaults change nothing):
+    top_k: int = 0  # 0 = no limit
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    min_tokens: int = 0  # stop tokens cannot end the request before this many tokens
+    logprobs: int | None = None  # sampled tokens' logprobs + this many alternatives each
+    prompt_logprobs: int | None = None  # prompt tokens' logprobs (disables prefix reuse)
+
+    @property
+    def neutral_logits(self) -> bool:
+        """True when nothing but temperature / top-p shapes the model's distribution."""
+        return (not self.logit_bias and self.presence_penalty == 0
+                and self.frequency_penalty == 0 and self.repetition_penalty == 1.0
+                and self.min_tokens == 0)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -34,6 +51,24 @@ class Request:
             raise ValueError(f"request {self.request_id!r}: temperature={self.temperature} < 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"request {self.request_id!r}: top_p={self.top_p} not in (0, 1]")
+        self._check_sampling()
+
+    def _check_sampling(self) -> None:
+        bad = []
+        if self.top_k < 0:
+            bad.append(f"top_k={self.top_k} < 0")
+        if not 0 <= self.min_p <= 1:
+            bad.append(f"min_p={self.min_p} not in [0, 1]")
+        if self.repetition_penalty <= 0:
+            bad.append(f"repetition_penalty={self.repetition_penalty} <= 0")
+        if self.min_tokens < 0:
+            bad.append(f"min_tokens={self.min_tokens} < 0")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                bad.append(f"{name}={v} < 0")
+        if bad:
+            raise ValueError(f"request {self.request_id!r}: {', '.join(bad)}")
 
 
 @dataclass(frozen=True)
@@ -48,6 +83,14 @@ class RequestOutput:
     num_cached_tokens: int  # prompt tokens served from the prefix cache (at first admission)
     kv_block_ids: tuple[int, ...] = ()  # set when a prefill-only request finishes
     error: str | None = None  # why the engine failed the request (finish_reason "error")
+    # Per new token (when the request asked for logprobs): its log-probability and the
+    # position's most likely (token id, log-probability) pairs, best first.
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    # On the first output of a request with prompt_logprobs: the same for every prompt
+    # token after the first.
+    prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,10 +150,22 @@ class Sequence:
     num_emitted: int = 0  # output tokens already returned to the caller
     finish_reason: FinishReason | None = None
     error: str | None = None
+    # Log-probabilities of output_ids (when asked for), parallel to output_ids.
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    # Prompt log-probabilities gathered chunk by chunk; emitted with the first output.
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """True until the prompt's log-probabilities (if asked for) have been sent."""
+        return self.request.prompt_logprobs is not None and not self.prompt_logprobs_sent
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -115,7 +115,8 @@ class Scheduler:
             if seq in out.preempted:
                 break  # it just gave its blocks up; taking them back would thrash
             tokens = seq.all_token_ids
-            cached = self.kv.open_sequence(seq.request_id, tokens)
+            cached = self.kv.open_sequence(seq.request_id, tokens,
+                                           reuse=not seq.needs_prompt_logits)
             end = cached + min(len(tokens) - cached, budget)
             if not self.kv.allocate(seq.request_id, end):
                 self.kv.free(seq.request_id)

@@ -38,6 +38,14 @@ def sampling_kwargs(p: GenerateParams, *, max_tokens: int | None = None) -> dict
         kw["min_tokens"] = p.min_tokens
     if p.seed is not None:
         kw["seed"] = p.seed
+    if p.top_k > 0:
+        kw["top_k"] = p.top_k
+    if p.min_p > 0:
+        kw["min_p"] = p.min_p
+    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                          ("repetition_penalty", 1.0)):
+        if getattr(p, name) != neutral:
+            kw[name] = getattr(p, name)
     return kw
 
 

@@ -152,7 +152,7 @@ class VllmEngine:
         finished = False
         try:
             async for out in self._engine.generate(prompt(params), sp, request_id=request_id):
-                delta = to_delta(out)
+                delta = to_delta(out, params.logprobs or 0, params.prompt_logprobs or 0)
                 finished = delta.finished
                 yield delta
                 if finished:

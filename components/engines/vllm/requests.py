@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from splitserve.components.engines.interface import GenerateParams, TokenDelta
+from splitserve.components.protocol import TokenLogprobs
 
 # vLLM finish reasons -> the interface's
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
@@ -33,7 +34,12 @@ def sampling_params(p: GenerateParams, *, max_tokens: int | None = None,
         max_tokens=max_tokens if max_tokens is not None else p.max_tokens,
         stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos,
         detokenize=False, skip_special_tokens=False,
-        output_kind=RequestOutputKind.DELTA, extra_args=extra)
+        output_kind=RequestOutputKind.DELTA, extra_args=extra,
+        top_k=p.top_k, min_p=p.min_p, min_tokens=p.min_tokens,
+        presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty,
+        logit_bias=dict(p.logit_bias) if p.logit_bias else None,
+        logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs)
 
 
 def prompt(p: GenerateParams) -> dict[str, Any]:
@@ -41,8 +47,42 @@ def prompt(p: GenerateParams) -> dict[str, Any]:
     return {"prompt_token_ids": list(p.token_ids)}
 
 
-def to_delta(out) -> TokenDelta:
-    """One vLLM ``RequestOutput`` (DELTA kind) as a TokenDelta."""
+def _position(entry, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """One position's ``{token_id: Logprob}``: the chosen token's log-probability and
+    the ``n`` best (by vLLM's rank)."""
+    ranked = sorted(((lp.rank or 0, tid, lp.logprob) for tid, lp in entry.items()
+                     if lp.rank is not None and lp.rank <= n))
+    return entry[token].logprob, [(tid, lp) for _, tid, lp in ranked[:n]]
+
+
+def token_logprobs(entries, tokens, n: int) -> TokenLogprobs | None:
+    """vLLM's per-position logprob dicts for ``tokens`` as TokenLogprobs (positions
+    vLLM leaves empty, the first prompt token's, are skipped by the caller)."""
+    if entries is None:
+        return None
+    out = TokenLogprobs()
+    for entry, tok in zip(entries, tokens, strict=True):
+        lp, top = _position(entry, tok, n)
+        out.logprobs.append(lp)
+        out.top.append(top)
+    return out
+
+
+def _logprobs_of(out, comp, tokens: tuple[int, ...], n_sampled: int, n_prompt: int
+                 ) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    if comp is not None and comp.logprobs is not None:
+        found["logprobs"] = token_logprobs(list(comp.logprobs), tokens, n_sampled)
+    prompt_lps = getattr(out, "prompt_logprobs", None)
+    if prompt_lps is not None:
+        ids = list(out.prompt_token_ids or ())[1:]
+        found["prompt_logprobs"] = token_logprobs(list(prompt_lps)[1:], ids, n_prompt)
+    return found
+
+
+def to_delta(out, top_n: int = 0, prompt_top_n: int = 0) -> TokenDelta:
+    """One vLLM ``RequestOutput`` (DELTA kind) as a TokenDelta; ``top_n`` and
+    ``prompt_top_n``: the alternatives the request asked for per position."""
     comp = out.outputs[0] if out.outputs else None
     tokens = tuple(comp.token_ids) if comp is not None else ()
     reason = None
@@ -52,4 +92,5 @@ def to_delta(out) -> TokenDelta:
     return TokenDelta(
         token_ids=tokens, finished=bool(out.finished), finish_reason=reason,
         prompt_tokens=len(out.prompt_token_ids or ()),
-        cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0))
+        cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
+        **_logprobs_of(out, comp, tokens, top_n, prompt_top_n))

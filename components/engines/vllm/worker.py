@@ -13,7 +13,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 
-from splitserve.components.engines.interface import GenerateParams, TokenDelta
+from splitserve.components.engines.interface import GenerateParams, TokenDelta, params_from_wire
 from splitserve.components.protocol import WorkerLoad, WorkerRequest, load_subject, output_chunk
 from splitserve.components.worker.cancel import until_stopped
 from splitserve.components.worker.fatal import leave_after_engine_failure
@@ -27,20 +27,12 @@ from .engine import VllmEngine
 
 log = logging.getLogger("splitserve.vllm")
 
-PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
 FINISH = {"stop": "eos", "length": "length", "abort": "cancelled", "error": "error"}
 
 
 def generate_params(wreq: WorkerRequest) -> GenerateParams:
     """Map the wire request onto the engine interface's request."""
-    s, sc = wreq.sampling_options, wreq.stop_conditions
-    return GenerateParams(
-        token_ids=tuple(wreq.token_ids), max_tokens=sc.max_tokens or 256,
-        temperature=s.temperature if s.temperature is not None else 1.0,
-        top_p=s.top_p if s.top_p is not None else 1.0, seed=s.seed,
-        stop_token_ids=tuple(wreq.eos_token_ids) + tuple(sc.stop_token_ids_hidden or ()),
-        ignore_eos=bool(sc.ignore_eos),
-        priority=PRIORITY_RANK.get(wreq.meta().priority, 1))
+    return params_from_wire(wreq)
 
 
 async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetrics,
@@ -55,9 +47,11 @@ async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetric
                 metrics.requests.labels(d.finish_reason or "stop").inc()
                 yield output_chunk(list(d.token_ids), FINISH.get(d.finish_reason, "eos"),
                                    prompt_tokens=d.prompt_tokens,
-                                   cached_tokens=d.cached_tokens, completion_tokens=produced)
+                                   cached_tokens=d.cached_tokens, completion_tokens=produced,
+                                   logprobs=d.logprobs, prompt_logprobs=d.prompt_logprobs)
                 return
-            yield output_chunk(list(d.token_ids))
+            yield output_chunk(list(d.token_ids), logprobs=d.logprobs,
+                               prompt_logprobs=d.prompt_logprobs)
     except Exception as exc:  # noqa: BLE001 - the engine failed this request
         metrics.requests.labels("error").inc()
         yield output_chunk([], "error", error=str(exc))
