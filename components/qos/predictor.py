@@ -10,27 +10,30 @@ hit), at time ``now``::
     batch      = requests running on w + 1                        (the batch it joins)
     est_tpot   = base + per_request x batch                       (TPOT fit of w)
 
-Both are weighted least-squares lines (``estimator._Fit``), per worker and for the
-pool, refreshed on each finished request:
+Both are lines learned per worker and for the pool, from every request, loaded or not:
 
 - TTFT: ``x = ahead + n`` at placement, ``y`` = the measured time from placement to
-  first token.  Queued and unqueued requests both teach it, so the slope is the worker's
-  *effective* drain rate: an engine that runs one sequence at a time serves a request's
-  tokens only once the request ahead has decoded, and the slope says so; an engine with
-  a large batch overlaps them, and the slope is smaller.  No unloaded-only filter and no
-  bootstrap are needed.  ``ahead`` counts what was placed and has not shown a first
-  token (``first_token``, reported where it is free: routing in the frontend) or been
-  released; it is never a queue drained at the learned rate: such a queue's length would depend on the fit it teaches
-  (a slope too low drains it too fast, the samples then show long TTFTs behind short
-  queues and the slope swings up, and back), and on a shared machine it oscillated.
+  first token, a weighted least-squares line (``estimator._Fit``).  Queued and unqueued
+  requests both teach it, so the slope is the worker's *effective* drain rate: an
+  engine that runs one sequence at a time serves a request's tokens only once the
+  request ahead has decoded, and the slope says so; an engine with a large batch
+  overlaps them, and the slope is smaller.  No unloaded-only filter and no bootstrap are
+  needed.  ``ahead`` counts what was placed and has neither shown a first token
+  (``first_token``, reported where that is free: routing in the frontend) nor been
+  released.  It is never a queue drained at the learned rate: that queue's length would
+  depend on the fit it teaches (a slope too low drains it too fast, the samples then
+  show long TTFTs behind short queues, the slope swings up, and back); on a shared
+  machine it oscillated.
 - TPOT: ``x`` = the mean number of requests running on the worker over the request's
-  life (the integral of the count, divided by its duration), ``y`` = its measured time
-  per output token.  Samples are kept per batch size (``x`` rounded; an EMA each) and
-  the line is fitted over those bins, each weighted by its samples (at most
-  ``BIN_WEIGHT_CAP``): a fleet that ran at batch 8 for minutes still remembers what batch
-  2 cost, so the slope does not fade under steady load as one EMA over all samples
-  would.  With one bin (or a slope <= 0) the line is flat, the mean TPOT: no evidence of
-  growth is no growth, never a guess that would refuse.
+  life so far (the integral of the count, divided by the time), ``y`` = its measured
+  time per output token, taught once per request: after its first output tokens
+  (``decode_progress``, in the frontend) or at its release.  Samples are kept per batch
+  size (``x`` rounded; an EMA each) and the line is fitted over those bins, each
+  weighted by its samples (at most ``BIN_WEIGHT_CAP``): a fleet that ran at batch 8 for
+  minutes still remembers what batch 2 cost, so the slope does not fade under steady
+  load as one EMA over all samples would.  With one bin (or a slope <= 0) the line is
+  flat, the mean TPOT: no evidence of growth is no growth, never a guess that would
+  refuse.
 
 A series is used once it holds ``MIN_SAMPLES`` samples (worker, else pool); before that
 its source is ``warmup`` and admission answers ``no-estimate`` instead of refusing.
@@ -51,7 +54,6 @@ from .types import Estimate, RateSource
 
 MIN_SAMPLES = 3
 BIN_WEIGHT_CAP = 8  # samples that count for a TPOT bin's weight in the line
-POOL = "pool"
 MAX_TICKETS = 100_000  # placed requests remembered until their release (bounds memory)
 
 
