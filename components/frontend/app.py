@@ -23,13 +23,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from splitserve.components.protocol import worker_request
+from splitserve.components.protocol import chunk_logprobs, chunk_prompt_logprobs
 
 from .backend import Backend, StreamMeta
 from .errors import APIError, bad_request, overloaded, service_unavailable, upstream_error
 from .intake import check_content_type, read_body
 from .metrics import FrontendMetrics
 from .openai_types import ChatCompletionRequest, CompletionRequest, parse_json, validate
+from .choices import (
+    choice_metas,
+    choice_request,
+    choice_shapes,
+    joined,
+    merged,
+    usage_of,
+)
+from .responses import Event, envelope, final_choice, stream_choice
 from .textcodec import TextCodec
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -59,6 +68,9 @@ class FrontendState:
     inflight: int = 0
     pending_prepares: int = 0
     loading_detail: str = "loading tokenizer"
+    engines: tuple[str, ...] = ()
+    """The engines of the graph's workers: parameters one of them does not honour are
+    refused by name (empty: only those no engine honours)."""
 
     # Names of the graph's dependencies (etcd, NATS) unreachable now; set by main.
     dependencies_down: Callable[[], list[str]] = field(default=list)
@@ -98,7 +110,7 @@ def prepare(state: FrontendState, kind: str, raw: bytes, priority: str) -> Prepa
     Runs in ``state.prepare_pool`` (see ``handle``): it may take seconds for a large body.
     """
     model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-    req = validate(model, parse_json(raw))
+    req = validate(model, parse_json(raw), state.engines)
     if req.model != state.model_name:
         raise APIError(400, f"model '{req.model}' is not served here; available: "
                        f"{state.model_name}", param="model", code="model_not_found")
@@ -123,6 +135,11 @@ def prepare(state: FrontendState, kind: str, raw: bytes, priority: str) -> Prepa
         ids = codec.prompt_ids(text)
     if not ids:
         raise bad_request("prompt is empty after tokenisation", "prompt", "empty_prompt")
+    bad = next((t for t in req.bias_ids() if t >= codec.vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"logit_bias: token id {bad} is out of range: this model's "
+                          f"vocabulary has ids 0..{codec.vocab_size - 1}", "logit_bias",
+                          "invalid_token_id")
     room = codec.context_length - len(ids)
     asked = req.requested_max_tokens()
     if room <= 0 or (asked is not None and asked > room):
@@ -192,22 +209,18 @@ def account_tokens(state: FrontendState, meta: StreamMeta, n: int, started: floa
     return now
 
 
-async def token_events(state: FrontendState, p: Prepared, meta: StreamMeta, started: float
-                       ) -> AsyncIterator[tuple[str, str | None, dict | None]]:
-    """Yield (text delta, finish reason or None, usage or None) until the request ends.
+async def token_events(state: FrontendState, p: Prepared, meta: StreamMeta, started: float,
+                       index: int = 0) -> AsyncIterator[Event]:
+    """Yield choice ``index``'s events (text delta, finish reason or None, tokens and
+    their log-probabilities) until it ends.
 
     Enforces the first-token and inter-token deadlines so a stalled or dead worker
     becomes an error within a bounded time, and stops the worker early when a stop
     string matched.
     """
-    codec = state.codec
-    detok = codec.detokenizer(p.req.stop_list())
-    s = p.req
-    wreq = worker_request(model=state.model_name, token_ids=p.token_ids, max_tokens=p.max_tokens,
-                          temperature=s.temperature if s.temperature is not None else 1.0,
-                          top_p=s.top_p, seed=s.seed, eos_token_ids=codec.eos_token_ids,
-                          request_id=p.request_id, priority=p.priority)
-    context = state.context_factory(p.request_id) if state.context_factory else None
+    detok = state.codec.detokenizer(p.req.stop_list())
+    wreq = choice_request(state, p, index, meta.request_id)
+    context = state.context_factory(meta.request_id) if state.context_factory else None
     chunks = state.backend.stream(wreq, meta, context).__aiter__()
     last = started
     finish: str | None = None
@@ -227,33 +240,13 @@ async def token_events(state: FrontendState, p: Prepared, meta: StreamMeta, star
             elif chunk.get("finish_reason"):
                 finish = FINISH.get(chunk["finish_reason"], "stop")
                 text += detok.flush()
-            yield text, finish, None
+            yield Event(index, text, finish, list(ids), chunk_logprobs(chunk),
+                        chunk_prompt_logprobs(chunk))
     finally:
         if finish is None or detok.stopped:
             if context is not None:
                 context.stop_generating()
         await chunks.aclose()
-
-
-def usage_of(p: Prepared, meta: StreamMeta) -> dict[str, Any]:
-    return {"prompt_tokens": len(p.token_ids), "completion_tokens": meta.output_tokens,
-            "total_tokens": len(p.token_ids) + meta.output_tokens,
-            "prompt_tokens_details": {"cached_tokens": meta.cached_tokens}}
-
-
-def chunk_body(p: Prepared, created: int, model: str, text: str | None,
-               finish: str | None, first: bool) -> dict[str, Any]:
-    if p.kind == "chat":
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text:
-            delta["content"] = text
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        obj = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-        obj = "text_completion"
-    return {"id": p.request_id, "object": obj, "created": created, "model": model,
-            "choices": [choice]}
 
 
 async def handle(request: Request, kind: str) -> Response:
@@ -273,35 +266,43 @@ async def handle(request: Request, kind: str) -> Response:
         state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else
                                       "invalid", str(err.status)).inc()
         return error_response(err)
-    meta = StreamMeta(request_id=p.request_id, priority=priority,
-                      prompt_tokens=len(p.token_ids), user=p.req.user, metadata=p.req.metadata)
+    metas = choice_metas(p, priority)
     state.metrics.prompt_tokens.inc(len(p.token_ids))
-    if p.req.stream:
-        # Peek the first event before committing to a 200: a rejection (503 with
-        # Retry-After) or a worker failure before the first token is a real HTTP error.
-        state.inflight += 1
-        state.metrics.inflight.inc()
-        events = token_events(state, p, meta, started)
-        try:
-            first = await events.__anext__()
-        except APIError as err:
-            err = state.outage(err)
-            state.inflight -= 1
-            state.metrics.inflight.dec()
-            state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else
-                                          "error", str(err.status)).inc()
-            _account(state, meta, started)
-            return error_response(err)
-        return StreamingResponse(_sse(state, p, meta, started, endpoint, first, events),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
     state.inflight += 1
     state.metrics.inflight.inc()
+    events = merged([token_events(state, p, m, started, i) for i, m in enumerate(metas)])
+    if not p.req.stream:
+        return await _collect(state, p, metas, started, endpoint, events)
+    # Peek the first event before committing to a 200: a rejection (503 with
+    # Retry-After) or a worker failure before the first token is a real HTTP error.
     try:
-        parts, finish = [], None
-        async for text, fin, _ in token_events(state, p, meta, started):
-            parts.append(text)
-            finish = fin or finish
+        first = await events.__anext__()
+    except APIError as err:
+        err = state.outage(err)
+        state.inflight -= 1
+        state.metrics.inflight.dec()
+        state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else
+                                      "error", str(err.status)).inc()
+        _account(state, metas, started)
+        return error_response(err)
+    return StreamingResponse(_sse(state, p, metas, started, endpoint, first, events),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+async def _collect(state: FrontendState, p: Prepared, metas: list[StreamMeta],
+                   started: float, endpoint: str, events: AsyncIterator[Event]) -> Response:
+    """The non-streamed answer: every choice's events gathered into one body."""
+    shapes = choice_shapes(state, p)
+    try:
+        async for ev in events:
+            shape = shapes[ev.index]
+            shape.parts.append(shape.text_of(ev))
+            shape.first = False
+            lp = shape.logprobs_of(ev)
+            if lp is not None:
+                shape.logprobs.append(lp)
+            shape.finish = ev.finish or shape.finish
     except APIError as err:
         err = state.outage(err)
         state.metrics.requests.labels(endpoint, "rejected" if err.status == 503 else "error",
@@ -310,26 +311,19 @@ async def handle(request: Request, kind: str) -> Response:
     finally:
         state.inflight -= 1
         state.metrics.inflight.dec()
-        _account(state, meta, started)
-    text = "".join(parts)
+        _account(state, metas, started)
     state.metrics.requests.labels(endpoint, "ok", "200").inc()
-    created = int(time.time())
-    if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": finish, "logprobs": None}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-        obj = "text_completion"
-    return JSONResponse({"id": p.request_id, "object": obj, "created": created,
-                         "model": state.model_name, "choices": [choice],
-                         "usage": usage_of(p, meta)})
+    choices = [final_choice(p.kind, i, "".join(sh.parts), sh.finish, joined(sh))
+               for i, sh in enumerate(shapes)]
+    return JSONResponse(envelope(p.request_id, p.kind, False, int(time.time()),
+                                 state.model_name, choices, usage_of(p, metas)))
 
 
-def _account(state: FrontendState, meta: StreamMeta, started: float) -> None:
+def _account(state: FrontendState, metas: list[StreamMeta], started: float) -> None:
     state.metrics.duration.observe(time.monotonic() - started)
-    state.metrics.output_tokens.inc(meta.output_tokens)
-    state.metrics.cached_tokens.inc(meta.cached_tokens)
+    for meta in metas:
+        state.metrics.output_tokens.inc(meta.output_tokens)
+        state.metrics.cached_tokens.inc(meta.cached_tokens)
 
 
 async def _chain(first, rest):
@@ -338,35 +332,41 @@ async def _chain(first, rest):
         yield item
 
 
-async def _sse(state: FrontendState, p: Prepared, meta: StreamMeta, started: float,
-               endpoint: str, first_event, events) -> AsyncIterator[bytes]:
+def _sse_data(body: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+async def _sse(state: FrontendState, p: Prepared, metas: list[StreamMeta], started: float,
+               endpoint: str, first_event: Event, events) -> AsyncIterator[bytes]:
     """SSE body; the caller already counted the request in flight and read its first event."""
     created = int(time.time())
     outcome, status = "ok", "200"
+    shapes = choice_shapes(state, p)
     try:
-        first = True
-        async for text, finish, _ in _chain(first_event, events):
-            if text or finish or first:
-                body = chunk_body(p, created, state.model_name, text, finish, first)
-                first = False
-                yield f"data: {json.dumps(body)}\n\n".encode()
+        async for ev in _chain(first_event, events):
+            shape = shapes[ev.index]
+            lp = shape.logprobs_of(ev)
+            text = shape.text_of(ev)
+            if text or ev.finish or shape.first or lp is not None:
+                choice = stream_choice(p.kind, ev.index, text, ev.finish, shape.first, lp)
+                shape.first = False
+                yield _sse_data(envelope(p.request_id, p.kind, True, created,
+                                         state.model_name, [choice]))
         if p.req.include_usage_in_stream():
-            body = {"id": p.request_id, "object": chunk_body(p, created, "", "", None,
-                                                              False)["object"],
-                    "created": created, "model": state.model_name, "choices": [],
-                    "usage": usage_of(p, meta)}
-            yield f"data: {json.dumps(body)}\n\n".encode()
+            yield _sse_data(envelope(p.request_id, p.kind, True, created, state.model_name,
+                                     [], usage_of(p, metas)))
     except APIError as err:
         outcome, status = "error", str(err.status)
-        yield f"data: {json.dumps(err.body())}\n\n".encode()
+        yield _sse_data(err.body())
     except asyncio.CancelledError:
         outcome, status = "cancelled", "499"
         raise
     finally:
+        await events.aclose()
         state.inflight -= 1
         state.metrics.inflight.dec()
         state.metrics.requests.labels(endpoint, outcome, status).inc()
-        _account(state, meta, started)
+        _account(state, metas, started)
     yield b"data: [DONE]\n\n"
 
 

@@ -74,7 +74,8 @@ async def main(ctx: ComponentContext) -> None:
                           max_pending_prepares=cfg.max_pending_tokenizations,
                           prepare_pool=ThreadPoolExecutor(cfg.tokenizer_threads,
                                                           "frontend-tokenize"),
-                          dependencies_down=ctx.watch_dependencies())
+                          dependencies_down=ctx.watch_dependencies(),
+                          engines=tuple(ctx.run.engines))
     limits = HttpLimits(header_timeout_s=cfg.header_timeout_s,
                         body_timeout_s=cfg.body_timeout_s,
                         keep_alive_timeout_s=cfg.keep_alive_timeout_s,

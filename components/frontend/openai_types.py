@@ -1,21 +1,30 @@
 """Validation of OpenAI chat and completion requests.
 
 Types are strict (no ``true`` for a number, no ``"0.5"`` for a float) and every error is a
-400 naming the offending parameter, as OpenAI does.  OpenAI parameters this server does not
-implement are refused by name unless they carry their no-op value (``n: 1``,
-``logprobs: false``, ``presence_penalty: 0``...): silently ignoring ``tools`` or
-``response_format`` would return something the client did not ask for.  Fields OpenAI
-does not define are ignored (clients send vendor extensions).
+400 naming the offending parameter, as OpenAI does.  Parameters this server or the
+graph's engine does not honour are refused by name unless they carry their no-op value
+(``capabilities.py`` holds that table): silently ignoring ``tools`` or a penalty would
+return something the client did not ask for.  Fields OpenAI does not define are ignored
+(clients send vendor extensions), except the sampling extensions vLLM also takes
+(``top_k``, ``min_p``, ``min_tokens``, ``repetition_penalty``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
+from .capabilities import refuse_unhonoured
 from .errors import APIError, bad_request
 
 StrictPositiveInt = Annotated[int, Field(strict=True, gt=0)]
@@ -29,10 +38,22 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str = Field(min_length=1)
+    n: Annotated[int, Field(strict=True, ge=1, le=16)] = 1
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    logit_bias: dict[str, Bias] | None = None
+    top_k: Annotated[int, Field(strict=True, ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    min_tokens: Annotated[int, Field(strict=True, ge=0)] | None = None
     max_tokens: StrictPositiveInt | None = None
     max_completion_tokens: StrictPositiveInt | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -50,6 +71,36 @@ class _Request(BaseModel):
         if v == "" or (isinstance(v, list) and (len(v) > 4 or any(not s for s in v))):
             raise ValueError("at most 4 non-empty stop sequences")
         return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None and any(not k.isdigit() for k in v):
+            raise ValueError("keys must be token ids (decimal strings)")
+        return v
+
+    def bias_ids(self) -> dict[int, float]:
+        """``logit_bias`` with integer token ids."""
+        return {int(k): b for k, b in (self.logit_bias or {}).items()}
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """The wire's SamplingOptions beyond temperature / top-p / seed (set ones only)."""
+        out: dict[str, Any] = {}
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty",
+                     "top_k", "min_p"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.logit_bias:
+            out["logit_bias"] = self.bias_ids()
+        return out
+
+    def top_logprobs_asked(self) -> int | None:
+        """Alternatives per sampled token to return (None: no log-probabilities)."""
+        return None
+
+    def prompt_logprobs_asked(self) -> int | None:
+        """Alternatives per prompt token to return (None: no prompt log-probabilities)."""
+        return None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -84,10 +135,30 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: StrictBool = False
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=20)] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
+
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Request):
     prompt: str | list[TokenId] | list[str] = Field(min_length=1)
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=20)] | None = None
+    echo: StrictBool = False
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
+
+    def prompt_logprobs_asked(self) -> int | None:
+        return self.logprobs if self.echo else None
 
     @field_validator("prompt")
     @classmethod
@@ -96,65 +167,6 @@ class CompletionRequest(_Request):
             if len(v) != 1:
                 raise ValueError("batched prompts are not supported; send one prompt")
         return v
-
-
-def _is_none(v: Any) -> bool:
-    return v is None
-
-
-def _is_number(*values: float) -> Callable[[Any], bool]:
-    return lambda v: v is None or (type(v) in (int, float) and v in values)
-
-
-def _is_false(v: Any) -> bool:
-    return v is None or v is False
-
-
-def _is_empty_list(v: Any) -> bool:
-    return v is None or v == []
-
-
-def _is_empty_dict(v: Any) -> bool:
-    return v is None or v == {}
-
-
-# OpenAI parameters this server does not implement -> predicate "this value is a no-op".
-_COMMON: dict[str, Callable[[Any], bool]] = {
-    "n": _is_number(1),
-    "logit_bias": _is_empty_dict,
-    "presence_penalty": _is_number(0),
-    "frequency_penalty": _is_number(0),
-}
-UNSUPPORTED: dict[str, dict[str, Callable[[Any], bool]]] = {
-    "chat": {**_COMMON,
-             "logprobs": _is_false,
-             "top_logprobs": _is_number(0),
-             "tools": _is_empty_list,
-             "tool_choice": lambda v: v is None or v == "none",
-             "functions": _is_empty_list,
-             "function_call": lambda v: v is None or v == "none",
-             "parallel_tool_calls": lambda v: v is None or type(v) is bool,
-             "response_format": lambda v: v is None or v == {"type": "text"},
-             "audio": _is_none,
-             "modalities": lambda v: v is None or v == ["text"],
-             "prediction": _is_none,
-             "web_search_options": _is_none,
-             "reasoning_effort": _is_none},
-    "completion": {**_COMMON,
-                   "logprobs": _is_number(0),
-                   "echo": _is_false,
-                   "best_of": _is_number(1),
-                   "suffix": lambda v: v is None or v == ""},
-}
-
-
-def refuse_unsupported(kind: str, data: dict[str, Any]) -> None:
-    """400 naming the first OpenAI parameter this server would otherwise ignore."""
-    for name, is_noop in UNSUPPORTED[kind].items():
-        if name in data and not is_noop(data[name]):
-            raise APIError(400, f"'{name}' is not supported by this server (send it "
-                           "unset or with its default value)", param=name,
-                           code="unsupported_parameter")
 
 
 def _reject_constant(name: str) -> Any:
@@ -208,9 +220,14 @@ def _encodable(s: str) -> bool:
     return True
 
 
-def validate(model: type[_Request], data: dict[str, Any]) -> _Request:
-    """Validate a decoded body; the first error becomes a 400 naming its parameter."""
-    refuse_unsupported("chat" if model is ChatCompletionRequest else "completion", data)
+def validate(model: type[_Request], data: dict[str, Any],
+             engines: tuple[str, ...] = ()) -> _Request:
+    """Validate a decoded body; the first error becomes a 400 naming its parameter.
+
+    ``engines``: the graph's engines; a parameter one of them does not honour is refused
+    by name (see ``capabilities.py``)."""
+    refuse_unhonoured("chat" if model is ChatCompletionRequest else "completion", data,
+                      engines)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -37,6 +37,9 @@ class ComponentRunConfig(StrictModel):
     config: dict[str, Any]
     links: list[str]
     status_file: str
+    engines: list[str] = []
+    """The engines of the graph's worker sections (the frontend refuses request
+    parameters one of them does not honour)."""
 
 
 @dataclass
@@ -77,7 +80,12 @@ class ServePlan:
         return ComponentRunConfig(
             component=comp.name, replica=replica, common=self.common,
             config=comp.config.model_dump(mode="json"), links=comp.links,
-            status_file=str(status_file))
+            status_file=str(status_file), engines=self.engines())
+
+    def engines(self) -> list[str]:
+        """Engine names of the sections that have one (``engine: torch`` ...), sorted."""
+        return sorted({e for c in self.components
+                       if isinstance(e := getattr(c.config, "engine", None), str)})
 
     def replica_env(self, comp: ComponentPlan, replica: int) -> dict[str, str]:
         """Environment one replica gets on top of the section's ``env``: its GPUs as
