@@ -1,10 +1,10 @@
 """QoS core: priority classes, the latency estimator, admission and graceful degradation.
 
 Pure code: adapters pass in what they observed (and ``now``) and act on the returned
-data.  Typical use per request::
+data.  Typical use per request (the router's adapter)::
 
     resolution = resolve_class(header, user, metadata, config)
-    estimate = estimator.estimate(uncached_prompt_tokens, backlog, now)
+    estimate = predictor.predict(worker, uncached_prompt_tokens, now)
     verdict = admit(AdmissionRequest(class_name=resolution.name, ...), estimate, config, load)
 """
 
@@ -18,6 +18,7 @@ from .degrade_config import (
                              LocalPrefillForLowPriority,
 )
 from .estimator import EstimatorParams, LatencyEstimator, Rate
+from .predictor import Calibration, LatencyPredictor
 from .types import (
                     AdmissionRequest,
                     Backlog,
@@ -29,9 +30,9 @@ from .types import (
 )
 
 __all__ = [
-    "AdaptiveGenerationLimit", "AdmissionRequest", "Backlog", "CapMaxTokens",
+    "AdaptiveGenerationLimit", "AdmissionRequest", "Backlog", "Calibration", "CapMaxTokens",
     "ClassResolution", "Degradation", "DegradationConfig", "Estimate", "EstimatorParams",
-    "LatencyEstimator", "LoadSignals", "LocalPrefillForLowPriority", "PriorityClass",
+    "LatencyEstimator", "LatencyPredictor", "LoadSignals", "LocalPrefillForLowPriority", "PriorityClass",
     "QosConfig", "Rate", "Verdict", "admit", "build_estimator", "default_classes",
     "may_preempt", "plan_degradations", "resolve_class", "retry_after_s",
 ]
