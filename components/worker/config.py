@@ -23,6 +23,10 @@ class TorchEngineArgs(StrictModel):
     max_num_seqs: int = Field(32, ge=1, description="Requests decoded together per step.")
     max_prefill_tokens: int = Field(2048, ge=16, description="Prompt tokens prefilled per "
                                     "step; longer prompts are chunked.")
+    max_chunk_tokens: int | None = Field(None, ge=16, description="Prompt tokens of one "
+                                         "request prefilled per step (None: "
+                                         "max_prefill_tokens); smaller leaves room in each "
+                                         "step for other prompts.")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: "
                                 "all cores divided among this component's replicas.")
 

@@ -48,6 +48,13 @@ class EngineConfig(StrictModel):
         ge=1,
         description="Most prompt tokens computed in one step; longer prompts are chunked.",
     )
+    max_chunk_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Most prompt tokens of one sequence computed in one step; None = "
+        "max_prefill_tokens. Below max_prefill_tokens it leaves room in every step for "
+        "other prompts, so a long prompt cannot hold short ones back until it is done.",
+    )
     max_model_len: int | None = Field(
         None,
         ge=2,

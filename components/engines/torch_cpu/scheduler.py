@@ -57,6 +57,11 @@ class Scheduler:
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
 
+    @property
+    def chunk_tokens(self) -> int:
+        """Most prompt tokens of one sequence per step (``max_chunk_tokens``)."""
+        return self.config.max_chunk_tokens or self.config.max_prefill_tokens
+
     def add(self, seq: Sequence) -> None:
         """Queue a new (or preempted) sequence for admission."""
         seq.status = SeqStatus.WAITING
@@ -100,7 +105,8 @@ class Scheduler:
                 if seq.status is SeqStatus.RUNNING:
                     out.decodes.append(seq)
             elif budget > 0:
-                end = seq.num_computed + min(seq.num_tokens - seq.num_computed, budget)
+                end = seq.num_computed + min(seq.num_tokens - seq.num_computed, budget,
+                                             self.chunk_tokens)
                 if self.kv.allocate(seq.request_id, end):
                     out.prefills.append(PrefillChunk(seq, seq.num_computed, end))
                     budget -= end - seq.num_computed
@@ -117,7 +123,7 @@ class Scheduler:
             tokens = seq.all_token_ids
             cached = self.kv.open_sequence(seq.request_id, tokens,
                                            reuse=not seq.needs_prompt_logits)
-            end = cached + min(len(tokens) - cached, budget)
+            end = cached + min(len(tokens) - cached, budget, self.chunk_tokens)
             if not self.kv.allocate(seq.request_id, end):
                 self.kv.free(seq.request_id)
                 break

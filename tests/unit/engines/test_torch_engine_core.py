@@ -72,6 +72,24 @@ def test_batched_greedy_equals_sequential(make_engine, prompts, sequential) -> N
     assert engine.stats().num_running == 0
 
 
+@pytest.mark.parametrize("chunk, short_waits", [(None, True), (16, False)])
+def test_a_chunk_cap_lets_a_short_prompt_past_a_long_one(make_engine, prompts, sequential,
+                                                          chunk, short_waits) -> None:
+    # The long prompt arrives first and alone would take the whole per-step budget.
+    engine = make_engine(max_prefill_tokens=48, max_chunk_tokens=chunk)
+    long_prompt = tuple(t for p in prompts for t in p)[:120]
+    engine.add_request(Request("long", long_prompt, max_tokens=2))
+    engine.add_request(Request("short", prompts[8], max_tokens=12))  # "Hello"
+    outs: dict[str, list] = {"short": [], "long": []}
+    for o in engine.step():
+        outs[o.request_id].append(o)
+    assert bool(tokens(outs["short"])) is not short_waits  # a token in the first step
+    while engine.has_unfinished():
+        for o in engine.step():
+            outs[o.request_id].append(o)
+    assert tokens(outs["short"]) == sequential[8]  # greedy output unchanged by chunking
+
+
 def test_repeated_prompt_is_a_prefix_hit(make_engine, prompts, sequential) -> None:
     engine = make_engine()
     long_prompt = prompts[7]
