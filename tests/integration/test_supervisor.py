@@ -85,6 +85,14 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def kill_with_groups(run: ServeRun) -> None:
+    """Last-resort cleanup of a run whose replicas started processes of their own."""
+    run.kill_all()
+    for pid in run.seen_pids:
+        for member in group_members(pid):
+            os.kill(member, signal.SIGKILL)
+
+
 def test_killed_replica_whose_children_survive_is_restarted(tmp_path):
     """A SIGKILLed replica's own children (an engine's processes) keep its output pipe
     open; the supervisor still sees the exit, stops them and restarts the replica."""
@@ -103,10 +111,7 @@ def test_killed_replica_whose_children_survive_is_restarted(tmp_path):
         wait_until(lambda: echo(run, "again")[0] == 200, 15, what="served after restart")
         assert run.stop(signal.SIGTERM) == 0, run.output()
     finally:
-        run.kill_all()
-        for pid in run.seen_pids:
-            for member in group_members(pid):
-                os.kill(member, signal.SIGKILL)
+        kill_with_groups(run)
 
 
 def test_sigterm_leaves_no_etcd_registrations_with_external_infra(tmp_path):
@@ -219,10 +224,7 @@ def test_control_answers_while_a_replica_floods_its_output_and_restarts(tmp_path
         assert log > 1_000_000  # the flood really went through the supervisor
         assert run.stop(signal.SIGTERM) == 0, run.output()[-2000:]
     finally:
-        run.kill_all()
-        for pid in run.seen_pids:
-            for member in group_members(pid):
-                os.kill(member, signal.SIGKILL)
+        kill_with_groups(run)
 
 
 def test_replicas_die_with_a_sigkilled_supervisor(tmp_path):
