@@ -46,6 +46,15 @@ class SamplingOptions(BaseModel):
     repetition_penalty: float | None = None
     logit_bias: dict[int, float] | None = None
     """Token id -> bias added to its logit before sampling (OpenAI's range -100..100)."""
+    guided_decoding: GuidedDecoding | None = None
+
+
+class GuidedDecoding(BaseModel):
+    """Structured output (Dynamo's guided-decoding options): the output must be JSON valid
+    against ``json`` (a JSON schema; ``{"type": "object"}`` for any object)."""
+
+    model_config = ConfigDict(extra="ignore")
+    json_schema: dict[str, Any] | None = Field(None, alias="json")
 
 
 class OutputOptions(BaseModel):

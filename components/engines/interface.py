@@ -16,6 +16,7 @@ Everything here is plain data plus one Protocol; no engine library is imported.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
@@ -106,12 +107,15 @@ class GenerateParams:
     """Return the sampled tokens' log-probabilities and this many alternatives each."""
     prompt_logprobs: int | None = None
     """Return the prompt tokens' log-probabilities and this many alternatives each."""
+    json_schema: str | None = None
+    """Structured output: the answer must be JSON valid against this schema (JSON text)."""
 
     def neutral_sampling(self) -> bool:
-        """True when no penalty, bias, top-k or min-p changes the model's distribution."""
+        """True when no penalty, bias, top-k, min-p or schema changes the model's
+        distribution."""
         return (self.top_k <= 0 and self.min_p <= 0 and self.presence_penalty == 0
                 and self.frequency_penalty == 0 and self.repetition_penalty == 1.0
-                and not self.logit_bias)
+                and not self.logit_bias and self.json_schema is None)
 
 
 PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
@@ -136,7 +140,14 @@ def params_from_wire(wreq: WorkerRequest, default_max_tokens: int = 256) -> Gene
         frequency_penalty=given(s.frequency_penalty, 0.0),
         repetition_penalty=given(s.repetition_penalty, 1.0),
         logit_bias=tuple(sorted((s.logit_bias or {}).items())),
-        logprobs=o.logprobs, prompt_logprobs=o.prompt_logprobs)
+        logprobs=o.logprobs, prompt_logprobs=o.prompt_logprobs,
+        json_schema=_schema_text(s.guided_decoding))
+
+
+def _schema_text(guided) -> str | None:
+    if guided is None or guided.json_schema is None:
+        return None
+    return json.dumps(guided.json_schema, sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,9 @@ CAPABILITIES: tuple[Capability, ...] = (
                "log-probabilities need an engine that honours logprobs"),
     Capability("best_of", COMPLETION, _is(1), NONE),
     Capability("suffix", COMPLETION, lambda v: v is None or v == "", NONE),
-    Capability("response_format", CHAT, lambda v: v is None or v == {"type": "text"}, NONE),
+    Capability("response_format", CHAT, lambda v: v is None or v == {"type": "text"},
+               _LOGPROB_ENGINES, "json_object and json_schema, enforced by token masks "
+               "(torch: xgrammar; vLLM: its structured outputs)"),
     Capability("tools", CHAT, _is_empty_list, NONE),
     Capability("tool_choice", CHAT, lambda v: v is None or v == "none", NONE),
     Capability("functions", CHAT, _is_empty_list, NONE),

@@ -22,6 +22,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from .capabilities import refuse_unhonoured
@@ -133,8 +134,36 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _needs_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs a json_schema object")
+        return self
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow (None: free text)."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        if self.type == "json_schema" and self.json_schema is not None:
+            return self.json_schema.schema_ or {"type": "object"}
+        return None
+
+
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
+    response_format: ResponseFormat | None = None
     logprobs: StrictBool = False
     top_logprobs: Annotated[int, Field(strict=True, ge=0, le=20)] | None = None
 
@@ -147,6 +176,13 @@ class ChatCompletionRequest(_Request):
 
     def top_logprobs_asked(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def sampling_fields(self) -> dict[str, Any]:
+        out = super().sampling_fields()
+        schema = self.response_format.answer_schema() if self.response_format else None
+        if schema is not None:
+            out["guided_decoding"] = {"json": schema}
+        return out
 
 
 class CompletionRequest(_Request):

@@ -52,7 +52,7 @@ def torch_request(request_id: str, params: GenerateParams, **extra):
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias,
         min_tokens=params.min_tokens, logprobs=params.logprobs,
-        prompt_logprobs=params.prompt_logprobs, **extra)
+        prompt_logprobs=params.prompt_logprobs, json_schema=params.json_schema, **extra)
 
 
 def engine_request(wreq: WorkerRequest, request_id: str):
@@ -84,12 +84,15 @@ def build_engine(args, threads: int, progress):
         load_smollm2,
     )
 
+    from splitserve.components.engines.torch_cpu.grammar import JsonGrammars
+
     configure_threads(threads)
     loaded = load_smollm2(progress=progress)
     cfg = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                        max_running=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens,
                        max_chunk_tokens=args.max_chunk_tokens)
-    return EngineCore(loaded.weights, loaded.config, cfg)
+    grammars = JsonGrammars(loaded.tokenizer, loaded.config.vocab_size)
+    return EngineCore(loaded.weights, loaded.config, cfg, grammars=grammars)
 
 
 async def stream_outputs(runner: EngineRunner, q, rid: str, metrics: WorkerMetrics,

@@ -3,6 +3,7 @@ driven with the official ``openai`` client (its types parse every response)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import openai
@@ -117,3 +118,19 @@ def test_stop_strings_and_stream_usage(c):
         model=MODEL, messages=QUESTION, temperature=0, stream=True,
         stream_options={"include_usage": True}, max_completion_tokens=5))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+
+
+def test_structured_output_parses_into_a_pydantic_model(c):
+    import pydantic
+
+    class Capital(pydantic.BaseModel):
+        country: str = pydantic.Field(max_length=20)
+        city: str = pydantic.Field(max_length=20)
+
+    r = c.chat.completions.parse(model=MODEL, messages=QUESTION, temperature=0,
+                                 max_tokens=48, response_format=Capital)
+    answer = r.choices[0].message.parsed
+    assert isinstance(answer, Capital) and r.choices[0].finish_reason == "stop"
+    loose = c.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                      max_tokens=48, response_format={"type": "json_object"})
+    assert isinstance(json.loads(loose.choices[0].message.content), dict)

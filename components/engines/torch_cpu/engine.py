@@ -17,6 +17,7 @@ import torch
 
 from .attention import decode_mask, prefill_mask
 from .config import EngineConfig, ModelConfig
+from .grammar import JsonGrammars
 from .kv_cache import KVCacheManager
 from .kv_events import KvEvent
 from .model import ForwardBatch, LlamaWeights, PrefillSpan, forward
@@ -40,9 +41,11 @@ class EngineCore:
     """Continuous-batching Llama engine over a paged, prefix-cached KV pool."""
 
     def __init__(
-        self, weights: LlamaWeights, model_config: ModelConfig, config: EngineConfig
+        self, weights: LlamaWeights, model_config: ModelConfig, config: EngineConfig,
+        grammars: JsonGrammars | None = None,
     ) -> None:
         self.weights = weights
+        self.grammars = grammars  # structured output; None: requests with a schema refused
         self.model_config = model_config
         self.config = config
         self.kv = KVCacheManager(
@@ -219,7 +222,13 @@ class EngineCore:
             gen = torch.Generator()
             gen.manual_seed(req.seed if req.seed is not None else torch.seed())
         stop = frozenset(req.stop_token_ids) | frozenset(self.model_config.eos_token_ids)
-        return Sequence(req, next(self._arrivals), stop, gen)
+        seq = Sequence(req, next(self._arrivals), stop, gen)
+        if req.json_schema is not None:
+            if self.grammars is None:
+                raise ValueError(f"request {req.request_id!r}: this engine was built "
+                                 "without a tokenizer for structured output")
+            seq.matcher = self.grammars.matcher(req.json_schema)
+        return seq
 
     def _queue(self, seq: Sequence) -> None:
         self._seqs[seq.request_id] = seq
@@ -279,6 +288,8 @@ class EngineCore:
     def _append_token(self, seq: Sequence, token: int, picked: Sampled | None = None) -> None:
         """Record a new token and finish the sequence if it should stop."""
         seq.output_ids.append(token)
+        if seq.matcher is not None and not seq.matcher.is_terminated():
+            seq.matcher.accept_token(token)
         if seq.request.logprobs is not None:
             # A token sampled elsewhere (disaggregated prefill) carries no logprobs here.
             seq.logprobs.append(picked.logprob if picked and picked.logprob is not None

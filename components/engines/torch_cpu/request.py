@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -34,13 +34,14 @@ class Request:
     min_tokens: int = 0  # stop tokens cannot end the request before this many tokens
     logprobs: int | None = None  # sampled tokens' logprobs + this many alternatives each
     prompt_logprobs: int | None = None  # prompt tokens' logprobs (disables prefix reuse)
+    json_schema: str | None = None  # structured output: JSON valid against this schema
 
     @property
     def neutral_logits(self) -> bool:
         """True when nothing but temperature / top-p shapes the model's distribution."""
         return (not self.logit_bias and self.presence_penalty == 0
                 and self.frequency_penalty == 0 and self.repetition_penalty == 1.0
-                and self.min_tokens == 0)
+                and self.min_tokens == 0 and self.json_schema is None)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -157,6 +158,7 @@ class Sequence:
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    matcher: Any = None  # the JSON grammar's state (requests with json_schema)
 
     @property
     def request_id(self) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .grammar import mask_logits
 from .request import Sequence
 
 TopLogprobs = tuple[tuple[int, float], ...]
@@ -73,6 +74,9 @@ def process_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     vocab = out.shape[1]
     _add_bias(out, seqs)
     _ban_early_stops(out, seqs)
+    constrained = [(i, s.matcher) for i, s in enumerate(seqs) if s.matcher is not None]
+    if constrained:
+        mask_logits(out, constrained)
     rows = [i for i, s in enumerate(seqs) if _penalised(s)]
     if rows:
         counts = _output_counts([seqs[i].output_ids for i in rows], vocab)  # [R, vocab]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from splitserve.components.engines.interface import GenerateParams, TokenDelta
@@ -39,7 +40,17 @@ def sampling_params(p: GenerateParams, *, max_tokens: int | None = None,
         presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         repetition_penalty=p.repetition_penalty,
         logit_bias=dict(p.logit_bias) if p.logit_bias else None,
-        logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs)
+        logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs,
+        structured_outputs=_structured(p))
+
+
+def _structured(p: GenerateParams):
+    """vLLM's structured-output params for a request with a JSON schema (else None)."""
+    if p.json_schema is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(json=json.loads(p.json_schema))
 
 
 def prompt(p: GenerateParams) -> dict[str, Any]:

@@ -58,3 +58,23 @@ def test_banned_token_and_min_tokens_hold_through_the_engine(make_engine):
     long = tokens(run(engine, Request("c", PROMPT, max_tokens=12, min_tokens=10,
                                       temperature=1.0, seed=3)))
     assert len(long) >= 10 and not set(long[:10]) & set(eos)
+
+
+def test_a_json_schema_answer_parses_and_validates(smollm2):
+    import json
+
+    from splitserve.components.engines.torch_cpu import EngineConfig, EngineCore
+    from splitserve.components.engines.torch_cpu.grammar import JsonGrammars
+
+    engine = EngineCore(smollm2.weights, smollm2.config, EngineConfig(num_blocks=64),
+                        grammars=JsonGrammars(smollm2.tokenizer, smollm2.config.vocab_size))
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 20}},
+              "required": ["answer"], "additionalProperties": False}
+    outs = run(engine, Request("j", PROMPT, max_tokens=40, json_schema=json.dumps(schema)))
+    assert outs[-1].finish_reason == "stop"
+    ids = [t for t in tokens(outs) if t not in smollm2.config.eos_token_ids]
+    value = json.loads(smollm2.tokenizer.decode(ids))
+    assert set(value) == {"answer"} and isinstance(value["answer"], str)
+    # the plain answer to the same prompt is not JSON: the mask did the work
+    plain = tokens(run(engine, Request("p", PROMPT, max_tokens=8)))
+    assert smollm2.tokenizer.decode(plain)[:1] != "{"

@@ -134,7 +134,7 @@ def test_completion_prompt_types(codec, field, value):
 # Parameters no engine honours yet (those some engines honour: test_openai_capabilities).
 UNSUPPORTED = [
     ("chat", "tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("chat", "tool_choice", "auto"), ("chat", "response_format", {"type": "json_object"}),
+    ("chat", "tool_choice", "auto"),
     ("chat", "functions", [{"name": "f"}]), ("chat", "tools", {}),
     ("completion", "best_of", 3), ("completion", "suffix", "end"),
 ]

@@ -286,3 +286,45 @@ def test_vllm_gets_every_sampling_field_and_returns_logprobs():
     d = to_delta(out, 1, 0)
     assert d.logprobs.logprobs == [-0.5] and d.logprobs.top == [[(4, -0.1)]]
     assert d.prompt_logprobs.logprobs == [-2.0, -1.0] and d.prompt_logprobs.top == [[], []]
+
+
+def test_response_format_goes_to_the_engine_as_a_schema(codec):
+    c, backend = client(codec)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "A", "schema": schema,
+                                                  "strict": True}}
+    assert c.post("/v1/chat/completions", json=chat(response_format=fmt)).status_code == 200
+    wreq = WorkerRequest.model_validate(backend.requests[0])
+    assert wreq.sampling_options.guided_decoding.json_schema == schema
+    assert json.loads(params_from_wire(wreq).json_schema) == schema
+    assert engine_request(wreq, "r").json_schema == params_from_wire(wreq).json_schema
+    c.post("/v1/chat/completions", json=chat(response_format={"type": "json_object"}))
+    assert backend.requests[1]["sampling_options"]["guided_decoding"] == {
+        "json": {"type": "object"}}
+    c.post("/v1/chat/completions", json=chat(response_format={"type": "text"}))
+    assert "guided_decoding" not in backend.requests[2]["sampling_options"]
+
+
+@pytest.mark.parametrize("fmt", [{"type": "json_schema"}, {"type": "xml"},
+                                 {"type": "json_schema", "json_schema": {"schema": {}}}])
+def test_malformed_response_format_is_400(codec, fmt):
+    c, _ = client(codec)
+    r = c.post("/v1/chat/completions", json=chat(response_format=fmt))
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("response_format")
+
+
+def test_response_format_is_refused_by_engines_without_structured_output(codec):
+    for engine in ("mocker", "sglang", "trtllm"):
+        c, _ = client(codec, engines=(engine,))
+        r = c.post("/v1/chat/completions", json=chat(response_format={"type": "json_object"}))
+        assert r.status_code == 400 and engine in r.json()["error"]["message"]
+
+
+def test_vllm_gets_the_schema_as_structured_outputs():
+    from splitserve.components.engines.vllm.requests import sampling_params
+
+    wreq = WorkerRequest.model_validate({"token_ids": [1], "stop_conditions": {"max_tokens": 3},
+                                         "sampling_options": {"guided_decoding": {
+                                             "json": {"type": "object"}}}})
+    sp = sampling_params(params_from_wire(wreq))
+    assert sp.structured_outputs.json == {"type": "object"}
