@@ -15,7 +15,7 @@ from splitserve.components.engines.vllm.worker import make_handler, publish_kv_e
 from splitserve.components.protocol import WorkerLoad, load_subject
 from splitserve.components.worker.engine_hosts import _watch_failure
 from splitserve.components.worker.engine_processes import _serve_or_die
-from splitserve.components.worker.loadreport import publish_load
+from splitserve.components.worker.loadreport import ReportFailures, publish_load
 from splitserve.components.worker.metrics import WorkerMetrics
 from splitserve.components.worker.readiness import report_ready_when_registered
 from splitserve.serve.component import ComponentContext, serve_until_stopped
@@ -46,7 +46,7 @@ async def run_engine_worker(ctx: ComponentContext, cfg, engine, label: str) -> N
 
     reporter = asyncio.create_task(publish_load(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, ctx.run.component), sample,
-        cfg.load_report_interval_s, ctx.stopping))
+        cfg.load_report_interval_s, ctx.stopping, ReportFailures(metrics.load_report_failures)))
     # ready once discovery lists this instance: before that the router cannot reach it
     tasks.append(asyncio.create_task(report_ready_when_registered(
         ctx.report, endpoint, worker_id,

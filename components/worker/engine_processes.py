@@ -20,7 +20,7 @@ from splitserve.components.protocol import WorkerLoad, load_subject
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from .disagg_metrics import DisaggMetrics, PrefillMetrics
-from .loadreport import publish_load
+from .loadreport import ReportFailures, publish_load
 from .readiness import report_ready_when_registered
 
 log = logging.getLogger("splitserve.engine_worker")
@@ -149,7 +149,7 @@ async def run_engine_decode_worker(ctx: ComponentContext, cfg) -> None:
 
             reporter = asyncio.create_task(publish_load(
                 nats_url, load_subject(ns, component), sample, cfg.load_report_interval_s,
-                ctx.stopping))
+                ctx.stopping, ReportFailures(metrics.load_report_failures)))
             tasks.append(reporter)
         tasks.append(asyncio.ensure_future(
             ctx.endpoint(component, "explain").serve_endpoint(coord.explain)))

@@ -12,22 +12,48 @@ from splitserve.components.protocol import WorkerLoad
 log = logging.getLogger("splitserve.worker")
 
 
+class ReportFailures:
+    """Counts failed load reports and logs the first of each kind of failure (a report
+    every 0.2 s would otherwise flood the log while NATS is down)."""
+
+    def __init__(self, counter=None) -> None:
+        self.counter = counter  # a prometheus Counter, e.g. WorkerMetrics.load_report_failures
+        self.seen: set[str] = set()
+
+    def __call__(self, exc: Exception) -> None:
+        if self.counter is not None:
+            self.counter.inc()
+        kind = f"{type(exc).__name__}: {exc}"[:200]
+        if kind not in self.seen:
+            self.seen.add(kind)
+            log.warning("load report failed (counted; logged once per kind): %s", kind)
+
+
 async def publish_load(nats_url: str, subject: str, sample: Callable[[], WorkerLoad],
-                       interval_s: float, stopping: asyncio.Event) -> None:
-    """Send ``sample()`` every ``interval_s`` until stopping; a last report says draining."""
+                       interval_s: float, stopping: asyncio.Event,
+                       failures: Callable[[Exception], None] | None = None) -> None:
+    """Send ``sample()`` every ``interval_s`` until stopping; a last report says draining.
+
+    A report that cannot be sampled or sent goes to ``failures`` (logged and counted by
+    default) and the next one is tried on time."""
     from splitserve.common.connect import connect_nats
 
+    failed = failures or ReportFailures()
     nc = await connect_nats(nats_url, name="splitserve-worker-load",
                             max_reconnect_attempts=-1)
     try:
         while not stopping.is_set():
-            with contextlib.suppress(Exception):
+            try:
                 await nc.publish(subject, sample().model_dump_json().encode())
+            except Exception as exc:  # noqa: BLE001 - reported to ``failed``, retried
+                failed(exc)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stopping.wait(), interval_s)
-        final = sample().model_copy(update={"draining": True})
-        with contextlib.suppress(Exception):
+        try:
+            final = sample().model_copy(update={"draining": True})
             await nc.publish(subject, final.model_dump_json().encode())
+        except Exception as exc:  # noqa: BLE001 - routers then expire the worker instead
+            failed(exc)
     finally:
         with contextlib.suppress(Exception):
             await nc.drain()

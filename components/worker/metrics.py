@@ -23,6 +23,10 @@ class WorkerMetrics:
                               registry=r)
         self.requests = Counter(f"{PREFIX}_worker_requests_total",
                                 "Requests by outcome", ["outcome"], registry=r)
+        self.load_report_failures = Counter(
+            f"{PREFIX}_worker_load_report_failures_total",
+            "Load reports that could not be sampled or published (routers then see "
+            "this worker's load late)", registry=r)
 
     def update(self, running: int, waiting: int, kv_used: int, kv_total: int) -> None:
         self.running.set(running)

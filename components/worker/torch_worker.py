@@ -29,7 +29,7 @@ from splitserve.serve.component import ComponentContext, serve_until_stopped
 from .cancel import until_stopped
 from .config import TorchWorkerConfig
 from .fatal import leave_after_engine_failure
-from .loadreport import publish_load
+from .loadreport import ReportFailures, publish_load
 from .metrics import WorkerMetrics
 from .readiness import report_ready_when_registered
 from .runner import EngineRunner
@@ -221,7 +221,7 @@ async def start_torch_worker(ctx: ComponentContext, cfg, publish_kv: bool = True
 
     reporter = asyncio.create_task(publish_load(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, ctx.run.component), sample,
-        cfg.load_report_interval_s, ctx.stopping))
+        cfg.load_report_interval_s, ctx.stopping, ReportFailures(metrics.load_report_failures)))
     return TorchWorker(core, runner, endpoint, metrics, worker_id, reporter, publisher)
 
 

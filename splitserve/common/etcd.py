@@ -18,11 +18,6 @@ from aetcd import rpc
 from splitserve.common.connect import EtcdAccess
 
 
-def parse_endpoint(endpoints: str) -> tuple[str, int]:
-    """First ``host:port`` of an ETCD_ENDPOINTS value like ``http://127.0.0.1:2379,...``."""
-    return EtcdAccess.parse(endpoints).first_host_port()
-
-
 class _TlsClient(aetcd.Client):
     """aetcd's client over a TLS channel (server CA and optional client certificate)."""
 

@@ -153,10 +153,6 @@ class KVCacheManager:
             seq.blocks.append(self._fresh_block())
         return True
 
-    def blocks_needed(self, seq_id: str, num_tokens: int) -> int:
-        """How many more blocks ``allocate(seq_id, num_tokens)`` would take."""
-        return max(0, -(-num_tokens // self.block_size) - len(self._seqs[seq_id].blocks))
-
     def commit(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None:
         """Hash and publish every block of ``seq_id`` that is now full of computed KV.
 

@@ -17,7 +17,7 @@ from splitserve.components.engines.interface import GenerateParams, TokenDelta, 
 from splitserve.components.protocol import WorkerLoad, WorkerRequest, load_subject, output_chunk
 from splitserve.components.worker.cancel import until_stopped
 from splitserve.components.worker.fatal import leave_after_engine_failure
-from splitserve.components.worker.loadreport import publish_load
+from splitserve.components.worker.loadreport import ReportFailures, publish_load
 from splitserve.components.worker.metrics import WorkerMetrics
 from splitserve.components.worker.readiness import report_ready_when_registered
 from splitserve.serve.component import ComponentContext, serve_until_stopped
@@ -129,7 +129,7 @@ async def run_vllm_worker(ctx: ComponentContext, cfg: VllmWorkerSection) -> None
 
     reporter = asyncio.create_task(publish_load(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, ctx.run.component), sample,
-        cfg.load_report_interval_s, ctx.stopping))
+        cfg.load_report_interval_s, ctx.stopping, ReportFailures(metrics.load_report_failures)))
     tasks.append(reporter)
     tasks.append(asyncio.create_task(report_ready_when_registered(
         ctx.report, endpoint, worker_id,
