@@ -76,7 +76,7 @@ class _Request(BaseModel):
     @field_validator("logit_bias")
     @classmethod
     def _bias_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v is not None and any(not k.isdigit() for k in v):
+        if v is not None and any(not (k.isascii() and k.isdigit()) for k in v):
             raise ValueError("keys must be token ids (decimal strings)")
         return v
 
@@ -139,6 +139,20 @@ class JsonSchemaFormat(BaseModel):
     name: str = Field(min_length=1, max_length=64)
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _compiles(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """A schema the engines' grammar compiler (xgrammar) cannot turn into a grammar is
+        the client's error, found here rather than as a worker failure."""
+        import xgrammar as xgr
+
+        try:
+            xgr.Grammar.from_json_schema(json.dumps(v or {"type": "object"}))
+        except (RuntimeError, ValueError, TypeError) as exc:
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"unsupported JSON schema: {reason.split(': ', 1)[-1]}") from None
+        return v
 
 
 class ResponseFormat(BaseModel):

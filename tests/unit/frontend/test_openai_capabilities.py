@@ -119,6 +119,7 @@ def test_no_op_values_pass_on_every_engine(codec):
     (chat(n=0), "n"), (chat(presence_penalty=2.5), "presence_penalty"),
     (chat(logit_bias={"x": 1}), "logit_bias"), (chat(logit_bias={"5": 101}), "logit_bias"),
     (chat(logit_bias={"999999": 1}), "logit_bias"), (chat(min_tokens=-1), "min_tokens"),
+    (chat(logit_bias={"\u00b2": 1}), "logit_bias"),
 ])
 def test_invalid_values_are_400_naming_the_parameter(codec, body, param):
     c, _ = client(codec)
@@ -306,7 +307,9 @@ def test_response_format_goes_to_the_engine_as_a_schema(codec):
 
 
 @pytest.mark.parametrize("fmt", [{"type": "json_schema"}, {"type": "xml"},
-                                 {"type": "json_schema", "json_schema": {"schema": {}}}])
+                                 {"type": "json_schema", "json_schema": {"schema": {}}},
+                                 {"type": "json_schema", "json_schema": {
+                                     "name": "A", "schema": {"type": "no-such-type"}}}])
 def test_malformed_response_format_is_400(codec, fmt):
     c, _ = client(codec)
     r = c.post("/v1/chat/completions", json=chat(response_format=fmt))
