@@ -309,6 +309,9 @@ async def _collect(state: FrontendState, p: Prepared, metas: list[StreamMeta],
                                       str(err.status)).inc()
         return error_response(err)
     finally:
+        # A client that left cancels this handler: close the choices so a fan-out's
+        # other workers stop too.
+        await events.aclose()
         state.inflight -= 1
         state.metrics.inflight.dec()
         _account(state, metas, started)

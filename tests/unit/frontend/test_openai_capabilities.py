@@ -331,3 +331,47 @@ def test_vllm_gets_the_schema_as_structured_outputs():
                                              "json": {"type": "object"}}}})
     sp = sampling_params(params_from_wire(wreq))
     assert sp.structured_outputs.json == {"type": "object"}
+
+
+def test_sglang_and_trtllm_get_the_penalties_they_take():
+    from splitserve.components.engines.sglang.requests import sampling_params as sglang_params
+    from splitserve.components.engines.trtllm.requests import sampling_kwargs
+
+    wreq = WorkerRequest.model_validate({
+        "token_ids": [1], "stop_conditions": {"max_tokens": 3, "min_tokens": 1},
+        "sampling_options": {"presence_penalty": 0.5, "repetition_penalty": 1.2,
+                             "top_k": 4, "min_p": 0.1, "logit_bias": {"7": 2.0}}})
+    p = params_from_wire(wreq)
+    sp = sglang_params(p)
+    assert (sp["presence_penalty"], sp["repetition_penalty"], sp["top_k"], sp["min_p"],
+            sp["min_new_tokens"], sp["logit_bias"]) == (0.5, 1.2, 4, 0.1, 1, {"7": 2.0})
+    assert "frequency_penalty" not in sp
+    kw = sampling_kwargs(p)
+    assert (kw["presence_penalty"], kw["repetition_penalty"], kw["top_k"], kw["min_p"],
+            kw["min_tokens"]) == (0.5, 1.2, 4, 0.1, 1)
+    neutral = sampling_kwargs(params_from_wire(WorkerRequest.model_validate(
+        {"token_ids": [1], "stop_conditions": {"max_tokens": 3}})))
+    assert not {"top_k", "min_p", "presence_penalty", "repetition_penalty"} & set(neutral)
+
+
+def test_closing_a_fan_out_closes_every_choice():
+    from splitserve.components.frontend.choices import merged
+    from splitserve.components.frontend.responses import Event
+
+    closed: list[int] = []
+
+    async def choice(i: int):
+        try:
+            yield Event(i, "x", None)
+            await asyncio.sleep(3600)
+        finally:
+            closed.append(i)
+
+    async def main():
+        events = merged([choice(0), choice(1)])
+        first = await events.__anext__()
+        await events.aclose()
+        return first
+
+    first = asyncio.run(main())
+    assert first.text == "x" and sorted(closed) == [0, 1]
