@@ -375,3 +375,14 @@ def test_closing_a_fan_out_closes_every_choice():
 
     first = asyncio.run(main())
     assert first.text == "x" and sorted(closed) == [0, 1]
+
+
+@pytest.mark.parametrize("engine", ["torch", "mocker"])
+def test_the_plan_tells_the_frontend_its_engines(tmp_path, engine):
+    from splitserve.serve.graph import load_graph
+    from splitserve.serve.plan import build_plan
+
+    graph = load_graph("graphs.agg:Frontend")
+    plan = build_plan(graph, "graphs.agg:Frontend", {"Worker": {"engine": engine}}, "<test>")
+    rc = plan.run_config(plan.component("Frontend"), 0, tmp_path / "s.json")
+    assert rc.engines == [engine]
