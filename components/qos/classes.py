@@ -78,8 +78,10 @@ class QosConfig(StrictModel):
     default_class: str = Field(
         default="default",
         description="Class of requests that name none, or an unknown one.")
-    header: str = Field(default="x-priority", min_length=1,
-                        description="HTTP request header naming the class (wins over all).")
+    header: str | None = Field(
+        default=None, description="Refused: the frontend, which may run without this "
+        "config (routing in the Router process), reads the class from the request header "
+        "that `Frontend.priority_header` names (default x-priority).")
     metadata_key: str = Field(
         default="priority", min_length=1,
         description="Key of the OpenAI request's `metadata` object naming the class.")
@@ -130,6 +132,10 @@ class QosConfig(StrictModel):
                 lines.append(issue(("user_map", user), f"user_map sends {user!r} to "
                                    f"{name!r}, which is not one of classes[].name {known}",
                                    name))
+        if self.header is not None:
+            lines.append(issue(("header",), "qos.header is not read: the frontend takes the "
+                               "class from the request header that Frontend.priority_header "
+                               "names (default x-priority); remove qos.header", self.header))
         raise_if_any("qos", lines)
         return self
 

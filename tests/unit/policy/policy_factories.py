@@ -29,7 +29,6 @@ def full() -> dict[str, Any]:
              "may_degrade": True},
         ],
         "default_class": "standard",
-        "header": "x-priority",
         "user_map": {"nightly-eval": "batch"},
         "metadata_key": "priority",
         "degradation": {

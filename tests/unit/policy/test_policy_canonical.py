@@ -34,7 +34,7 @@ def test_yaml_and_json_seed_hash_alike() -> None:
 def test_key_order_and_spelled_out_defaults_do_not_matter() -> None:
     doc = seed()
     shuffled = {key: doc[key] for key in reversed(list(doc))}
-    defaults = edited(doc, "qos.header", "x-priority")
+    defaults = edited(doc, "qos.metadata_key", "priority")
     defaults = edited(defaults, "qos.classes", [c.model_dump() for c in default_classes()])
     defaults = edited(defaults, "qos.degradation", {"cap_max_tokens": {"max_tokens": 256}})
     hashes = {policy_sha256(parse_policy(d)) for d in (doc, shuffled, defaults)}

@@ -24,7 +24,7 @@ def test_seed_section_loads_as_written():
                                     "low_priority_threshold_ms": 500,
                                     "reject_on_slo_violation": True})
     assert [c.name for c in cfg.classes] == ["high", "default", "low"]
-    assert cfg.default_class == "default" and cfg.header == "x-priority"
+    assert cfg.default_class == "default" and cfg.header is None
     assert [c.may_reject for c in cfg.classes] == [False, False, True]
     assert cfg.class_named("low").may_degrade and not cfg.class_named("high").may_degrade
     assert cfg.estimate_max_age_s == 1.0
@@ -56,7 +56,6 @@ BAD = {
     "user mapped to unknown class": ({"user_map": {"alice": "gold"}}, "user_map.alice"),
     "negative slack": ({"low_priority_threshold_ms": -1}, "low_priority_threshold_ms"),
     "zero max age": ({"estimate_max_age_s": 0}, "estimate_max_age_s"),
-    "empty header": ({"header": ""}, "header"),
     "smoothing above 1": ({"estimator": {"smoothing": 1.5}}, "estimator.smoothing"),
     "zero warm-up rate": ({"estimator": {"warmup_decode_ms_per_token": 0}},
                           "estimator.warmup_decode_ms_per_token"),
@@ -80,6 +79,15 @@ def test_bad_config_names_the_field(case):
     with pytest.raises(ValidationError) as caught:
         QosConfig.model_validate(document)
     assert path in error_paths(caught.value)
+
+
+@pytest.mark.parametrize("header", ["x-priority", "x-class", ""])
+def test_a_qos_header_setting_is_refused_naming_the_one_that_is_read(header):
+    with pytest.raises(ValidationError) as caught:
+        QosConfig.model_validate({"header": header})
+    assert error_paths(caught.value) == ["header"]
+    assert "qos.header is not read" in str(caught.value)
+    assert "Frontend.priority_header" in str(caught.value)
 
 
 def test_cross_field_messages_name_both_fields():
