@@ -63,8 +63,8 @@ _SAMPLING_ENGINES = frozenset({"torch", "vllm", "sglang", "trtllm"})
 _LOGPROB_ENGINES = frozenset({"torch", "vllm"})
 
 CAPABILITIES: tuple[Capability, ...] = (
-    Capability("n", BOTH, _is(1), EVERY, "the frontend fans out n requests (the shared "
-               "prompt is a prefix-cache hit after the first)"),
+    Capability("n", BOTH, _is(1), EVERY, "the frontend fans out n requests; the others "
+               "start after the first one's first token and reuse its cached prompt"),
     Capability("stop", BOTH, _is_none, EVERY, "matched on the detokenised text"),
     Capability("max_completion_tokens", BOTH, _is_none, EVERY),
     Capability("stream_options", BOTH, _is_none, EVERY, "include_usage: a last chunk "

@@ -46,7 +46,11 @@ def choice_request(state: FrontendState, p: Prepared, index: int, request_id: st
 
 async def merged(streams: list[AsyncIterator[Event]]) -> AsyncIterator[Event]:
     """The events of every choice as they come (``n`` > 1 fans out); the first error of
-    any choice ends them all."""
+    any choice ends them all.
+
+    The other choices start once the first has produced its first event: its prompt is
+    then in the worker's prefix cache (and known to KV-aware routers), so they reuse it
+    instead of all computing it at once."""
     if len(streams) == 1:
         async with contextlib.aclosing(streams[0]) as only:
             async for ev in only:
@@ -63,11 +67,13 @@ async def merged(streams: list[AsyncIterator[Event]]) -> AsyncIterator[Event]:
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
             await queue.put(exc)
 
-    tasks = [asyncio.create_task(pump(st)) for st in streams]
-    left = len(tasks)
+    tasks = [asyncio.create_task(pump(streams[0]))]
+    left = len(streams)
     try:
         while left:
             item = await queue.get()
+            if len(tasks) == 1:
+                tasks += [asyncio.create_task(pump(st)) for st in streams[1:]]
             if item is done:
                 left -= 1
             elif isinstance(item, BaseException):

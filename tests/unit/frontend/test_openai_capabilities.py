@@ -369,12 +369,12 @@ def test_closing_a_fan_out_closes_every_choice():
 
     async def main():
         events = merged([choice(0), choice(1)])
-        first = await events.__anext__()
+        got = [await events.__anext__(), await events.__anext__()]
         await events.aclose()
-        return first
+        return got
 
-    first = asyncio.run(main())
-    assert first.text == "x" and sorted(closed) == [0, 1]
+    got = asyncio.run(main())
+    assert sorted(e.index for e in got) == [0, 1] and sorted(closed) == [0, 1]
 
 
 @pytest.mark.parametrize("engine", ["torch", "mocker"])
@@ -386,3 +386,21 @@ def test_the_plan_tells_the_frontend_its_engines(tmp_path, engine):
     plan = build_plan(graph, "graphs.agg:Frontend", {"Worker": {"engine": engine}}, "<test>")
     rc = plan.run_config(plan.component("Frontend"), 0, tmp_path / "s.json")
     assert rc.engines == [engine]
+
+
+def test_other_choices_start_after_the_first_choice_has_its_prompt_cached(codec):
+    c, backend = client(codec)
+    order: list[str] = []
+    stream = backend.stream
+
+    async def traced(request, meta, context):
+        order.append(f"start {meta.request_id[-2:]}")
+        async for chunk in stream(request, meta, context):
+            order.append(f"chunk {meta.request_id[-2:]}")
+            yield chunk
+
+    backend.stream = traced
+    body = c.post("/v1/chat/completions", json=chat(n=3, max_tokens=2)).json()
+    assert len(body["choices"]) == 3
+    assert order[:2] == [order[0], order[0].replace("start", "chunk")]
+    assert sum(o.startswith("start") for o in order) == 3
