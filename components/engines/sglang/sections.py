@@ -28,11 +28,9 @@ def _router_block_size(engine_args: SglangEngineArgs, sections: dict[str, Any]) 
     return []
 
 
-class SglangWorkerSection(WorkerCommon):
-    """A Worker section with ``engine: sglang`` (one aggregated SGLang engine)."""
+class _SglangGpu:
+    """What the plan's placement checks ask of every section with an SGLang engine."""
 
-    engine: Literal["sglang"] = "sglang"
-    engine_args: SglangEngineArgs = Field(default_factory=SglangEngineArgs)
     needs_gpu: ClassVar[bool] = True
 
     def gpus_needed_per_replica(self) -> int:
@@ -45,12 +43,19 @@ class SglangWorkerSection(WorkerCommon):
         the plan's check of engines sharing a device; None: SGLang's own estimate."""
         return self.engine_args.mem_fraction_static
 
+
+class SglangWorkerSection(_SglangGpu, WorkerCommon):
+    """A Worker section with ``engine: sglang`` (one aggregated SGLang engine)."""
+
+    engine: Literal["sglang"] = "sglang"
+    engine_args: SglangEngineArgs = Field(default_factory=SglangEngineArgs)
+
     def graph_checks(self, sections: dict[str, Any]) -> list[str]:
         """Called by the plan builder with every validated section of the graph."""
         return _router_block_size(self.engine_args, sections)
 
 
-class SglangDecodeWorkerConfig(EngineDecodeSection):
+class SglangDecodeWorkerConfig(_SglangGpu, EngineDecodeSection):
     """A decode worker fronting a decode-mode SGLang engine.
 
     A decode-mode engine cannot prefill: the decider's "local" verdicts become remote
@@ -61,17 +66,6 @@ class SglangDecodeWorkerConfig(EngineDecodeSection):
 
     engine: Literal["sglang"] = "sglang"
     engine_args: SglangEngineArgs = Field(default_factory=SglangEngineArgs)
-    needs_gpu: ClassVar[bool] = True
-
-    def gpus_needed_per_replica(self) -> int:
-        """GPUs one replica's engine uses (its tensor parallelism); the plan's placement
-        check compares it with gpus_per_replica."""
-        return self.engine_args.tp_size
-
-    def gpu_memory_share(self) -> float | None:
-        """Fraction of each GPU's memory the engine claims (mem_fraction_static), for
-        the plan's check of engines sharing a device; None: SGLang's own estimate."""
-        return self.engine_args.mem_fraction_static
     local_prefill_engine: bool = Field(
         False, description="Refused when true: a second SGLang engine cannot share the "
         "decode worker's process.  Run aggregated Workers for local serving instead.")
@@ -101,23 +95,12 @@ class SglangDecodeWorkerConfig(EngineDecodeSection):
         return errors
 
 
-class SglangPrefillWorkerConfig(EnginePrefillSection):
+class SglangPrefillWorkerConfig(_SglangGpu, EnginePrefillSection):
     """A prefill worker fronting a prefill-mode SGLang engine (bootstrap server on
     ``engine_args.bootstrap_port`` plus the replica index)."""
 
     engine: Literal["sglang"] = "sglang"
     engine_args: SglangEngineArgs = Field(default_factory=SglangEngineArgs)
-    needs_gpu: ClassVar[bool] = True
-
-    def gpus_needed_per_replica(self) -> int:
-        """GPUs one replica's engine uses (its tensor parallelism); the plan's placement
-        check compares it with gpus_per_replica."""
-        return self.engine_args.tp_size
-
-    def gpu_memory_share(self) -> float | None:
-        """Fraction of each GPU's memory the engine claims (mem_fraction_static), for
-        the plan's check of engines sharing a device; None: SGLang's own estimate."""
-        return self.engine_args.mem_fraction_static
     prefill_timeout_s: float = Field(
         630.0, gt=0, description="How long the prefill loop waits for a begun prefill to "
         "finish before aborting it; must exceed SGLang's own bootstrap and waiting "
