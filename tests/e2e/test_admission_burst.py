@@ -13,8 +13,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.conftest import start_graph
-from tests.e2e.test_admission_mocker import one, percentile
-from tests.e2e.test_mocker_routing import metric_lines
+from tests.e2e.helpers import metric_lines, one, percentile
 
 pytestmark = pytest.mark.e2e
 

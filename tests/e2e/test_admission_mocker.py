@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import one, percentile
 
 pytestmark = pytest.mark.e2e
 
@@ -44,26 +45,6 @@ BURST_MAX_TOKENS = 150
 SETTLED_S = 6  # by then what was admitted before the first completions has drained
 
 
-async def one(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int = 48) -> dict:
-    body = {"model": MODEL, "max_tokens": max_tokens, "stream": True,
-            "messages": [{"role": "user", "content": f"Request {i}: tell me about ships. " * 6}]}
-    t0 = time.perf_counter()
-    try:
-        async with session.post(f"{url}/v1/chat/completions", json=body) as r:
-            if r.status != 200:
-                payload = await r.json()
-                return {"status": r.status, "t": time.perf_counter() - t0,
-                        "retry_after": r.headers.get("Retry-After"),
-                        "code": payload["error"]["code"]}
-            ttft = None
-            async for raw in r.content:
-                if raw.startswith(b"data:") and ttft is None and b'"content"' in raw:
-                    ttft = time.perf_counter() - t0
-            return {"status": 200, "ttft": ttft, "t": time.perf_counter() - t0, "i": i}
-    except Exception as exc:  # noqa: BLE001 - a lost or hung request is what we look for
-        return {"status": None, "error": repr(exc), "t": time.perf_counter() - t0}
-
-
 async def offered_load(url: str) -> list[dict]:
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout,
@@ -86,11 +67,6 @@ def admissions(metrics_url: str) -> dict[tuple[str, str], float]:
             key = (labels["outcome"].strip('"'), labels["reason"].strip('"'))
             out[key] = out.get(key, 0.0) + float(line.rpartition(" ")[2])
     return out
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 @pytest.mark.parametrize("queue", [(), QUEUE_ON], ids=["estimate-only", "with-queue"])

@@ -11,9 +11,7 @@ import json
 import pytest
 
 from tests.e2e.conftest import start_graph
-from tests.e2e.test_admission_mocker import one
-from tests.e2e.test_mocker_routing import metric_lines
-from tests.e2e.test_policy_reload import dynamo
+from tests.e2e.helpers import dynamo, metric_lines, one
 
 pytestmark = pytest.mark.e2e
 

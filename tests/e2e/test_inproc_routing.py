@@ -12,11 +12,13 @@ import openai
 import pytest
 
 from tests.e2e.conftest import route_explain, start_graph
-from tests.e2e.test_mocker_routing import LONG, MODEL, metric_lines
-from tests.e2e.test_policy_reload import dynamo
+from tests.e2e.helpers import dynamo, metric_lines
+from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import wait_until
 
 pytestmark = pytest.mark.e2e
+
+LONG = "Summarise the history of the printing press in Europe. " * 30
 
 # One request per worker at a time and one waiting: a burst beyond that is refused at
 # once by the admission queue (queue-full), with 503 and Retry-After.

@@ -12,21 +12,13 @@ import openai
 import pytest
 
 from tests.e2e.conftest import route_explain, start_graph
+from tests.e2e.helpers import metric_lines
 from tests.integration.serve_helpers import wait_until
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "SmolLM2-135M-Instruct"
 LONG = "Summarise the history of the printing press in Europe. " * 30
-
-
-def metric_lines(metrics_url: str, name: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(metrics_url).text.splitlines():
-        if line.startswith(name):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 def test_openai_client_streaming_and_not(mocker_graph):

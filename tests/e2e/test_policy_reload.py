@@ -4,27 +4,18 @@ graph; the router switches policy without dropping or failing in-flight requests
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
 
-from tests.integration.serve_helpers import REPO, wait_until
+from tests.e2e.helpers import dynamo
+from tests.integration.serve_helpers import wait_until
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "SmolLM2-135M-Instruct"
-
-
-def dynamo(run, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("ETCD_ENDPOINTS", "NATS_SERVER")}
-    return subprocess.run([sys.executable, "-m", "splitserve.cli.main", *args, "--state-dir",
-                           str(run.state)], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, env=env)
 
 
 def profiles(run) -> dict[str, float]:

