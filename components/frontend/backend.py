@@ -36,6 +36,7 @@ from splitserve.common.waiting import poll_until
 from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply, RouterStatus
 
 from .errors import APIError, overloaded, upstream_error
+from .migration import Resumable, final_chunk, migrate
 
 log = logging.getLogger(__name__)
 
@@ -95,46 +96,6 @@ class BackendMetrics:
         self.worker_failures.labels("after_output" if exc.produced else "before_output").inc()
 
 
-class Resumable:
-    """A request's prompt and the tokens its workers streamed so far.
-
-    Called by the backends for every chunk they pass on; after a worker breaks, the
-    request continues on another worker from the prompt plus those tokens.
-    """
-
-    def __init__(self, request: dict) -> None:
-        self.prompt = list(request["token_ids"])
-        stop = request["stop_conditions"]
-        self.max_tokens = int(stop["max_tokens"])
-        self.min_tokens = int(stop.get("min_tokens") or 0)
-        self.generated: list[int] = []
-
-    def seen(self, chunk: dict) -> None:
-        self.generated.extend(chunk.get("token_ids") or ())
-
-    @property
-    def mid_stream(self) -> bool:
-        return bool(self.generated)
-
-    def left(self) -> int:
-        """Tokens the request may still produce."""
-        return self.max_tokens - len(self.generated)
-
-    def continue_in(self, request: dict) -> None:
-        """Rewrite ``request`` to continue after the tokens streamed so far."""
-        n = len(self.generated)
-        request["token_ids"] = self.prompt + self.generated
-        stop = request["stop_conditions"]
-        stop["max_tokens"] = self.left()
-        if self.min_tokens:
-            stop["min_tokens"] = max(0, self.min_tokens - n)
-
-
-def final_chunk() -> dict:
-    """The end of a request whose worker died right after its last token."""
-    return {"token_ids": [], "finish_reason": "length"}
-
-
 class WorkerUnreachable(Exception):
     """The worker could not be reached or its stream broke; ``produced``: output had
     already gone to the client (so the request must not be resent)."""
@@ -172,23 +133,6 @@ async def stream_from_worker(client, request: dict, worker_id: int, context,
         raise WorkerUnreachable(worker_id, "stream ended before any output")
     if not meta_out.get("finished") and not meta_out.get("errored"):
         raise WorkerUnreachable(worker_id, "stream ended before a finish reason", True)
-
-
-def migrate(exc: WorkerUnreachable, resume: Resumable, request: dict, attempt: int,
-            limit: int, metrics: BackendMetrics) -> bool:
-    """After ``exc``: whether the request moves to another worker (``attempt`` moves so
-    far, at most ``limit``); if so, ``request`` is rewritten to resume after the tokens
-    already streamed.  Counts the failure and the move."""
-    metrics.failed(exc)
-    move = attempt < limit and resume.left() > 0
-    log.warning("%s%s", exc, ("; resuming on another worker after "
-                              f"{len(resume.generated)} tokens" if resume.mid_stream
-                              else "; retrying on another worker") if move else "")
-    if move:
-        metrics.migrated(resume.mid_stream)
-        if resume.mid_stream:
-            resume.continue_in(request)
-    return move
 
 
 class Backend(Protocol):

@@ -1,0 +1,73 @@
+"""Moving a request whose worker failed: resend it whole, or resume it after the tokens
+the client already has.
+
+Called by the backends (direct, routed, in process) for every chunk they pass on and
+for every failure of a worker's stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .backend import BackendMetrics, WorkerUnreachable
+
+log = logging.getLogger(__name__)
+
+
+class Resumable:
+    """A request's prompt and the tokens its workers streamed so far.
+
+    Called by the backends for every chunk they pass on; after a worker breaks, the
+    request continues on another worker from the prompt plus those tokens.
+    """
+
+    def __init__(self, request: dict) -> None:
+        self.prompt = list(request["token_ids"])
+        stop = request["stop_conditions"]
+        self.max_tokens = int(stop["max_tokens"])
+        self.min_tokens = int(stop.get("min_tokens") or 0)
+        self.generated: list[int] = []
+
+    def seen(self, chunk: dict) -> None:
+        self.generated.extend(chunk.get("token_ids") or ())
+
+    @property
+    def mid_stream(self) -> bool:
+        return bool(self.generated)
+
+    def left(self) -> int:
+        """Tokens the request may still produce."""
+        return self.max_tokens - len(self.generated)
+
+    def continue_in(self, request: dict) -> None:
+        """Rewrite ``request`` to continue after the tokens streamed so far."""
+        n = len(self.generated)
+        request["token_ids"] = self.prompt + self.generated
+        stop = request["stop_conditions"]
+        stop["max_tokens"] = self.left()
+        if self.min_tokens:
+            stop["min_tokens"] = max(0, self.min_tokens - n)
+
+
+def final_chunk() -> dict:
+    """The end of a request whose worker died right after its last token."""
+    return {"token_ids": [], "finish_reason": "length"}
+
+
+def migrate(exc: WorkerUnreachable, resume: Resumable, request: dict, attempt: int,
+            limit: int, metrics: BackendMetrics) -> bool:
+    """After ``exc``: whether the request moves to another worker (``attempt`` moves so
+    far, at most ``limit``); if so, ``request`` is rewritten to resume after the tokens
+    already streamed.  Counts the failure and the move."""
+    metrics.failed(exc)
+    move = attempt < limit and resume.left() > 0
+    log.warning("%s%s", exc, ("; resuming on another worker after "
+                              f"{len(resume.generated)} tokens" if resume.mid_stream
+                              else "; retrying on another worker") if move else "")
+    if move:
+        metrics.migrated(resume.mid_stream)
+        if resume.mid_stream:
+            resume.continue_in(request)
+    return move
