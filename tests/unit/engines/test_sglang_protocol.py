@@ -15,6 +15,7 @@ from splitserve.components.engines.interface import (
 from splitserve.components.engines.sglang.config import SglangEngineArgs
 from splitserve.components.engines.sglang.engine import NoLocalPrefill, SglangEngine
 from tests.fixtures.engine_doubles import BootstrapRooms, SglangEngineDouble, tokens_for
+from tests.unit.engines.adapter_helpers import collect
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -28,15 +29,6 @@ async def make(role, rooms, **kw) -> SglangEngine:
     eng = SglangEngine(ARGS, "m", role, factory=lambda **a: SglangEngineDouble(rooms, **a), **kw)
     await eng.start()
     return eng
-
-
-async def collect(it) -> list[int]:
-    out: list[int] = []
-    async for d in it:
-        out += d.token_ids
-        if d.finished:
-            break
-    return out
 
 
 async def test_disaggregated_output_equals_aggregated_token_for_token():

@@ -22,6 +22,7 @@ from splitserve.components.engines.trtllm.engine import TrtllmEngine
 from splitserve.components.prefill_queue import PrefillRequest
 from splitserve.components.worker.prefill_loop import job_params
 from tests.fixtures.engine_doubles import LlmApiDouble, LlmDouble, SamplingParamsDouble, tokens_for
+from tests.unit.engines.adapter_helpers import collect, started_trtllm
 
 pytestmark = pytest.mark.unit
 
@@ -54,22 +55,6 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def make(role: str, states: dict, **kw) -> TrtllmEngine:
-    eng = TrtllmEngine(TrtllmEngineArgs(**kw), "m", role,  # type: ignore[arg-type]
-                       api_factory=lambda: LlmApiDouble(role, states))
-    await eng.start()
-    return eng
-
-
-async def collect(it) -> list[int]:
-    out: list[int] = []
-    async for d in it:
-        out += d.token_ids
-        if d.finished:
-            break
-    return out
-
-
 # ---- T1: end_id ------------------------------------------------------------------------
 def test_double_raises_like_the_llm_without_tokenizer_or_end_id():
     llm = LlmDouble("agg", {}, skip_tokenizer_init=True)
@@ -88,8 +73,8 @@ def test_tokenizer_is_kept_as_dynamo_keeps_it():
 def test_every_role_serves_a_request_with_the_llms_end_id_rules():
     async def go():
         states: dict = {}
-        agg, pre, dec = (await make("agg", states), await make("prefill", states),
-                         await make("decode", states))
+        agg, pre, dec = (await started_trtllm("agg", states), await started_trtllm("prefill", states),
+                         await started_trtllm("decode", states))
         expected = await collect(agg.generate("a", P))
         res = await pre.prefill("p", P)
         assert await collect(dec.decode("p", P, res.handoff)) == expected
@@ -123,7 +108,7 @@ def test_context_phase_whose_token_is_a_stop_token_still_hands_off_with_ignore_e
     stop_first = GenerateParams(token_ids=P.token_ids, max_tokens=1, stop_token_ids=(first,))
 
     async def go():
-        pre = await make("prefill", {})
+        pre = await started_trtllm("prefill", {})
         with pytest.raises(RuntimeError, match="disaggregated_params"):
             await pre.prefill("stops", stop_first)
         for p in (GenerateParams(**{**stop_first.__dict__, "ignore_eos": True}),
@@ -143,7 +128,7 @@ def test_dynamo_applies_stop_conditions_to_the_prefill_request():
 def test_context_request_has_a_disagg_request_id_and_is_not_streamed():
     async def go():
         states: dict = {}
-        pre, dec = await make("prefill", states), await make("decode", states)
+        pre, dec = await started_trtllm("prefill", states), await started_trtllm("decode", states)
         res = await pre.prefill("p", P)
         ctx = pre.llm.calls[-1]
         assert ctx["streaming"] is False
@@ -176,7 +161,7 @@ def test_double_refuses_what_the_llm_refuses():
 def test_abort_of_a_generation_request_waits_for_its_first_token():
     async def go():
         states: dict = {}
-        pre, dec = await make("prefill", states), await make("decode", states)
+        pre, dec = await started_trtllm("prefill", states), await started_trtllm("decode", states)
         res = await pre.prefill("p", P)
         it = dec.decode("p", P, res.handoff)
         await dec.abort("p")  # the client left while the KV was arriving
@@ -222,7 +207,7 @@ def test_stats_need_the_flag_and_then_reach_load():
     assert run(drain(llm)) == []  # no flag, no stats (as the executor)
 
     async def go():
-        eng = await make("agg", {})
+        eng = await started_trtllm("agg", {})
         eng.llm.stats.append({"numActiveRequests": 2, "numQueuedRequests": 0,
                               "kvCacheStats": {"usedNumBlocks": 3, "maxNumBlocks": 9}})
         for _ in range(100):
@@ -256,7 +241,7 @@ def test_dynamo_pins_the_tested_release():
 # ---- T9, T10 ----------------------------------------------------------------------------
 def test_a_dead_executor_is_reported_as_failure():
     async def go():
-        eng = await make("agg", {})
+        eng = await started_trtllm("agg", {})
         assert eng.failure() is None
         eng.llm._executor._fatal_error = RuntimeError("MPI rank died")
         assert "MPI rank died" in str(eng.failure())

@@ -16,32 +16,17 @@ from splitserve.components.engines.interface import (
 )
 from splitserve.components.engines.trtllm.config import TrtllmEngineArgs
 from splitserve.components.engines.trtllm.engine import TrtllmEngine
-from tests.fixtures.engine_doubles import LlmApiDouble, tokens_for
+from tests.fixtures.engine_doubles import tokens_for
+from tests.unit.engines.adapter_helpers import collect, started_trtllm
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
 P = GenerateParams(token_ids=(3, 1, 4, 1, 5), max_tokens=7, temperature=0.0)
 
 
-async def make(role: str, states: dict) -> TrtllmEngine:
-    eng = TrtllmEngine(TrtllmEngineArgs(), "m", role,  # type: ignore[arg-type]
-                       api_factory=lambda: LlmApiDouble(role, states))
-    await eng.start()
-    return eng
-
-
-async def collect(it) -> list[int]:
-    out: list[int] = []
-    async for d in it:
-        out += d.token_ids
-        if d.finished:
-            break
-    return out
-
-
 async def test_disaggregated_equals_aggregated_and_local_prefill():
     states: dict = {}
-    agg, pre, dec = await make("agg", states), await make("prefill", states), await make("decode", states)
+    agg, pre, dec = await started_trtllm("agg", states), await started_trtllm("prefill", states), await started_trtllm("decode", states)
     expected = await collect(agg.generate("a", P))
     res = await pre.prefill("r", P)
     assert isinstance(res, PrefillResult) and isinstance(res.handoff, OpaqueHandoff)
@@ -62,7 +47,7 @@ async def test_disaggregated_equals_aggregated_and_local_prefill():
 
 async def test_opaque_state_is_used_once():
     states: dict = {}
-    pre, dec = await make("prefill", states), await make("decode", states)
+    pre, dec = await started_trtllm("prefill", states), await started_trtllm("decode", states)
     res = await pre.prefill("r", P)
     await collect(dec.decode("r", P, res.handoff))
     with pytest.raises(ValueError, match="context state"):
@@ -71,7 +56,7 @@ async def test_opaque_state_is_used_once():
 
 async def test_roles_refuse_what_they_cannot_do():
     states: dict = {}
-    pre, dec = await make("prefill", states), await make("decode", states)
+    pre, dec = await started_trtllm("prefill", states), await started_trtllm("decode", states)
     assert not pre.info.supports_local_prefill
     with pytest.raises(RuntimeError):
         pre.generate("x", P)
@@ -84,7 +69,7 @@ async def test_roles_refuse_what_they_cannot_do():
 
 async def test_cancellation_aborts_the_generation_result():
     states: dict = {}
-    agg = await make("agg", states)
+    agg = await started_trtllm("agg", states)
     it = agg.generate("c", GenerateParams(token_ids=(1,), max_tokens=500))
     await it.__anext__()
     await it.aclose()
@@ -93,7 +78,7 @@ async def test_cancellation_aborts_the_generation_result():
 
 async def test_drain_then_abort():
     states: dict = {}
-    agg = await make("agg", states)
+    agg = await started_trtllm("agg", states)
     llm = agg.llm
     task = asyncio.ensure_future(collect(agg.generate("s", P)))
     await asyncio.sleep(0)
@@ -106,7 +91,7 @@ async def test_drain_then_abort():
 
 async def test_kv_events_and_stats_become_project_types():
     states: dict = {}
-    agg = await make("agg", states)
+    agg = await started_trtllm("agg", states)
     bs = agg.args.tokens_per_block
     agg.llm.events.append({"event_id": 1, "data": {"type": "stored", "parent_hash": None,
                            "blocks": [{"block_hash": 11, "tokens": [{"token_id": t} for t in range(bs)]}]}})

@@ -23,6 +23,7 @@ from tests.fixtures.engine_doubles import (
     SglangEngineDouble,
     tokens_for,
 )
+from tests.unit.engines.adapter_helpers import collect
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -69,15 +70,6 @@ async def serve(decode_engine, prefill_engine, verdict_remote, live_prefill, *,
         if after.action == "local":
             return "local-after-timeout", await collect(decode_engine.generate("q2", P))
         return "503", after
-
-
-async def collect(it) -> list[int]:
-    out: list[int] = []
-    async for d in it:
-        out += d.token_ids
-        if d.finished:
-            break
-    return out
 
 
 async def test_sglang_local_verdict_is_served_remotely():
