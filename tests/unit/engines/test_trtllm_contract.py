@@ -11,7 +11,6 @@ import ast
 import asyncio
 import base64
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -22,15 +21,9 @@ from splitserve.components.engines.trtllm.events import convert_event, load_from
 from splitserve.components.engines.trtllm.requests import handoff_from_params, params_fields
 from tests.fixtures.engine_doubles import DisaggregatedParamsDouble, LlmApiDouble
 
+from tests.unit.engines.adapter_helpers import dynamo_trtllm
+
 pytestmark = pytest.mark.unit
-
-
-def dynamo_trtllm() -> Path:
-    spec = pytest.importorskip("dynamo")
-    root = Path(next(iter(spec.__path__))) / "trtllm"
-    if not root.is_dir():
-        pytest.skip("Dynamo's TensorRT-LLM worker is not installed")
-    return root
 
 
 def dynamo_codec():

@@ -22,19 +22,11 @@ from splitserve.components.engines.trtllm.engine import TrtllmEngine
 from splitserve.components.prefill_queue import PrefillRequest
 from splitserve.components.worker.prefill_loop import job_params
 from tests.fixtures.engine_doubles import LlmApiDouble, LlmDouble, SamplingParamsDouble, tokens_for
-from tests.unit.engines.adapter_helpers import collect, started_trtllm
+from tests.unit.engines.adapter_helpers import collect, dynamo_trtllm, started_trtllm
 
 pytestmark = pytest.mark.unit
 
 P = GenerateParams(token_ids=(3, 1, 4, 1, 5), max_tokens=7, temperature=0.0)
-
-
-def dynamo_trtllm() -> Path:
-    spec = pytest.importorskip("dynamo")
-    root = Path(next(iter(spec.__path__))) / "trtllm"
-    if not root.is_dir():
-        pytest.skip("Dynamo's TensorRT-LLM worker is not installed")
-    return root
 
 
 def dynamo_arg_map() -> set[str]:
