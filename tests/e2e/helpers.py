@@ -33,13 +33,15 @@ def dynamo(run, *args: str) -> subprocess.CompletedProcess:
                           timeout=60, env=env)
 
 
-async def one(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int = 48) -> dict:
+async def one(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int = 48,
+              headers: dict[str, str] | None = None) -> dict:
     """One streamed chat request: status, time to first content, total time."""
     body = {"model": MODEL, "max_tokens": max_tokens, "stream": True,
             "messages": [{"role": "user", "content": f"Request {i}: tell me about ships. " * 6}]}
     t0 = time.perf_counter()
     try:
-        async with session.post(f"{url}/v1/chat/completions", json=body) as r:
+        async with session.post(f"{url}/v1/chat/completions", json=body,
+                                headers=headers) as r:
             if r.status != 200:
                 payload = await r.json()
                 return {"status": r.status, "t": time.perf_counter() - t0,

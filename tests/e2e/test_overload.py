@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import one as shared_one
 
 pytestmark = pytest.mark.e2e
 
@@ -36,24 +37,7 @@ def rss_mb(pid: int) -> float:
 
 async def one(session, url: str, i: int) -> dict:
     cls = "high" if i % HIGH_EVERY == 0 else "low"
-    body = {"model": MODEL, "max_tokens": 48, "stream": True,
-            "messages": [{"role": "user", "content": f"Request {i}: tell me about ships. " * 6}]}
-    t0 = time.perf_counter()
-    try:
-        async with session.post(f"{url}/v1/chat/completions", json=body,
-                                headers={"x-priority": cls}) as r:
-            if r.status != 200:
-                payload = await r.json()
-                return {"cls": cls, "status": r.status, "t": time.perf_counter() - t0,
-                        "retry_after": r.headers.get("Retry-After"),
-                        "code": payload["error"]["code"]}
-            ttft = None
-            async for raw in r.content:
-                if raw.startswith(b"data:") and ttft is None and b'"content"' in raw:
-                    ttft = time.perf_counter() - t0
-            return {"cls": cls, "status": 200, "ttft": ttft, "t": time.perf_counter() - t0}
-    except Exception as exc:  # noqa: BLE001 - a lost or hung request is what we look for
-        return {"cls": cls, "status": None, "error": repr(exc), "t": time.perf_counter() - t0}
+    return {"cls": cls, **await shared_one(session, url, i, headers={"x-priority": cls})}
 
 
 async def offered_load(url: str) -> list[dict]:
