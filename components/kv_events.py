@@ -10,7 +10,6 @@ See docs/mocker.md for the field lists.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import msgspec
@@ -39,6 +38,7 @@ def apply_kv_events(tree: Any, events: list[dict]) -> int:
     (``{event_id, data: {stored|removed|cleared: ...}}``) and the publishing worker's
     id.  Returns how many events were applied.
     """
+    encode = msgspec.json.encode  # ~10x json.dumps on the long block lists of stored events
     for ev in events:
-        tree.apply_event(int(ev["worker_id"]), json.dumps(ev["event"]).encode())
+        tree.apply_event(int(ev["worker_id"]), encode(ev["event"]))
     return len(events)

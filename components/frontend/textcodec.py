@@ -65,10 +65,20 @@ class TextCodec:
         return cls(tok, context_length, int(vocab) if vocab else None)
 
     def _encode(self, tokenizer, texts: list[str]) -> list[list[int]]:
-        # encode_batch releases the GIL while the Rust tokenizer works.
-        return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+        # Both release the GIL while the Rust tokenizer works; the fast one skips the
+        # character offsets nothing here reads (a quarter of the CPU on long prompts).
+        encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    @property
+    def template_has_tools(self) -> bool:
+        """Whether the chat template renders tool definitions and calls itself."""
+        template = self.tok.chat_template
+        if isinstance(template, dict):
+            template = template.get("tool_use") or template.get("default") or ""
+        return "tools" in (template or "")
+
+    def chat_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of a chat rendered with the model's template and a generation prompt.
 
         The whole rendering is encoded at once (the usual tokenisation) unless the content
@@ -77,7 +87,11 @@ class TextCodec:
         the content as plain text.  A template that rewrites content (trimming, say)
         cannot be split that way: such content is refused with 400 instead.
         """
-        render = self.tok.apply_chat_template
+        def render(msgs, **kw):
+            if tools:
+                kw["tools"] = tools
+            return self.tok.apply_chat_template(msgs, **kw)
+
         real = render(messages, add_generation_prompt=True, tokenize=False)
         nonce = secrets.token_hex(8)
         marked = [{**m, "content": f"\ue000{nonce}:{i}\ue001"} for i, m in enumerate(messages)]
