@@ -1,0 +1,312 @@
+"""Goodput on traffic nothing here was tuned on: the one admission default against the
+best of Dynamo's frontend, case by case.
+
+Every case runs the same requests through each configuration on a fresh fleet of Dynamo's
+mocker (simulated SGLang workers, block 64, 7,500 blocks, speedup 1), metered by the same
+open-loop client (``splitserve.bench.replay``); goodput is the requests that met both
+the TTFT and the TPOT target, over the makespan (first send to last answer).
+
+Configurations:
+
+- ``splitserve-default``: ``graphs.agg:Frontend`` with ``configs/mocker_agg_inproc.yaml``
+  and exactly the one-line admission form of docs/qos.md ("Admission on"): the case's SLO
+  as the default class, ``may_reject: true``, ``low_priority_threshold_ms: 0``; nothing
+  else tuned, the same for every case;
+- ``dynamo-kv``: Dynamo's own frontend (``python -m dynamo.frontend --router-mode kv``)
+  over the same kind of fleet;
+- ``dynamo-kv-busy-*``: the same with its busy-worker rejection
+  (``--active-decode-blocks-threshold`` / ``--active-prefill-tokens-threshold-frac``) at
+  several settings, and ``dynamo-kv-queue``: with its router queue
+  (``--router-queue-threshold``).  The table compares against the best of all of them,
+  per case.
+
+Cases (``--cases``; capacity: the fleet's rate at its knee, measured once with
+``dynamo-kv`` and written in ``CASES``):
+
+- ``long-below``: Mooncake conversation trace at full length (no division; prompts cut to
+  the 8,192-token context), 0.5x capacity for 30 s;
+- ``long-burst``: the same prompts, 6 s at 3x capacity then 20 s at 0.5x;
+- ``long-sustained``: the same prompts at 2x capacity for 60 s;
+- ``two-workers-tight``: 2 workers, SLO 500 ms / 25 ms, 5 s at 3x then 15 s at 0.5x;
+- ``azure-code``: the Azure code trace (no shared prefixes, short answers) at 1.5x
+  capacity for 30 s;
+- ``conversation``: the trace family admission was first built on (prompts / 4) at 2x
+  for 30 s.
+
+    python benchmarks/heldout.py                           # every case, ~40 minutes
+    python benchmarks/heldout.py --cases long-burst --configs splitserve-default dynamo-kv
+
+Writes ``benchmarks/results/heldout.json`` and prints the markdown of
+``docs/results/heldout.md``'s tables.  Everything binds 127.0.0.1; every process started
+is stopped (by process group and pid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import sweep_plan as sp  # noqa: E402
+from compare import (  # noqa: E402
+    HOST,
+    MODEL,
+    Proc,
+    WorkersRun,
+    free_port,
+    machine,
+    slim,
+    versions,
+    wait_serving,
+)
+from graphrun import GraphRun, parse_prometheus  # noqa: E402
+
+from splitserve.bench import replay as rp  # noqa: E402
+from splitserve.bench import sweep as sw  # noqa: E402
+
+MOONCAKE = "../shared/traces/mooncake_fast25_conversation_trace.jsonl"
+AZURE = "../shared/traces/AzureLLMInferenceTrace_code.csv"
+FLEET = ["--Worker.engine_args.block_size=64", "--Worker.engine_args.num_gpu_blocks=7500",
+         "--Worker.engine_args.speedup_ratio=1"]
+
+
+@dataclass(frozen=True)
+class Case:
+    trace: str
+    token_scale: int
+    output_scale: float
+    workers: int
+    slo: str
+    capacity_rps: float
+    phases: tuple[tuple[float, float], ...]  # (multiple of capacity, wall seconds)
+    context: int = 8192
+
+
+LONG = {"trace": MOONCAKE, "token_scale": 1, "output_scale": 16.0, "workers": 4,
+        "slo": "ttft=1000,tpot=50"}
+CASES = {
+    "long-below": Case(**LONG, capacity_rps=10.0, phases=((0.5, 30.0),)),
+    "long-burst": Case(**LONG, capacity_rps=10.0, phases=((3.0, 6.0), (0.5, 20.0))),
+    "long-sustained": Case(**LONG, capacity_rps=10.0, phases=((2.0, 60.0),)),
+    "two-workers-tight": Case(MOONCAKE, 1, 16.0, 2, "ttft=500,tpot=25", 5.0,
+                              ((3.0, 5.0), (0.5, 15.0))),
+    "azure-code": Case(AZURE, 1, 1.0, 4, "ttft=1000,tpot=50", 10.0, ((1.5, 30.0),)),
+    "conversation": Case(MOONCAKE, 4, 16.0, 4, "ttft=1000,tpot=50", 40.0, ((2.0, 30.0),)),
+}
+
+DYNAMO = {
+    "dynamo-kv": [],
+    "dynamo-kv-busy-0.85-1.0": ["--active-decode-blocks-threshold", "0.85",
+                                "--active-prefill-tokens-threshold-frac", "1.0"],
+    "dynamo-kv-busy-0.95-2.0": ["--active-decode-blocks-threshold", "0.95",
+                                "--active-prefill-tokens-threshold-frac", "2.0"],
+    "dynamo-kv-busy-0.7-0.5": ["--active-decode-blocks-threshold", "0.7",
+                               "--active-prefill-tokens-threshold-frac", "0.5"],
+    "dynamo-kv-queue": ["--router-queue-threshold", "1.0"],
+}
+OURS = "splitserve-default"
+ALL = [OURS, *DYNAMO]
+
+
+def one_line_default(slo: dict[str, float]) -> list[str]:
+    """docs/qos.md's "Admission on" form, routing in process, with the case's SLO."""
+    cls = (f"[{{name: default, ttft_ms: {slo['ttft_ms']:g}, tpot_ms: {slo['tpot_ms']:g}, "
+           "may_reject: true}]")
+    return ["--Frontend.router.block_size=64", f"--Frontend.router.qos.classes={cls}",
+            "--Frontend.router.qos.low_priority_threshold_ms=0"]
+
+
+def workload(case: Case, seed: int) -> tuple[list[rp.PreparedRequest], dict]:
+    """The case's requests: each phase replays the next stretch of the trace, compressed
+    to offer ``multiple x capacity`` for its wall seconds, after the previous phase."""
+    rows = rp.load_trace(rp.resolve_trace(case.trace))
+    arrivals = [r.t_s for r in rows]
+    reqs: list[rp.PreparedRequest] = []
+    phases, offset_trace, offset_wall = [], 0.0, 0.0
+    for multiple, wall in case.phases:
+        rest = [t - offset_trace for t in arrivals if t >= offset_trace]
+        (pt,) = sp.plan_loads(rest, case.capacity_rps, [multiple], wall, wall, 1e9)
+        cfg = rp.ReplayConfig(trace=case.trace, start_s=offset_trace,
+                              duration_s=pt.duration_trace_s, rate_scale=pt.rate_scale,
+                              token_scale=case.token_scale, output_scale=case.output_scale,
+                              context=case.context, seed=seed, model=MODEL)
+        part, w = rp.prepare(cfg)
+        for r in part:
+            reqs.append(replace(r, index=len(reqs), t_s=r.t_s + offset_wall))
+        phases.append({"multiple": multiple, "wall_s": wall, "requests": len(part),
+                       "offered_rps": w["offered_rps"], "prompt_tokens": w["prompt_tokens"],
+                       "max_tokens": w["max_tokens"]})
+        offset_trace += pt.duration_trace_s
+        offset_wall += wall
+    span = reqs[-1].t_s if reqs else 0.0
+    return reqs, {"phases": phases, "requests": len(reqs), "replay_span_s": span,
+                  "offered_rps": len(reqs) / span if span else None}
+
+
+@contextlib.contextmanager
+def deployment(name: str, case: Case, args):
+    """Start ``name`` for ``case``; yields (base URL, metrics URL of our frontend or None)."""
+    fleet = [f"--Worker.replicas={case.workers}", *FLEET]
+    if name == OURS:
+        slo = rp.parse_slo(case.slo)
+        with GraphRun("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
+                      [*fleet, *one_line_default(slo)],
+                      startup_timeout_s=args.startup_timeout_s) as g:
+            wait_serving(g.url, 60, 2 * case.workers)
+            yield g.url, f"{g.url}/metrics"
+        return
+    with WorkersRun("graphs.agg_router:Worker", "configs/mocker_agg_router.yaml", fleet,
+                    startup_timeout_s=args.startup_timeout_s) as w:
+        port = free_port()
+        env = {**os.environ, "ETCD_ENDPOINTS": w.etcd, "NATS_SERVER": w.nats,
+               "DYN_LOG": "error", "DYN_TCP_RPC_HOST": HOST, "DYN_HTTP_RPC_HOST": HOST,
+               "DYN_SYSTEM_HOST": HOST}
+        fe = Proc([sys.executable, "-m", "dynamo.frontend", "--http-host", HOST,
+                   "--http-port", str(port), "--router-mode", "kv", "--namespace", "dynamo",
+                   "--discovery-backend", "etcd", "--request-plane", "tcp",
+                   "--event-plane", "nats", *DYNAMO[name]], env, w.tmp / f"{name}.log")
+        try:
+            url = f"http://{HOST}:{port}"
+            wait_serving(url, 90, 2 * case.workers, fe)
+            yield url, None
+        finally:
+            fe.stop()
+
+
+def confusion(metrics_url: str | None) -> dict[str, float] | None:
+    if metrics_url is None:
+        return None
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as r:
+        fams = parse_prometheus(r.read().decode())
+    out: dict[str, float] = {}
+    for labels, v in fams.get("splitserve_qos_confusion_total", {}).items():
+        cell = dict(labels).get("outcome", "")
+        out[cell] = out.get(cell, 0.0) + v
+    return out
+
+
+def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
+    slo = rp.parse_slo(case.slo)
+    cfg = rp.ReplayConfig(trace=case.trace, token_scale=case.token_scale,
+                          output_scale=case.output_scale, context=case.context, slo=slo,
+                          timeout_s=args.request_timeout, model=MODEL)
+    out: dict = {"config": name, "case": case_name}
+    t0 = time.monotonic()
+    try:
+        with deployment(name, case, args) as (url, metrics):
+            la = os.getloadavg()[0]
+            res = rp.run_replay(url, cfg, label=f"{case_name} {name}", progress_s=args.progress_s,
+                                deadline_s=work["replay_span_s"] + args.drain_s, reqs=reqs,
+                                workload=work)
+            rp.print_summary(res["summary"], f"{case_name} {name}")
+            out.update(sw.point_from_result(res, name, 1.0))
+            out["case"] = case_name
+            out["loadavg_1m"] = [round(la, 2), round(os.getloadavg()[0], 2)]
+            out["confusion"] = confusion(metrics)
+            out["rejected_codes"] = rejected_codes(res["requests"])
+            if args.keep_requests:
+                out["requests_detail"] = slim(res["requests"])
+    except Exception as exc:  # noqa: BLE001 - record it and go on with the next one
+        out["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        print(f"[{case_name} {name}] FAILED: {out['error']}", flush=True)
+    out["wall_s"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+def rejected_codes(records: list[dict]) -> dict[str, int]:
+    codes: dict[str, int] = {}
+    for r in records:
+        if r["outcome"] != "ok":
+            key = f"{r['outcome']}: {str(r.get('error', ''))[:60]}"
+            codes[key] = codes.get(key, 0) + 1
+    return codes
+
+
+def table(points: list[dict]) -> tuple[str, list[dict]]:
+    """Per case: our goodput, Dynamo's best (and which), the ratio; then every point."""
+    rows, lines = [], ["| case | this project (default) | Dynamo's best | which | ratio | "
+                       "TTFT p99 ours / theirs (ms) | TPOT p99 ours / theirs (ms) | confusion |",
+                       "|---|---|---|---|---|---|---|---|"]
+    for case in dict.fromkeys(p["case"] for p in points):
+        ps = [p for p in points if p["case"] == case and p.get("goodput_rps") is not None]
+        ours = next((p for p in ps if p["config"] == OURS), None)
+        theirs = [p for p in ps if p["config"] != OURS]
+        if ours is None or not theirs:
+            continue
+        best = max(theirs, key=lambda p: p["goodput_rps"])
+        ratio = ours["goodput_rps"] / best["goodput_rps"] if best["goodput_rps"] else None
+        rows.append({"case": case, "ours": ours["goodput_rps"], "best": best["goodput_rps"],
+                     "best_config": best["config"], "ratio": ratio})
+        conf = ", ".join(f"{k} {v:g}" for k, v in sorted((ours.get("confusion") or {}).items()))
+        lines.append(f"| {case} | {ours['goodput_rps']:.2f} | {best['goodput_rps']:.2f} | "
+                     f"{best['config']} | **{ratio:.2f}x** | {sw.fmt(ours['ttft_p99_ms'])} / "
+                     f"{sw.fmt(best['ttft_p99_ms'])} | {sw.fmt(ours['tpot_p99_ms'])} / "
+                     f"{sw.fmt(best['tpot_p99_ms'])} | {conf} |")
+    lines += ["", "| case | configuration | goodput req/s | in SLO | ok | refused | errors | "
+              "TTFT p50/p99 ms | TPOT p50/p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        if p.get("error"):
+            lines.append(f"| {p['case']} | {p['config']} | failed: {p['error'][:80]} |||||||")
+            continue
+        lines.append(f"| {p['case']} | {p['config']} | {p['goodput_rps']:.2f} | "
+                     f"{100 * (p['slo_attainment'] or 0):.0f}% | {p['ok']} | {p['rejected']} | "
+                     f"{p['errors']} | {sw.fmt(p['ttft_p50_ms'])}/{sw.fmt(p['ttft_p99_ms'])} | "
+                     f"{sw.fmt(p['tpot_p50_ms'])}/{sw.fmt(p['tpot_p99_ms'])} |")
+    return "\n".join(lines), rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--configs", nargs="+", default=ALL, choices=ALL)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--drain-s", type=float, default=40.0)
+    p.add_argument("--request-timeout", type=float, default=60.0)
+    p.add_argument("--startup-timeout-s", type=float, default=180.0)
+    p.add_argument("--progress-s", type=float, default=15.0)
+    p.add_argument("--keep-requests", action="store_true")
+    p.add_argument("--capacity-rps", type=float, default=None,
+                   help="override the cases' capacity (to find a fleet's knee)")
+    p.add_argument("--out", default=str(REPO / "benchmarks/results/heldout.json"))
+    args = p.parse_args(argv)
+    t0 = time.monotonic()
+    points, workloads = [], {}
+    for case_name in args.cases:
+        case = CASES[case_name]
+        if args.capacity_rps:
+            case = replace(case, capacity_rps=args.capacity_rps)
+        reqs, work = workload(case, args.seed)
+        workloads[case_name] = work
+        print(f"==== {case_name}: {work['requests']} requests over {work['replay_span_s']:.0f}s "
+              f"({json.dumps(work['phases'])[:300]})", flush=True)
+        for name in args.configs:
+            points.append(run_one(name, case_name, case, args, reqs, work))
+            time.sleep(2)
+    md, rows = table(points)
+    print("\n" + md)
+    result = {"command": "python benchmarks/heldout.py " + " ".join(
+                  sys.argv[1:] if argv is None else argv),
+              "machine": machine(), "versions": versions(),
+              "cases": {c: vars(CASES[c]) for c in args.cases}, "workloads": workloads,
+              "dynamo_flags": {k: v for k, v in DYNAMO.items() if k in args.configs},
+              "points": points, "ratios": rows, "markdown": md,
+              "total_wall_s": round(time.monotonic() - t0)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out} ({result['total_wall_s']}s)")
+
+
+if __name__ == "__main__":
+    main()
