@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from splitserve.components.router.service_config import RouterComponentConfig
 from splitserve.serve.config import ComponentConfig
+
+from .reasoning_parsers import check_reasoning_parser
+from .tool_parsers import check_tool_parser
 
 # Sections a router (in process or not) can send requests to.
 ROUTABLE = ("Worker", "DecodeWorker")
@@ -57,6 +60,16 @@ class FrontendConfig(ComponentConfig):
                                    "requests (never the event loop).")
     max_pending_tokenizations: int = Field(64, ge=1, description="Requests waiting for or "
                                            "in tokenisation; more are refused with 503.")
+    tool_call_parser: str | None = Field(
+        None, description="How tool calls are read from the model's answer when "
+        "tool_choice is auto, by vLLM's parser names: `hermes` (<tool_call>{json}"
+        "</tool_call>), `llama3_json` ({\"name\": ..., \"parameters\": ...}) or "
+        "`pythonic` ([f(x=1)]).  Unset: tools with tool_choice auto are refused "
+        "(required and a named function need no parser: the engine forces JSON).")
+    reasoning_parser: str | None = Field(
+        None, description="Splits a reasoning model's <think>...</think> into "
+        "reasoning_content: `deepseek_r1` (the answer starts inside the reasoning) or "
+        "`qwen3` (reasoning only after an opening <think>).  Unset: all text is content.")
     routing: Literal["router", "in_process"] = Field(
         "router", description="Where routing decisions are made when the graph routes: "
         "`router` asks the graph's Router process (one RPC per request, one release "
@@ -69,6 +82,16 @@ class FrontendConfig(ComponentConfig):
         None, description="Routing settings with `routing: in_process` (the fields of a "
         "Router section: policy, block_size, use_kv_events, qos, ...); default: the "
         "Router section's defaults.  Not read with `routing: router`.")
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_parser(cls, v: str | None) -> str | None:
+        return check_tool_parser(v)
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, v: str | None) -> str | None:
+        return check_reasoning_parser(v)
 
     def router_settings(self) -> RouterComponentConfig:
         """The settings of in-process routing: ``router`` as given, else the defaults."""
