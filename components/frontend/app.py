@@ -9,7 +9,6 @@ the worker's tokens through the detokenizer as SSE or collect them into one answ
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -26,22 +25,27 @@ from starlette.routing import Route
 from splitserve.components.protocol import chunk_logprobs, chunk_prompt_logprobs
 
 from .backend import Backend, StreamMeta
+from .backlog import TokenizeBacklog
 from .errors import APIError, bad_request, overloaded, service_unavailable, upstream_error
 from .intake import check_content_type, read_body
 from .metrics import FrontendMetrics
-from .openai_types import ChatCompletionRequest, CompletionRequest, parse_json, validate
+from .chat_input import chat_history, output_plan, parse_request
+from .chat_output import OutputPlan
 from .choices import (
     choice_metas,
     choice_request,
     choice_shapes,
-    joined,
     merged,
-    usage_of,
 )
-from .responses import Event, envelope, final_choice, stream_choice
+from .answers import answer_body, chat_chunks, event_data, response_events, sse_data
+from .responses import Event
+from .responses_api import new_id
+from .responses_stream import ResponseEvents
 from .textcodec import TextCodec
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+# The request-kind label of the frontend's metrics.
+ENDPOINTS = {"chat": "chat", "completion": "completions", "responses": "responses"}
 
 
 @dataclass
@@ -60,20 +64,28 @@ class FrontendState:
     context_factory: Any = None
     max_body_bytes: int = 4 * 1024 * 1024
     body_timeout_s: float = 30.0
-    max_pending_prepares: int = 64
+    max_pending_prepares: int = 1024
+    # The tokenizer pool's queue is bounded by the wait it implies (backlog.py).
+    max_tokenization_wait_s: float = 2.0
     # Parsing and tokenising run here, never on the event loop: a multi-megabyte prompt
     # takes seconds to tokenise and would stall every other connection meanwhile.
     prepare_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         2, thread_name_prefix="frontend-tokenize"))
     inflight: int = 0
-    pending_prepares: int = 0
+    backlog: TokenizeBacklog = field(init=False)
     loading_detail: str = "loading tokenizer"
     engines: tuple[str, ...] = ()
     """The engines of the graph's workers: parameters one of them does not honour are
     refused by name (empty: only those no engine honours)."""
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     # Names of the graph's dependencies (etcd, NATS) unreachable now; set by main.
     dependencies_down: Callable[[], list[str]] = field(default=list)
+
+    def __post_init__(self) -> None:
+        self.backlog = TokenizeBacklog(self.prepare_pool._max_workers,
+                                       self.max_tokenization_wait_s, self.max_pending_prepares)
 
     def is_ready(self) -> bool:
         return self.codec is not None and self.backend.ready() and not self.dependencies_down()
@@ -102,6 +114,10 @@ class Prepared:
     max_tokens: int
     request_id: str
     priority: str
+    plan: OutputPlan = field(default_factory=OutputPlan)
+    """How the answer's text splits into reasoning, content and tool calls."""
+    responses: Any = None
+    """A Responses API request (kind "responses"): the request as the client sent it."""
 
 
 def prepare(state: FrontendState, kind: str, raw: bytes, priority: str) -> Prepared:
@@ -109,20 +125,19 @@ def prepare(state: FrontendState, kind: str, raw: bytes, priority: str) -> Prepa
 
     Runs in ``state.prepare_pool`` (see ``handle``): it may take seconds for a large body.
     """
-    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-    req = validate(model, parse_json(raw), state.engines)
+    req, responses = parse_request(kind, raw, state.engines)
     if req.model != state.model_name:
         raise APIError(400, f"model '{req.model}' is not served here; available: "
                        f"{state.model_name}", param="model", code="model_not_found")
     codec = state.codec
     if codec is None:
         raise overloaded("the model is still loading", retry_after_s=5, code="not_ready")
-    where = "messages" if kind == "chat" else "prompt"
-    if kind == "chat":
-        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in req.messages]
+    where = "prompt" if kind == "completion" else "messages"
+    if kind != "completion":
+        plan = output_plan(req, state.tool_call_parser, state.reasoning_parser)
+        msgs, tools = chat_history(req, state.tool_call_parser, codec.template_has_tools)
         _check_length(codec, sum(len(m["content"]) for m in msgs), where)
-        ids = codec.chat_ids(msgs)
+        ids = codec.chat_ids(msgs, tools)
     elif isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
         ids = list(req.prompt)
         bad = next((t for t in ids if not 0 <= t < codec.vocab_size), None)
@@ -148,7 +163,8 @@ def prepare(state: FrontendState, kind: str, raw: bytes, priority: str) -> Prepa
                           f"tokens; the request needs {need} ({len(ids)} in the prompt)",
                           where, "context_length_exceeded")
     max_tokens = asked if asked is not None else min(state.default_max_tokens, room)
-    return Prepared(kind, req, ids, max_tokens, f"{kind}-{uuid.uuid4().hex}", priority)
+    return Prepared(kind, req, ids, max_tokens, f"{kind}-{uuid.uuid4().hex}", priority,
+                    plan if kind != "completion" else OutputPlan(), responses)
 
 
 def _check_length(codec: TextCodec, chars: int, param: str) -> None:
@@ -160,16 +176,25 @@ def _check_length(codec: TextCodec, chars: int, param: str) -> None:
 
 async def prepare_off_loop(state: FrontendState, kind: str, raw: bytes,
                            priority: str) -> Prepared:
-    """``prepare`` in the bounded tokenizer pool; 503 when too many already wait for it."""
-    if state.pending_prepares >= state.max_pending_prepares:
-        raise overloaded(f"{state.pending_prepares} requests are already being tokenised; "
-                         "retry later", retry_after_s=1)
-    state.pending_prepares += 1
+    """``prepare`` in the bounded tokenizer pool; 503 when what already waits for it would
+    take longer than ``max_tokenization_wait_s`` (or too many wait)."""
+    backlog, size = state.backlog, len(raw)
+    why = backlog.refusal(size)
+    if why is not None:
+        raise overloaded(f"{why}; retry later", retry_after_s=1)
+    backlog.enter(size)
+    busy: list[float] = []
+
+    def timed() -> Prepared:
+        t0 = time.perf_counter()
+        out = prepare(state, kind, raw, priority)
+        busy.append(time.perf_counter() - t0)
+        return out
+
     try:
-        return await asyncio.get_running_loop().run_in_executor(
-            state.prepare_pool, prepare, state, kind, raw, priority)
+        return await asyncio.get_running_loop().run_in_executor(state.prepare_pool, timed)
     finally:
-        state.pending_prepares -= 1
+        backlog.leave(size, busy[0] if busy else None)
 
 
 async def next_chunk(state: FrontendState, chunks: AsyncIterator[dict], meta: StreamMeta
@@ -251,7 +276,7 @@ async def token_events(state: FrontendState, p: Prepared, meta: StreamMeta, star
 
 async def handle(request: Request, kind: str) -> Response:
     state: FrontendState = request.app.state.frontend
-    endpoint = "chat" if kind == "chat" else "completions"
+    endpoint = ENDPOINTS[kind]
     started = time.monotonic()
     priority = request.headers.get(state.priority_header)
     try:
@@ -316,10 +341,7 @@ async def _collect(state: FrontendState, p: Prepared, metas: list[StreamMeta],
         state.metrics.inflight.dec()
         _account(state, metas, started)
     state.metrics.requests.labels(endpoint, "ok", "200").inc()
-    choices = [final_choice(p.kind, i, "".join(sh.parts), sh.finish, joined(sh))
-               for i, sh in enumerate(shapes)]
-    return JSONResponse(envelope(p.request_id, p.kind, False, int(time.time()),
-                                 state.model_name, choices, usage_of(p, metas)))
+    return JSONResponse(answer_body(state, p, shapes, metas))
 
 
 def _account(state: FrontendState, metas: list[StreamMeta], started: float) -> None:
@@ -335,42 +357,38 @@ async def _chain(first, rest):
         yield item
 
 
-def _sse_data(body: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(body)}\n\n".encode()
-
-
 async def _sse(state: FrontendState, p: Prepared, metas: list[StreamMeta], started: float,
                endpoint: str, first_event: Event, events) -> AsyncIterator[bytes]:
     """SSE body; the caller already counted the request in flight and read its first event."""
     created = int(time.time())
     outcome, status = "ok", "200"
     shapes = choice_shapes(state, p)
+    every = _chain(first_event, events)
+    revents = (ResponseEvents(p.responses, new_id("resp"), created)
+               if p.kind == "responses" else None)
+    body = (response_events(p, metas, shapes, revents, every) if revents is not None
+            else chat_chunks(state, p, metas, shapes, created, every))
     try:
-        async for ev in _chain(first_event, events):
-            shape = shapes[ev.index]
-            lp = shape.logprobs_of(ev)
-            text = shape.text_of(ev)
-            if text or ev.finish or shape.first or lp is not None:
-                choice = stream_choice(p.kind, ev.index, text, ev.finish, shape.first, lp)
-                shape.first = False
-                yield _sse_data(envelope(p.request_id, p.kind, True, created,
-                                         state.model_name, [choice]))
-        if p.req.include_usage_in_stream():
-            yield _sse_data(envelope(p.request_id, p.kind, True, created, state.model_name,
-                                     [], usage_of(p, metas)))
+        async for data in body:
+            yield data
     except APIError as err:
         outcome, status = "error", str(err.status)
-        yield _sse_data(err.body())
+        if revents is None:
+            yield sse_data(err.body())
+        else:
+            yield event_data(revents.error(err.code, err.message, err.param))
     except asyncio.CancelledError:
         outcome, status = "cancelled", "499"
         raise
     finally:
+        await body.aclose()
         await events.aclose()
         state.inflight -= 1
         state.metrics.inflight.dec()
         state.metrics.requests.labels(endpoint, outcome, status).inc()
         _account(state, metas, started)
-    yield b"data: [DONE]\n\n"
+    if revents is None:
+        yield b"data: [DONE]\n\n"
 
 
 async def chat(request: Request) -> Response:
@@ -379,6 +397,10 @@ async def chat(request: Request) -> Response:
 
 async def completions(request: Request) -> Response:
     return await handle(request, "completion")
+
+
+async def responses(request: Request) -> Response:
+    return await handle(request, "responses")
 
 
 async def models(request: Request) -> Response:
@@ -429,6 +451,7 @@ def build_app(state: FrontendState) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", ready, methods=["GET"]),
         Route("/live", live, methods=["GET"]),

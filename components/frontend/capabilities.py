@@ -88,11 +88,17 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("response_format", CHAT, lambda v: v is None or v == {"type": "text"},
                _LOGPROB_ENGINES, "json_object and json_schema, enforced by token masks "
                "(torch: xgrammar; vLLM: its structured outputs)"),
-    Capability("tools", CHAT, _is_empty_list, NONE),
-    Capability("tool_choice", CHAT, lambda v: v is None or v == "none", NONE),
-    Capability("functions", CHAT, _is_empty_list, NONE),
-    Capability("function_call", CHAT, lambda v: v is None or v == "none", NONE),
-    Capability("parallel_tool_calls", CHAT, lambda v: v is None or type(v) is bool, NONE),
+    Capability("tools", CHAT, _is_empty_list, EVERY, "calls are read from the answer by "
+               "Frontend.tool_call_parser (hermes, llama3_json, pythonic); tool_choice auto "
+               "needs one"),
+    Capability("tool_choice", CHAT, lambda v: v in (None, "none", "auto"), _LOGPROB_ENGINES,
+               "none and auto on every engine; required and a named function force the "
+               "call with a JSON schema (structured output)"),
+    Capability("parallel_tool_calls", CHAT, lambda v: v is None or type(v) is bool, EVERY,
+               "false: one call at most"),
+    Capability("functions", CHAT, _is_empty_list, NONE, "deprecated: send tools"),
+    Capability("function_call", CHAT, lambda v: v is None or v == "none", NONE,
+               "deprecated: send tool_choice"),
     Capability("audio", CHAT, _is_none, NONE),
     Capability("modalities", CHAT, lambda v: v is None or v == ["text"], NONE),
     Capability("prediction", CHAT, _is_none, NONE),

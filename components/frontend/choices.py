@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from splitserve.components.protocol import worker_request
 
 from .backend import StreamMeta
+from .chat_output import ChoiceOutput, Delta, finish_reason, fold
 from .responses import Event, LogprobShaper, merge_completion, usage
 
 if TYPE_CHECKING:
@@ -110,6 +111,20 @@ class ChoiceShape:
     parts: list[str] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)
     finish: str | None = None
+    output: ChoiceOutput | None = None
+    """Chat: splits the text into reasoning, content and tool calls."""
+
+    def chat_delta(self, text: str, finish: str | None) -> Delta:
+        """Chat: what ``text`` (and the end, when ``finish``) adds to this choice."""
+        assert self.output is not None
+        d = self.output.push(text)
+        return d.add(self.output.finish()) if finish else d
+
+    def chat_whole(self) -> tuple[Delta, str | None]:
+        """Chat, not streamed: the whole answer and its finish reason."""
+        assert self.output is not None
+        whole = fold([self.chat_delta("".join(self.parts), self.finish or "stop")])
+        return whole, finish_reason(self.finish, self.output)
 
     def logprobs_of(self, ev: Event) -> Any:
         """This event's log-probabilities in the endpoint's shape (None: none asked)."""
@@ -137,11 +152,14 @@ def choice_shapes(state: FrontendState, p: Prepared) -> list[ChoiceShape]:
                 state.codec.decode(p.token_ids))
     skip = frozenset(state.codec.eos_token_ids)
     with_lp = p.req.top_logprobs_asked() is not None
-    return [ChoiceShape(p.kind, LogprobShaper(state.codec, skip,
-                                              0 if with_lp and echo and
-                                              p.req.prompt_logprobs_asked() is not None
-                                              else len(echo)),
-                        echo, p.token_ids) for _ in range(p.req.n)]
+    kind = "completion" if p.kind == "completion" else "chat"
+    return [ChoiceShape(kind, LogprobShaper(state.codec, skip,
+                                            0 if with_lp and echo and
+                                            p.req.prompt_logprobs_asked() is not None
+                                            else len(echo)),
+                        echo, p.token_ids,
+                        output=ChoiceOutput(p.plan) if kind == "chat" else None)
+            for _ in range(p.req.n)]
 
 
 def joined(shape: ChoiceShape) -> Any:

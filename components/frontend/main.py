@@ -72,10 +72,13 @@ async def main(ctx: ComponentContext) -> None:
                           context_factory=_context_factory(),
                           max_body_bytes=cfg.max_body_bytes, body_timeout_s=cfg.body_timeout_s,
                           max_pending_prepares=cfg.max_pending_tokenizations,
+                          max_tokenization_wait_s=cfg.max_tokenization_wait_s,
                           prepare_pool=ThreadPoolExecutor(cfg.tokenizer_threads,
                                                           "frontend-tokenize"),
                           dependencies_down=ctx.watch_dependencies(),
-                          engines=tuple(ctx.run.engines))
+                          engines=tuple(ctx.run.engines),
+                          tool_call_parser=cfg.tool_call_parser,
+                          reasoning_parser=cfg.reasoning_parser)
     limits = HttpLimits(header_timeout_s=cfg.header_timeout_s,
                         body_timeout_s=cfg.body_timeout_s,
                         keep_alive_timeout_s=cfg.keep_alive_timeout_s,

@@ -27,6 +27,7 @@ from pydantic import (
 
 from .capabilities import refuse_unhonoured
 from .errors import APIError, bad_request
+from .tools import NamedToolChoice, ToolCallIn, ToolChoice, ToolDef, check_schema, forced_schema
 
 StrictPositiveInt = Annotated[int, Field(strict=True, gt=0)]
 TokenId = Annotated[int, Field(strict=True)]
@@ -125,6 +126,8 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this message answers
 
     def text(self) -> str:
         if self.content is None:
@@ -143,16 +146,8 @@ class JsonSchemaFormat(BaseModel):
     @field_validator("schema_")
     @classmethod
     def _compiles(cls, v: dict[str, Any]) -> dict[str, Any]:
-        """A schema the engines' grammar compiler (xgrammar) cannot turn into a grammar is
-        the client's error, found here rather than as a worker failure."""
-        import xgrammar as xgr
-
-        try:
-            xgr.Grammar.from_json_schema(json.dumps(v or {"type": "object"}))
-        except (RuntimeError, ValueError, TypeError) as exc:
-            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            raise ValueError(f"unsupported JSON schema: {reason.split(': ', 1)[-1]}") from None
-        return v
+        """A schema the engines' grammar compiler cannot take is the client's error."""
+        return check_schema(v)
 
 
 class ResponseFormat(BaseModel):
@@ -180,6 +175,31 @@ class ChatCompletionRequest(_Request):
     response_format: ResponseFormat | None = None
     logprobs: StrictBool = False
     top_logprobs: Annotated[int, Field(strict=True, ge=0, le=20)] | None = None
+    tools: list[ToolDef] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_names_a_tool(cls, v: ToolChoice | None, info: ValidationInfo
+                             ) -> ToolChoice | None:
+        tools = info.data.get("tools") or []
+        if v in (None, "none", "auto"):
+            return v
+        if not tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(v, NamedToolChoice) and v.function.name not in {
+                t.function.name for t in tools}:
+            raise ValueError(f"names {v.function.name!r}, which is not one of the tools")
+        fmt = info.data.get("response_format")
+        if fmt is not None and fmt.answer_schema() is not None:
+            raise ValueError("a forced tool call and a JSON response_format cannot both "
+                             "set the answer's schema")
+        return v
+
+    def forced_tool_schema(self) -> dict[str, Any] | None:
+        """The answer's schema when tool_choice forces a call (required / named)."""
+        return forced_schema(self.tools or [], self.tool_choice, self.parallel_tool_calls)
 
     @field_validator("top_logprobs")
     @classmethod
@@ -194,6 +214,7 @@ class ChatCompletionRequest(_Request):
     def sampling_fields(self) -> dict[str, Any]:
         out = super().sampling_fields()
         schema = self.response_format.answer_schema() if self.response_format else None
+        schema = self.forced_tool_schema() if schema is None else schema
         if schema is not None:
             out["guided_decoding"] = {"json": schema}
         return out
@@ -281,12 +302,17 @@ def validate(model: type[_Request], data: dict[str, Any],
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = list(err["loc"])
-        # Drop pydantic's union-branch labels ("str", "list[...]") from the path.
-        param = ".".join(str(p) for p in loc if not _is_branch(p)) or None
-        msg = f"invalid value for '{param}': {err['msg']}" if param else err["msg"]
-        raise APIError(400, msg, param=param, code="invalid_value") from None
+        raise invalid(exc) from None
+
+
+def invalid(exc: ValidationError) -> APIError:
+    """The 400 for a body's first validation error, naming its parameter."""
+    err = exc.errors()[0]
+    loc = list(err["loc"])
+    # Drop pydantic's union-branch labels ("str", "list[...]") from the path.
+    param = ".".join(str(p) for p in loc if not _is_branch(p)) or None
+    msg = f"invalid value for '{param}': {err['msg']}" if param else err["msg"]
+    return APIError(400, msg, param=param, code="invalid_value")
 
 
 def _is_branch(part: Any) -> bool:

@@ -112,11 +112,15 @@ def object_name(kind: str, stream: bool) -> str:
 
 
 def stream_choice(kind: str, index: int, text: str | None, finish: str | None, first: bool,
-                  logprobs: Any = None) -> dict[str, Any]:
-    """One choice of a stream chunk; ``logprobs`` already in the endpoint's shape."""
+                  logprobs: Any = None, fields: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """One choice of a stream chunk; ``logprobs`` already in the endpoint's shape; chat's
+    ``fields`` (content, reasoning_content, tool_calls) stand for ``text`` when given."""
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text:
+        if fields is not None:
+            delta.update(fields)
+        elif text:
             delta["content"] = text
         lp = {"content": logprobs, "refusal": None} if logprobs is not None else None
         return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
@@ -124,11 +128,13 @@ def stream_choice(kind: str, index: int, text: str | None, finish: str | None, f
 
 
 def final_choice(kind: str, index: int, text: str, finish: str | None,
-                 logprobs: Any = None) -> dict[str, Any]:
-    """One choice of a non-streamed answer; ``logprobs`` already in the endpoint's shape."""
+                 logprobs: Any = None, message: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """One choice of a non-streamed answer; ``logprobs`` already in the endpoint's shape;
+    chat's ``message`` (with reasoning or tool calls) stands for ``text`` when given."""
     if kind == "chat":
         lp = {"content": logprobs, "refusal": None} if logprobs is not None else None
-        return {"index": index, "message": {"role": "assistant", "content": text},
+        return {"index": index, "message": message or {"role": "assistant", "content": text},
                 "finish_reason": finish, "logprobs": lp}
     return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
 

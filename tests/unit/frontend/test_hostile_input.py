@@ -132,10 +132,9 @@ def test_completion_prompt_types(codec, field, value):
 
 
 # Parameters no engine honours yet (those some engines honour: test_openai_capabilities).
+# (Tools: test_tool_calls.)
 UNSUPPORTED = [
-    ("chat", "tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("chat", "tool_choice", "auto"),
-    ("chat", "functions", [{"name": "f"}]), ("chat", "tools", {}),
+    ("chat", "functions", [{"name": "f"}]), ("chat", "function_call", "auto"),
     ("completion", "best_of", 3), ("completion", "suffix", "end"),
 ]
 
@@ -198,9 +197,18 @@ def test_declared_oversized_body_is_413_before_reading(codec):
 
 def test_tokenisation_queue_is_bounded(codec):
     c, _, state = client_for(codec)
-    state.max_pending_prepares = 1
-    state.pending_prepares = 1
+    state.backlog.max_pending = 1
+    state.backlog.enter(10)
     assert_error(post(c, "/v1/chat/completions", chat_body()), 503)
+
+
+def test_tokenisation_queue_is_bounded_by_its_wait(codec):
+    c, _, state = client_for(codec)
+    state.backlog.bytes_per_s = 1000.0  # 1 KB/s per thread: anything queued waits long
+    state.backlog.enter(100_000)
+    r = post(c, "/v1/chat/completions", chat_body())
+    assert_error(r, 503)
+    assert "would take" in r.json()["error"]["message"]
 
 
 def test_models_lists_the_model_only_when_ready(codec):

@@ -1,0 +1,59 @@
+"""From a request body to what the chat template and the answer's reader need.
+
+Called by ``app.prepare`` (in the tokenizer pool) for chat and Responses API requests:
+``parse_request`` validates the body (a Responses request becomes the chat request it
+stands for), ``chat_history`` gives the messages and tools for the template, and
+``output_plan`` says how the answer's text will be split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .chat_output import OutputPlan
+from .errors import bad_request
+from .openai_types import ChatCompletionRequest, CompletionRequest, parse_json, validate
+from .tools import NamedToolChoice, choice_mode, render_history
+
+
+def parse_request(kind: str, raw: bytes, engines: tuple[str, ...]) -> tuple[Any, Any]:
+    """The validated request and, for kind "responses", the Responses request it came
+    from (else None); raises APIError(400) on any client mistake."""
+    if kind == "responses":
+        from .responses_api import ResponsesRequest, chat_body
+
+        resp = ResponsesRequest.parse(parse_json(raw))
+        return validate(ChatCompletionRequest, chat_body(resp), engines), resp
+    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    return validate(model, parse_json(raw), engines), None
+
+
+def output_plan(req: ChatCompletionRequest, tool_parser: str | None,
+                reasoning_parser: str | None) -> OutputPlan:
+    """How this request's answers are read; tool_choice auto without a configured
+    tool-call parser is a 400 (the calls could not be found in the answer)."""
+    mode = choice_mode(req.tools, req.tool_choice)
+    if mode == "auto" and tool_parser is None:
+        raise bad_request("tools with tool_choice auto need a tool call parser, and this "
+                          "server has none (Frontend.tool_call_parser); send tool_choice "
+                          "required or a named function, or none", "tool_choice",
+                          "unsupported_parameter")
+    named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) \
+        else None
+    return OutputPlan(mode=mode, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+                      named=named, parallel=req.parallel_tool_calls)
+
+
+def chat_history(req: ChatCompletionRequest, tool_parser: str | None,
+                 template_has_tools: bool) -> tuple[list[dict[str, Any]], list | None]:
+    """The messages (developer read as system) and the tools for the chat template."""
+    msgs: list[dict[str, Any]] = []
+    for m in req.messages:
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                               "content": m.text()}
+        if m.tool_calls:
+            msg["tool_calls"] = m.tool_calls
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        msgs.append(msg)
+    return render_history(msgs, req.tools, req.tool_choice, tool_parser, template_has_tools)
