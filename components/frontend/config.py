@@ -26,8 +26,10 @@ class FrontendConfig(ComponentConfig):
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = a free port).")
     model_dir: str | None = Field(None, description="HF-style directory with the tokenizer "
                                   "and config.json; default: the bundled SmolLM2 export.")
-    max_inflight: int = Field(256, ge=1, description="Concurrent requests before new ones "
-                              "are rejected at once with 503 and Retry-After.")
+    max_inflight: int = Field(4096, ge=1, description="Concurrent requests before new ones "
+                              "are rejected at once with 503 and Retry-After: a memory "
+                              "backstop, set above what the fleet can hold (requests that "
+                              "would miss their SLO are admission's to refuse).")
     default_max_tokens: int = Field(512, ge=1, description="max_tokens when a request "
                                     "gives none (capped by the context window).")
     first_token_timeout_s: float = Field(120.0, gt=0, description="A request whose first "
@@ -58,8 +60,14 @@ class FrontendConfig(ComponentConfig):
                                  "is answered 503 and closed.")
     tokenizer_threads: int = Field(2, ge=1, description="Threads that parse and tokenise "
                                    "requests (never the event loop).")
-    max_pending_tokenizations: int = Field(64, ge=1, description="Requests waiting for or "
-                                           "in tokenisation; more are refused with 503.")
+    max_pending_tokenizations: int = Field(1024, ge=1, description="Requests waiting for or "
+                                           "in tokenisation; more are refused with 503 (a "
+                                           "memory backstop; the wait below binds first).")
+    max_tokenization_wait_s: float = Field(
+        2.0, gt=0, description="A request is refused with 503 when what already waits for "
+        "the tokenizer threads would take longer than this (from their measured bytes per "
+        "second): a count alone would refuse a burst of short prompts as readily as a pile "
+        "of 100k-token ones.")
     tool_call_parser: str | None = Field(
         None, description="How tool calls are read from the model's answer when "
         "tool_choice is auto, by vLLM's parser names: `hermes` (<tool_call>{json}"
