@@ -29,6 +29,10 @@ from .config import PrefillQueueConfig
 WIRE_VERSION = 1
 ADDED_FIELDS = ("ignore_eos", "min_tokens")
 """Optional fields added to version 1 after its first release (see ``encode``)."""
+RETIRED_FIELDS = ("trace_id", "parent_span_id")
+"""Fields of version 1's first release that nothing ever read: still accepted as null,
+because decode workers of that release write them so in every job, never written, and
+refused with a value (it would be dropped silently)."""
 
 
 class PrefillRequest(BaseModel):
@@ -80,8 +84,10 @@ class PrefillRequest(BaseModel):
         "engine (versioned, tagged by `kind`). None when the prefill side creates it (an "
         "SGLang bootstrap room, a TensorRT-LLM context result) and sends it back on "
         "`handoff_subject`; jobs written before this field existed parse unchanged.")
-    trace_id: str | None = Field(default=None, description="Distributed trace id.")
-    parent_span_id: str | None = Field(default=None, description="Enqueuing span's id.")
+    trace_id: None = Field(default=None, description="Retired; null only (see "
+                           "RETIRED_FIELDS).")
+    parent_span_id: None = Field(default=None, description="Retired; null only (see "
+                                 "RETIRED_FIELDS).")
 
     @model_validator(mode="after")
     def _check_shape(self) -> PrefillRequest:
@@ -111,7 +117,7 @@ class PrefillRequest(BaseModel):
         that does not use them."""
         unset = {k for k in ADDED_FIELDS
                  if getattr(self, k) == type(self).model_fields[k].default}
-        return self.model_dump_json(exclude=unset).encode("utf-8")
+        return self.model_dump_json(exclude=unset | set(RETIRED_FIELDS)).encode("utf-8")
 
 
 def priority_level(priority: int | str, config: PrefillQueueConfig) -> int:

@@ -20,10 +20,20 @@ pytestmark = pytest.mark.unit
 
 
 def test_round_trip_through_json() -> None:
-    req = make_request(priority="high", trace_id="t1", num_cached_tokens=16,
-                       block_ids=[5, 6])
+    req = make_request(priority="high", num_cached_tokens=16, block_ids=[5, 6])
     verdict = triage(req.encode(), now=1000.5)
     assert verdict.verdict == "ok" and verdict.request == req
+
+
+def test_retired_trace_fields_parse_as_null_are_not_written_and_refuse_a_value() -> None:
+    import json
+
+    req = make_request()
+    assert "trace_id" not in json.loads(req.encode())
+    old = {**json.loads(req.encode()), "trace_id": None, "parent_span_id": None}
+    assert triage(json.dumps(old).encode(), now=1000.5).verdict == "ok"
+    with pytest.raises(ValueError, match="trace_id"):
+        make_request(trace_id="t1")
 
 
 def test_deadline_comes_from_max_wait() -> None:
