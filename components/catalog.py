@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from splitserve.components.frontend.config import FrontendConfig
 from splitserve.components.router.service_config import RouterComponentConfig
-from splitserve.components.worker.config import worker_config_model
-from splitserve.components.worker.disagg_config import DecodeWorkerConfig, PrefillWorkerConfig
+from splitserve.components.worker.registry import DEFAULT_ENGINE, section_choices
+from splitserve.serve.config import SelectedBy
 from splitserve.serve.graph import ComponentSpec
 
 
@@ -20,10 +20,9 @@ def _planner_model():
     return PlannerComponentConfig
 
 
-def _worker_model():
-    from splitserve.components.worker.engines import engine_choices
-
-    return worker_config_model(engine_choices())
+def _worker_model(role: str) -> SelectedBy:
+    """The section model of a worker role, selected by its ``engine`` key."""
+    return SelectedBy("engine", section_choices(role), DEFAULT_ENGINE)
 
 
 Frontend = ComponentSpec(
@@ -35,15 +34,15 @@ Router = ComponentSpec(
     may_link=("Worker", "DecodeWorker"), shutdown_rank=10,
     description="KV-aware router: filters, weighted scorers and a picker choose the worker.")
 Worker = ComponentSpec(
-    "Worker", "splitserve.components.worker.main", _worker_model(),
+    "Worker", "splitserve.components.worker.main", _worker_model("agg"),
     may_link=(), shutdown_rank=20,
-    description="Serves `generate` on an engine: torch (CPU, real model) or mocker.")
+    description="Serves `generate` on an engine (torch, mocker, vLLM, SGLang, TensorRT-LLM).")
 DecodeWorker = ComponentSpec(
-    "DecodeWorker", "splitserve.components.worker.decode_main", DecodeWorkerConfig,
+    "DecodeWorker", "splitserve.components.worker.decode_main", _worker_model("decode"),
     may_link=("PrefillWorker",), shutdown_rank=20,
     description="Decodes; per request, prefills locally or offloads to the prefill pool.")
 PrefillWorker = ComponentSpec(
-    "PrefillWorker", "splitserve.components.worker.prefill_main", PrefillWorkerConfig,
+    "PrefillWorker", "splitserve.components.worker.prefill_main", _worker_model("prefill"),
     may_link=(), shutdown_rank=30,
     description="Pulls prefill jobs, computes prompt KV, writes it into decode workers.")
 Planner = ComponentSpec(

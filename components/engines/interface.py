@@ -16,15 +16,14 @@ Everything here is plain data plus one Protocol; no engine library is imported.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from splitserve.components.engines.torch_cpu.kv_events import KvEvent
-from splitserve.components.protocol import TokenLogprobs, WorkerRequest
+from splitserve.components.engines.block_events import KvEvent
+from splitserve.components.protocol import TokenLogprobs
 
 HANDOFF_VERSION = 1
 
@@ -77,7 +76,8 @@ EngineHandoff = Annotated[
 
 @dataclass(frozen=True)
 class GenerateParams:
-    """One request as an engine sees it (mapped from the wire's WorkerRequest)."""
+    """One request as an engine sees it (mapped from the wire's WorkerRequest by
+    ``components/worker/wire.py``)."""
 
     token_ids: tuple[int, ...]
     max_tokens: int = 256
@@ -116,38 +116,6 @@ class GenerateParams:
         return (self.top_k <= 0 and self.min_p <= 0 and self.presence_penalty == 0
                 and self.frequency_penalty == 0 and self.repetition_penalty == 1.0
                 and not self.logit_bias and self.json_schema is None)
-
-
-PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
-
-
-def params_from_wire(wreq: WorkerRequest, default_max_tokens: int = 256) -> GenerateParams:
-    """The engine's view of a wire request: the one wire -> engine mapping every worker
-    shell uses (unset wire fields take the engines' neutral values)."""
-    s, sc, o = wreq.sampling_options, wreq.stop_conditions, wreq.output_options
-
-    def given(v, neutral):
-        return neutral if v is None else v
-
-    return GenerateParams(
-        token_ids=tuple(wreq.token_ids), max_tokens=sc.max_tokens or default_max_tokens,
-        temperature=given(s.temperature, 1.0), top_p=given(s.top_p, 1.0), seed=s.seed,
-        stop_token_ids=tuple(wreq.eos_token_ids) + tuple(sc.stop_token_ids_hidden or ()),
-        ignore_eos=bool(sc.ignore_eos), min_tokens=sc.min_tokens or 0,
-        priority=PRIORITY_RANK.get(wreq.meta().priority, 1),
-        top_k=max(0, given(s.top_k, 0)), min_p=given(s.min_p, 0.0),
-        presence_penalty=given(s.presence_penalty, 0.0),
-        frequency_penalty=given(s.frequency_penalty, 0.0),
-        repetition_penalty=given(s.repetition_penalty, 1.0),
-        logit_bias=tuple(sorted((s.logit_bias or {}).items())),
-        logprobs=o.logprobs, prompt_logprobs=o.prompt_logprobs,
-        json_schema=_schema_text(s.guided_decoding))
-
-
-def _schema_text(guided) -> str | None:
-    if guided is None or guided.json_schema is None:
-        return None
-    return json.dumps(guided.json_schema, sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored, KvEvent
+from splitserve.components.engines.block_events import BlockRemoved, BlockStored, KvEvent
 
 LOOPBACK_PREFIX = "tcp://127.0.0.1:"
 

@@ -1,43 +1,25 @@
-"""Config of the Worker component: common worker fields plus per-engine arguments.
+"""The fields every engine's worker sections share, by role: `Worker:` (aggregated),
+`DecodeWorker:` and `PrefillWorker:`.
 
-The section's ``engine`` key picks the model: ``torch`` (the CPU reference engine with the
-real SmolLM2 model), ``mocker`` (Dynamo's simulated engine), or the GPU engines.
+Each engine's own sections (``components/engines/<name>/sections.py``) add its
+``engine: <name>`` literal and its ``engine_args``; the registry
+(``components/worker/registry.py``) picks the section model from the ``engine`` key.
+The offload policy, the prefill queue and the timings mean the same for every engine,
+so one YAML shape fits all.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from splitserve.common.models import StrictModel
-from splitserve.serve.config import ComponentConfig, SelectedBy
-
-
-class TorchEngineArgs(StrictModel):
-    """Arguments of the CPU reference engine."""
-
-    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV block.")
-    num_blocks: int = Field(1024, ge=4, description="KV blocks in the pool (46 KB per token "
-                            "in fp32: 1024 blocks of 16 tokens is about 750 MB).")
-    max_num_seqs: int = Field(32, ge=1, description="Requests decoded together per step.")
-    # Defaults from benchmarks/bench_chunked_prefill.py (a running decode, a 3,000-token
-    # prompt and seven short requests): 2048/none gave the short requests 16.4 s and the
-    # decode a 9.9 s pause; 256/128 gave 0.75 s and 0.44 s, and the long prompt finished
-    # sooner (7.1 s against 16.2 s).
-    max_prefill_tokens: int = Field(256, ge=16, description="Prompt tokens prefilled per "
-                                    "step; longer prompts are chunked.")
-    max_chunk_tokens: int | None = Field(128, ge=16, description="Prompt tokens of one "
-                                         "request prefilled per step (None: "
-                                         "max_prefill_tokens); smaller leaves room in each "
-                                         "step for other prompts and keeps running decodes "
-                                         "moving.")
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: "
-                                "all cores divided among this component's replicas.")
+from splitserve.components.prefill_queue.config import PrefillQueueConfig
+from splitserve.serve.config import ComponentConfig
 
 
 class WorkerCommon(ComponentConfig):
-    """Fields every engine's worker has."""
+    """Fields every engine's worker has, whatever its role."""
 
     load_report_interval_s: float = Field(0.2, gt=0, description="How often the worker "
                                           "publishes its load (active, waiting, KV usage).")
@@ -45,15 +27,41 @@ class WorkerCommon(ComponentConfig):
                                    "requests may take to finish after deregistration.")
 
 
-class TorchWorkerConfig(WorkerCommon):
-    """A worker running the CPU reference engine."""
+class EngineDecodeSection(WorkerCommon):
+    """Common fields of a decode worker (which runs the offload decider)."""
 
-    engine: Literal["torch"] = "torch"
-    engine_args: TorchEngineArgs = Field(default_factory=TorchEngineArgs)
+    disaggregated_router: dict[str, Any] = Field(
+        default_factory=lambda: {"enable": True},
+        description="The offload policy (`enable`, `decider`: score | threshold | forced, "
+        "and the decider's parameters); the seed's score-based YAML loads as written.")
+    remote_prefill_timeout_s: float = Field(
+        30.0, gt=0, description="How long to wait for a remote prefill's handoff before "
+        "prefilling locally (engines that can) or answering 503 (engines that cannot).")
+    no_prefill_worker_wait_s: float = Field(
+        5.0, ge=0, description="An engine that cannot prefill locally: how long a request "
+        "waits for a live prefill worker before it is answered 503 with Retry-After.")
+    retry_after_s: float = Field(
+        2.0, gt=0, description="Retry-After of that 503 (seconds).")
+    prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)
+
+    @field_validator("disaggregated_router")
+    @classmethod
+    def _policy_is_valid(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from splitserve.components.disagg import parse_disaggregated_router
+
+        parse_disaggregated_router(v)  # raises with the field path; value unchanged
+        return v
 
 
-def worker_config_model(extra: dict[str, type[ComponentConfig]] | None = None) -> SelectedBy:
-    """The Worker section's config model, selected by ``engine`` (default torch)."""
-    choices: dict[str, type[ComponentConfig]] = {"torch": TorchWorkerConfig}
-    choices.update(extra or {})
-    return SelectedBy("engine", choices, "torch")
+class EnginePrefillSection(WorkerCommon):
+    """Common fields of a prefill worker (which runs the prefill loop)."""
+
+    max_concurrent_jobs: int = Field(8, ge=1, description="Prefill jobs in flight at once "
+                                     "(the engine batches their prompts).")
+    handoff_timeout_s: float = Field(
+        5.0, gt=0, description="How long to wait for the decode worker to confirm a "
+        "prefill result before handing the job back to the queue.")
+    prefill_timeout_s: float = Field(
+        120.0, gt=0, description="A prefill that takes longer is aborted and its job "
+        "handed back to the queue.")
+    prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)

@@ -40,19 +40,15 @@ from splitserve.components.engines.interface import (
     GenerateParams,
     TokenDelta,
     TorchBlocksHandoff,
-    params_from_wire,
 )
-from splitserve.components.engines.sglang.offload import (
-    OffloadPlan,
-    plan_after_remote_failure,
-    plan_offload,
-)
-from splitserve.components.mocker_worker.handoff import HandoffInbox
 from splitserve.components.prefill_queue import EnqueueRejected, PrefillRequest
 from splitserve.components.protocol import WorkerRequest, output_chunk
 
 from .cancel import until_stopped
 from .disagg_metrics import DisaggMetrics
+from .handoff import HandoffInbox
+from .offload import OffloadPlan, plan_after_remote_failure, plan_offload
+from .wire import delta_chunk, params_from_wire
 
 log = logging.getLogger("splitserve.coordinator")
 
@@ -188,10 +184,7 @@ class EngineDecodeCoordinator:
                     produced += len(d.token_ids)
                     if d.finished:
                         outcome = d.finish_reason or "stop"
-                    yield output_chunk(list(d.token_ids), _finish(d), **(
-                        {"prompt_tokens": d.prompt_tokens, "cached_tokens": d.cached_tokens,
-                         "completion_tokens": produced} if d.finished else {}),
-                        logprobs=d.logprobs, prompt_logprobs=d.prompt_logprobs)
+                    yield delta_chunk(d, produced)
         except Rejected as exc:
             outcome = "rejected"
             chunk = output_chunk([], "error", error=f"overloaded: {exc.reason}")
@@ -337,11 +330,7 @@ class EngineDecodeCoordinator:
             return RemotePrefill(handoff, got.first_token, int(cached)), ""
         finally:
             if not settled:  # cancelled while waiting (client gone, shutdown)
-                with contextlib.suppress(Exception):
+                try:
                     await asyncio.shield(release(True))
-
-
-def _finish(d: TokenDelta):
-    if not d.finished:
-        return None
-    return {"abort": "cancelled"}.get(d.finish_reason or "", d.finish_reason or "length")
+                except Exception as exc:  # noqa: BLE001 - cancelled already; log, go on
+                    log.warning("request %s: releasing its reservation failed: %s", rid, exc)

@@ -1,7 +1,7 @@
 """Prometheus metrics of a decode worker's offload decisions (names in docs/metrics.md).
 
-Shared by every decode worker, whatever its engine (torch or mocker), so dashboards
-read the same series from both; this module imports no engine.
+Shared by every decode and prefill worker, whatever its engine, so dashboards read the
+same series from all of them; this module imports no engine.
 """
 
 from __future__ import annotations

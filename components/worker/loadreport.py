@@ -55,5 +55,7 @@ async def publish_load(nats_url: str, subject: str, sample: Callable[[], WorkerL
         except Exception as exc:  # noqa: BLE001 - routers then expire the worker instead
             failed(exc)
     finally:
-        with contextlib.suppress(Exception):
+        try:
             await nc.drain()
+        except Exception as exc:  # noqa: BLE001 - the process is stopping
+            log.debug("closing the load-report connection failed: %s", exc)

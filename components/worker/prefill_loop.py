@@ -24,7 +24,6 @@ aborted (nobody will join its room).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -36,10 +35,10 @@ from splitserve.components.engines.interface import (
     GenerateParams,
     TorchBlocksHandoff,
 )
-from splitserve.components.mocker_worker.handoff import PrefillHandoff, hand_over
 from splitserve.components.prefill_queue import PrefillRequest
 
 from .disagg_metrics import PrefillMetrics
+from .handoff import PrefillHandoff, hand_over
 
 log = logging.getLogger("splitserve.prefill_loop")
 
@@ -155,8 +154,10 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
         heartbeat.cancel()
         if pending is not None:  # begun and not finished: nobody will take its KV
             pending.cancel()
-            with contextlib.suppress(Exception):
+            try:
                 await engine.abort(eid)
+            except Exception as exc:  # noqa: BLE001 - the engine frees it on its own timeout
+                log.warning("abort of %s after its job ended failed: %s", eid, exc)
         metrics.jobs.labels(outcome).inc()
 
 

@@ -1,15 +1,18 @@
 """PrefillWorker process: `python -m splitserve.components.worker.prefill_main --config FILE`
-(one process for every engine; see ``disagg_main``)."""
+(one process for every engine: the prefill shell, ``prefill.py``)."""
 
 from __future__ import annotations
 
-from splitserve.serve.component import run
+from splitserve.serve.component import ComponentContext, run
 
-from .disagg_main import run_role
+from . import registry
 
 
-async def main(ctx) -> None:
-    await run_role(ctx, "prefill")
+async def main(ctx: ComponentContext) -> None:
+    from .prefill import run_prefill
+
+    cfg = ctx.config(registry.section(registry.engine_of(ctx.run.config), "prefill"))
+    await run_prefill(ctx, cfg)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from splitserve.components.engines.sglang.config import SglangEngineArgs
 from splitserve.components.engines.sglang.engine import SglangEngine
 from splitserve.components.engines.trtllm.config import TrtllmEngineArgs
 from splitserve.components.engines.trtllm.engine import TrtllmEngine
-from splitserve.components.mocker_worker.handoff import HandoffInbox, handoff_subject
+from splitserve.components.worker.handoff import HandoffInbox, handoff_subject
 from splitserve.components.prefill_queue import PrefillQueue, PrefillQueueConfig
 from splitserve.components.protocol import worker_request
 from splitserve.components.worker.coordinator import (
@@ -291,30 +291,6 @@ async def test_job_carries_a_typed_handoff_and_old_jobs_still_parse() -> None:
     assert bad.verdict == "bad-shape"
 
 
-@pytest.mark.parametrize("engine", ["sglang", "trtllm", "torch", "mocker"])
-@pytest.mark.parametrize("role", ["decode", "prefill"])
-async def test_mains_run_every_engine_on_the_coordinator(monkeypatch, engine, role) -> None:
-    import importlib
-    from types import SimpleNamespace
-
-    from splitserve.components.worker import engine_processes
-
-    main = importlib.import_module(f"splitserve.components.worker.{role}_main")
-    seen = []
-
-    async def fake_run(ctx, cfg):
-        seen.append((cfg.engine, type(cfg).__name__))
-
-    monkeypatch.setattr(engine_processes, f"run_engine_{role}_worker", fake_run)
-    raw = {"engine": engine}
-    ctx = SimpleNamespace(run=SimpleNamespace(config=raw),
-                          config=lambda model: model.model_validate(raw))
-    await main.main(ctx)
-    prefix = {"sglang": "Sglang", "trtllm": "Trtllm", "torch": "Torch",
-              "mocker": "Mocker"}[engine]
-    assert seen == [(engine, f"{prefix}{role.capitalize()}WorkerConfig")]
-
-
 async def test_generate_endpoint_streams_chunks_and_explain_shows_the_plan(
         nats_url: str) -> None:
     rooms = BootstrapRooms()
@@ -336,7 +312,8 @@ async def test_generate_endpoint_streams_chunks_and_explain_shows_the_plan(
 async def test_worker_processes_serve_through_dynamo(infra, monkeypatch, tmp_path) -> None:
     """The DecodeWorker and PrefillWorker mains, in process on a real Dynamo runtime
     (etcd discovery, TCP request plane), with TensorRT-LLM doubles as their engines."""
-    from splitserve.components.worker import decode_main, engine_processes, prefill_main
+    from splitserve.components.engines.trtllm import engine as trtllm_engine
+    from splitserve.components.worker import decode_main, prefill_main
     from splitserve.serve.component import ComponentContext, make_runtime
     from splitserve.serve.config import CommonConfig
     from splitserve.serve.plan import ComponentRunConfig
@@ -348,7 +325,7 @@ async def test_worker_processes_serve_through_dynamo(infra, monkeypatch, tmp_pat
                                       api_factory=lambda: LlmApiDouble("decode", states)),
                "prefill": TrtllmEngine(TrtllmEngineArgs(), "m", "prefill",
                                        api_factory=lambda: LlmApiDouble("prefill", states))}
-    monkeypatch.setattr(engine_processes, "make_engine", lambda ctx, cfg, role: engines[role])
+    monkeypatch.setattr(trtllm_engine, "make_engine", lambda ctx, cfg, role: engines[role])
     ns = f"t{uuid.uuid4().hex[:8]}"
     stopping = asyncio.Event()
     queue = {"ack_wait_s": 2.0, "storage": "memory"}

@@ -20,7 +20,6 @@ handoff names ``advertise_host``, the address decode engines reach it at.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -281,8 +280,10 @@ class SglangEngine:
     async def abort(self, request_id: str) -> None:
         """Abort one request in SGLang (unknown or finished ids are ignored by SGLang)."""
         if self._engine is not None:
-            with contextlib.suppress(Exception):
+            try:
                 self._engine.tokenizer_manager.abort_request(rid=request_id, abort_all=False)
+            except Exception as exc:  # noqa: BLE001 - finished or unknown: nothing to free
+                log.debug("abort of %s in SGLang failed: %s", request_id, exc)
 
     # ---- sources ------------------------------------------------------------------------
     async def run_kv_events(self, sink: KvEventSink,
@@ -308,3 +309,12 @@ async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     yield first
     async for item in rest:
         yield item
+
+
+def make_engine(ctx, cfg, role: Role) -> SglangEngine:
+    """The registry's factory: the section's engine for ``role``, not started (bootstrap
+    ports are unique per replica; the routable host is advertised apart from the bind
+    address)."""
+    common = ctx.run.common
+    return SglangEngine(cfg.engine_args, common.model, role, host=common.bind_host,
+                        advertise_host=common.advertised_host(), replica=ctx.run.replica)

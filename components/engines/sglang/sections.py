@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from splitserve.components.engines.disagg_sections import (
+from splitserve.components.worker.config import (
     EngineDecodeSection,
     EnginePrefillSection,
 )
@@ -120,3 +120,8 @@ class SglangPrefillWorkerConfig(_SglangGpu, EnginePrefillSection):
     def replica_ports(self, replica: int) -> dict[str, int]:
         """Ports one replica opens beside its metrics (shown by --dry-run)."""
         return {"bootstrap_port": self.engine_args.bootstrap_port + replica}
+
+
+SECTIONS = {"agg": SglangWorkerSection, "decode": SglangDecodeWorkerConfig,
+            "prefill": SglangPrefillWorkerConfig}
+"""The section model of each role, read by the engine registry."""

@@ -8,7 +8,7 @@ router, and hooks for disaggregated prefill/decode.
 from .config import EngineConfig, ModelConfig
 from .engine import EngineCore
 from .kv_cache import KVCacheManager
-from .kv_events import BlockRemoved, BlockStored, KvEvent, hash_block
+from splitserve.components.engines.block_events import BlockRemoved, BlockStored, KvEvent, hash_block
 from .loader import (
     CHATML_TEMPLATE,
     LoadedModel,

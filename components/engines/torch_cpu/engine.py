@@ -19,7 +19,7 @@ from .attention import decode_mask, prefill_mask
 from .config import EngineConfig, ModelConfig
 from .grammar import JsonGrammars
 from .kv_cache import KVCacheManager
-from .kv_events import KvEvent
+from splitserve.components.engines.block_events import KvEvent
 from .model import ForwardBatch, LlamaWeights, PrefillSpan, forward
 from .request import EngineStats, RemoteKvAllocation, Request, RequestOutput, SeqStatus, Sequence
 from .sampler import Sampled, prompt_logprobs, sample_batch, skip_draw

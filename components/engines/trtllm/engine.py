@@ -199,8 +199,10 @@ class TrtllmEngine:
                 self._deferred.add(task)
                 task.add_done_callback(self._deferred.discard)
                 return
-        with contextlib.suppress(Exception):
+        try:
             live.result.abort()
+        except Exception as exc:  # noqa: BLE001 - finished or unknown: nothing to free
+            log.debug("abort of a TensorRT-LLM request failed: %s", exc)
 
     @staticmethod
     async def _abort_after_first(result) -> None:
@@ -284,10 +286,17 @@ class TrtllmEngine:
             await asyncio.sleep(0.01)
 
     async def _poll_stats(self) -> None:
+        seen: set[str] = set()
         while self.llm is not None:
-            with contextlib.suppress(Exception):
+            try:
                 async for stat in self.llm.get_stats_async(timeout=0.5):
                     self._latest = load_from_stats(stat)
+            except Exception as exc:  # noqa: BLE001 - load reports go on with the last stats
+                kind = f"{type(exc).__name__}: {exc}"[:200]
+                if kind not in seen:  # once per kind: this runs five times a second
+                    seen.add(kind)
+                    log.warning("TensorRT-LLM stats unreadable (logged once per kind): %s",
+                                kind)
             await asyncio.sleep(self._stats_interval_s)
 
     def load(self) -> LoadSample:
@@ -319,3 +328,8 @@ class TrtllmEngine:
             if not healthy:
                 return RuntimeError("TensorRT-LLM executor reports unhealthy")
         return None
+
+
+def make_engine(ctx, cfg, role: Role) -> TrtllmEngine:
+    """The registry's factory: the section's engine for ``role``, not started."""
+    return TrtllmEngine(cfg.engine_args, ctx.run.common.model, role)

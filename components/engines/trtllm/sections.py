@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from splitserve.components.engines.disagg_sections import (
+from splitserve.components.worker.config import (
     EngineDecodeSection,
     EnginePrefillSection,
 )
@@ -63,3 +63,8 @@ class TrtllmPrefillWorkerConfig(_TrtllmGpu, EnginePrefillSection):
 
     engine: Literal["trtllm"] = "trtllm"
     engine_args: TrtllmEngineArgs = Field(default_factory=TrtllmEngineArgs)
+
+
+SECTIONS = {"agg": TrtllmWorkerSection, "decode": TrtllmDecodeWorkerConfig,
+            "prefill": TrtllmPrefillWorkerConfig}
+"""The section model of each role, read by the engine registry."""

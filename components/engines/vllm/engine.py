@@ -7,7 +7,6 @@ event loop and only maps requests, outputs, stats and KV events.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -136,8 +135,11 @@ class VllmEngine:
         if self._engine is None:
             return
         if self._active:
-            with contextlib.suppress(Exception):
+            try:
                 await self._engine.abort(list(self._active))
+            except Exception as exc:  # noqa: BLE001 - the engine is shut down next anyway
+                log.warning("aborting %d requests at shutdown failed: %s", len(self._active),
+                            exc)
         await asyncio.to_thread(self._engine.shutdown)
         self._engine = None
 
@@ -162,8 +164,10 @@ class VllmEngine:
             if not finished and self._engine is not None:
                 # vLLM aborts on its own when its generator is closed; this covers a
                 # consumer that stopped early without closing us promptly.
-                with contextlib.suppress(Exception):
+                try:
                     await self._engine.abort(request_id)
+                except Exception as exc:  # noqa: BLE001 - finished or unknown: nothing to free
+                    log.debug("abort of %s in vLLM failed: %s", request_id, exc)
 
     def generate(self, request_id: str, params: GenerateParams) -> AsyncIterator[TokenDelta]:
         """Aggregated: the whole request on this engine, streamed as deltas."""
@@ -244,3 +248,13 @@ class VllmEngine:
         if self._engine is None or not self._engine.errored:
             return None
         return self._engine.dead_error
+
+
+def make_engine(ctx, cfg, role: Role) -> VllmEngine:
+    """The registry's factory: the section's engine for ``role``, not started.  Only an
+    aggregated or decode engine relays KV events; a prefill engine's would go nowhere."""
+    if role == "agg":
+        return VllmEngine(cfg.engine_args, ctx.run.common.model)
+    args = (cfg.engine_args if role == "decode"
+            else cfg.engine_args.model_copy(update={"kv_events": False}))
+    return VllmEngine(args, ctx.run.common.model, role, kv_transfer=cfg.kv_transfer)

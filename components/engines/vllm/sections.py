@@ -1,4 +1,5 @@
-"""Config sections with ``engine: vllm`` for DecodeWorker and PrefillWorker.
+"""Config sections with ``engine: vllm``: Worker (defined in ``config.py``), DecodeWorker
+and PrefillWorker.
 
 The decode engine pulls each prompt's KV from the prefill engine with vLLM's
 NixlConnector (pull mode): the handoff is the ``kv_transfer_params`` the prefill engine
@@ -12,12 +13,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from splitserve.components.engines.disagg_sections import (
+from splitserve.components.worker.config import (
     EngineDecodeSection,
     EnginePrefillSection,
 )
 
-from .config import VllmEngineArgs, VllmKvTransfer
+from .config import VllmEngineArgs, VllmKvTransfer, VllmWorkerSection
 
 
 def router_block_size(engine_args: VllmEngineArgs, sections: dict[str, Any]) -> list[str]:
@@ -60,3 +61,8 @@ class VllmPrefillWorkerConfig(EnginePrefillSection):
     engine: Literal["vllm"] = "vllm"
     engine_args: VllmEngineArgs = Field(default_factory=VllmEngineArgs)
     kv_transfer: VllmKvTransfer = Field(default_factory=VllmKvTransfer)
+
+
+SECTIONS = {"agg": VllmWorkerSection, "decode": VllmDecodeWorkerConfig,
+            "prefill": VllmPrefillWorkerConfig}
+"""The section model of each role, read by the engine registry."""

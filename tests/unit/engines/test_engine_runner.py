@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from splitserve.components.worker.fatal import ENGINE_FAILED_EXIT, leave_after_engine_failure
-from splitserve.components.worker.runner import EngineRunner
+from splitserve.components.engines.torch_cpu.runner import EngineRunner
 
 pytestmark = pytest.mark.unit
 

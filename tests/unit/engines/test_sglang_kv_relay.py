@@ -11,7 +11,7 @@ pytest.importorskip("sglang.srt.disaggregation.kv_events")
 
 from splitserve.components.engines.sglang.kv_relay import convert_batch
 from splitserve.components.engines.sglang.metrics import LoadTracker
-from splitserve.components.engines.torch_cpu.kv_events import BlockRemoved, BlockStored
+from splitserve.components.engines.block_events import BlockRemoved, BlockStored
 
 pytestmark = pytest.mark.unit
 PAGE = 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.components.engines.sglang.offload import (
+from splitserve.components.worker.offload import (
     NO_LOCAL_PREFILL,
     NO_PREFILL_WORKER,
     OffloadPlan,

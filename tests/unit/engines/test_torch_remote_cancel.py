@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from splitserve.components.disagg import build_decider
-from splitserve.components.mocker_worker.handoff import HandoffInbox, PrefillHandoff
+from splitserve.components.worker.handoff import HandoffInbox, PrefillHandoff
 from splitserve.components.prefill_queue import QueueFull
 from splitserve.components.protocol import worker_request
 from splitserve.components.worker.coordinator import (
@@ -24,8 +24,8 @@ from splitserve.components.worker.coordinator import (
 )
 from splitserve.components.worker.disagg_metrics import DisaggMetrics
 from splitserve.components.worker.metrics import WorkerMetrics
-from splitserve.components.worker.runner import EngineRunner
-from splitserve.components.worker.torch_engine import TorchEngine
+from splitserve.components.engines.torch_cpu.runner import EngineRunner
+from splitserve.components.engines.torch_cpu.adapter import TorchEngine
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 

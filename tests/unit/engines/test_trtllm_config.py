@@ -6,7 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from splitserve.components.engines.trtllm.config import TrtllmEngineArgs, llm_kwargs
-from splitserve.components.worker.disagg_config import DecodeWorkerConfig, PrefillWorkerConfig
+from splitserve.components.catalog import DecodeWorker, PrefillWorker
+
+DecodeWorkerConfig, PrefillWorkerConfig = DecodeWorker.config_model, PrefillWorker.config_model
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ import pytest
 from splitserve.components.engines.interface import GenerateParams
 from splitserve.components.engines.sglang.config import SglangEngineArgs
 from splitserve.components.engines.sglang.engine import SglangEngine
-from splitserve.components.engines.sglang.offload import (
+from splitserve.components.worker.offload import (
     plan_after_remote_failure,
     plan_offload,
 )

@@ -81,12 +81,10 @@ def test_kv_cache_space_goes_to_the_cpu_backend_environment():
 
 
 def test_worker_section_selects_vllm():
-    from splitserve.components.catalog import Worker  # noqa: F401 - the graph's spec
+    from splitserve.components.catalog import Worker
     from splitserve.components.engines.vllm.config import VllmWorkerSection
-    from splitserve.components.worker.config import worker_config_model
-    from splitserve.components.worker.engines import engine_choices
 
-    model = worker_config_model(engine_choices())
+    model = Worker.config_model
     cfg = model.model_validate({"engine": "vllm", "engine_args": {"max_num_seqs": 4}})
     assert isinstance(cfg, VllmWorkerSection) and cfg.engine_args.max_num_seqs == 4
     with pytest.raises(ValidationError, match="num_blocks"):

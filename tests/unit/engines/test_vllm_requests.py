@@ -20,7 +20,7 @@ from splitserve.components.engines.vllm.requests import (
     sampling_params,
     to_delta,
 )
-from splitserve.components.engines.vllm.worker import generate_params
+from splitserve.components.worker.wire import params_from_wire as generate_params
 from splitserve.components.protocol import WorkerRequest, worker_request
 
 pytestmark = pytest.mark.unit

@@ -11,16 +11,15 @@ from splitserve.components.engines.vllm.sections import (
     VllmDecodeWorkerConfig,
     VllmPrefillWorkerConfig,
 )
-from splitserve.components.worker.disagg_config import DecodeWorkerConfig, PrefillWorkerConfig
-from splitserve.components.worker.engine_processes import (
-    engine_decode_section,
-    engine_prefill_section,
-)
+from splitserve.components.catalog import DecodeWorker, PrefillWorker
+from splitserve.components.worker.registry import section
+
+DecodeWorkerConfig, PrefillWorkerConfig = DecodeWorker.config_model, PrefillWorker.config_model
 
 
 def test_selectors_and_mains_pick_the_vllm_sections():
-    assert engine_decode_section("vllm") is VllmDecodeWorkerConfig
-    assert engine_prefill_section("vllm") is VllmPrefillWorkerConfig
+    assert section("vllm", "decode") is VllmDecodeWorkerConfig
+    assert section("vllm", "prefill") is VllmPrefillWorkerConfig
     dec = DecodeWorkerConfig.model_validate({"engine": "vllm"})
     pre = PrefillWorkerConfig.model_validate({"engine": "vllm", "kv_transfer": {
         "progress_thread": True}})

@@ -1,12 +1,13 @@
-"""The vLLM worker's stream: wire chunks from engine deltas, and cancellation reaching
-the engine's iterator (which aborts the request in vLLM)."""
+"""The aggregated shell's stream: wire chunks from engine deltas, cancellation reaching
+the engine's iterator (which aborts the request in the engine), and an engine's death
+ending the replica."""
 
 from __future__ import annotations
 
 import pytest
 
 from splitserve.components.engines.interface import TokenDelta
-from splitserve.components.engines.vllm.worker import stream_chunks
+from splitserve.components.worker.agg import stream_chunks
 from splitserve.components.worker.metrics import WorkerMetrics
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
@@ -65,57 +66,31 @@ async def test_engine_failure_becomes_an_error_chunk():
     assert chunks[-1]["finish_reason"] == "error" and "engine died" in chunks[-1]["error"]
 
 
-class _Ctx:
-    def __init__(self) -> None:
-        import asyncio
-
-        self.stopping = asyncio.Event()
-        self.reports: list = []
-
-    def report(self, state, **fields) -> None:
-        self.reports.append(state)
-
-
-class _Endpoint:
-    async def unregister_endpoint_instance(self) -> None:
-        pass
-
-
 class _Engine:
     def __init__(self, healthy_polls: int) -> None:
+        from splitserve.components.engines.interface import EngineInfo
+
         self.polls, self.healthy_polls = 0, healthy_polls
+        self.info = EngineInfo(name="vllm", kv_block_size=16, supports_local_prefill=True)
 
     def failure(self):
         self.polls += 1
         return None if self.polls <= self.healthy_polls else RuntimeError("core died")
 
 
-async def test_dead_engine_makes_the_worker_leave():
-    from splitserve.components.engines.vllm.worker import watch_engine
+async def test_dead_engine_ends_the_replica_with_its_error():
+    from splitserve.components.worker.hosting import watch_failure
 
-    left: list = []
-
-    async def leave(exc, report, deregister):
-        left.append(exc)
-
-    await watch_engine(_Ctx(), _Engine(healthy_polls=2), _Endpoint(), interval_s=0.01,
-                       leave=leave)
-    assert len(left) == 1 and "core died" in str(left[0])
+    exc = await watch_failure(_Engine(healthy_polls=2), every_s=0.01)
+    assert "vllm engine failed" in str(exc) and "core died" in str(exc)
 
 
-async def test_stopping_worker_does_not_leave():
+async def test_an_engine_that_cannot_tell_never_ends_the_replica():
     import asyncio
 
-    from splitserve.components.engines.vllm.worker import watch_engine
+    from splitserve.components.worker.hosting import watch_failure
 
-    ctx, left = _Ctx(), []
-
-    async def leave(exc, report, deregister):
-        left.append(exc)
-
-    task = asyncio.create_task(watch_engine(ctx, _Engine(healthy_polls=10**9), _Endpoint(),
-                                            interval_s=0.01, leave=leave))
+    task = asyncio.ensure_future(watch_failure(object(), every_s=0.01))
     await asyncio.sleep(0.05)
-    ctx.stopping.set()
-    await asyncio.wait_for(task, 2)
-    assert left == []
+    assert not task.done()
+    task.cancel()

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from splitserve.components.engines.interface import TokenDelta
-from splitserve.components.engines.vllm.worker import stream_chunks
+from splitserve.components.worker.agg import stream_chunks
 from splitserve.components.worker.cancel import until_stopped
 from splitserve.components.worker.metrics import WorkerMetrics
 

@@ -10,11 +10,11 @@ import json
 import pytest
 from starlette.testclient import TestClient
 
-from splitserve.components.engines.interface import params_from_wire
 from splitserve.components.frontend.app import FrontendState, build_app
 from splitserve.components.frontend.capabilities import CAPABILITIES, ENGINES, capabilities
 from splitserve.components.protocol import TokenLogprobs, WorkerRequest, output_chunk
-from splitserve.components.worker.torch_worker import engine_request
+from splitserve.components.engines.torch_cpu.adapter import torch_request
+from splitserve.components.worker.wire import params_from_wire
 
 pytestmark = pytest.mark.unit
 
@@ -146,7 +146,7 @@ def test_wire_carries_sampling_to_the_engines(codec):
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, 0.25, 1.1)
     assert (p.top_k, p.min_p, p.min_tokens, p.seed) == (4, 0.05, 3, 11)
     assert p.logit_bias == ((17, -100.0),) and p.logprobs == 2 and p.prompt_logprobs is None
-    req = engine_request(wreq, "r1")
+    req = torch_request("r1", params_from_wire(wreq))
     assert (req.presence_penalty, req.frequency_penalty, req.repetition_penalty,
             req.top_k, req.min_p, req.min_tokens, req.logprobs) == (0.5, 0.25, 1.1, 4, 0.05,
                                                                    3, 2)
@@ -298,7 +298,7 @@ def test_response_format_goes_to_the_engine_as_a_schema(codec):
     wreq = WorkerRequest.model_validate(backend.requests[0])
     assert wreq.sampling_options.guided_decoding.json_schema == schema
     assert json.loads(params_from_wire(wreq).json_schema) == schema
-    assert engine_request(wreq, "r").json_schema == params_from_wire(wreq).json_schema
+    assert torch_request("r", params_from_wire(wreq)).json_schema == params_from_wire(wreq).json_schema
     c.post("/v1/chat/completions", json=chat(response_format={"type": "json_object"}))
     assert backend.requests[1]["sampling_options"]["guided_decoding"] == {
         "json": {"type": "object"}}

@@ -6,14 +6,14 @@ import asyncio
 from typing import Any
 
 from splitserve.components.engines.interface import OpaqueHandoff
-from splitserve.components.mocker_worker.disagg_config import MockerDecodeWorkerConfig
-from splitserve.components.mocker_worker.handoff import HandoffInbox, PrefillHandoff
-from splitserve.components.mocker_worker.mocker_engine import MockerEngine
+from splitserve.components.engines.mocker.sections import MockerDecodeWorkerConfig
+from splitserve.components.worker.handoff import HandoffInbox, PrefillHandoff
+from splitserve.components.engines.mocker.adapter import MockerEngine
 from splitserve.components.prefill_queue import QueueFull
 from splitserve.components.protocol import worker_request
 from splitserve.components.worker.coordinator import EngineDecodeCoordinator
 from splitserve.components.worker.disagg_metrics import DisaggMetrics
-from splitserve.components.worker.engine_processes import coordinator_settings
+from splitserve.components.worker.decode import coordinator_settings
 from splitserve.components.worker.metrics import WorkerMetrics
 
 SEED_POLICY = {

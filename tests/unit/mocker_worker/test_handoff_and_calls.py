@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from splitserve.components.mocker_worker.mocker_engine import engine_request, kv_usage_estimate
-from splitserve.components.mocker_worker.handoff import (
+from splitserve.components.engines.mocker.adapter import engine_request, kv_usage_estimate
+from splitserve.components.worker.handoff import (
     HandoffInbox,
     PrefillHandoff,
     handoff_subject,

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from splitserve.components.worker.disagg_config import (
-    DecodeWorkerConfig,
-    PrefillWorkerConfig,
+from splitserve.components.catalog import DecodeWorker, PrefillWorker
+from splitserve.components.engines.torch_cpu.sections import (
     TorchDecodeWorkerConfig,
     TorchPrefillWorkerConfig,
 )
 from splitserve.serve.graph import load_graph
 from splitserve.serve.plan import load_plan
+
+DecodeWorkerConfig, PrefillWorkerConfig = DecodeWorker.config_model, PrefillWorker.config_model
 
 pytestmark = pytest.mark.unit
 
@@ -65,3 +66,11 @@ def test_shipped_mocker_disagg_configs_load(repo_root, path, engine_type):
     assert decode.config.engine_args.engine_type == engine_type
     assert decode.config.engine_args.speedup_ratio == 5
     assert decode.config.disaggregated_router["remote_prefill_min_score"] == 0.5
+
+
+def test_a_mocker_worker_refuses_a_load_report_interval_it_would_not_use():
+    from splitserve.components.catalog import Worker
+
+    assert Worker.config_model.model_validate({"engine": "mocker"}).engine == "mocker"
+    with pytest.raises(ValidationError, match="load_report_interval_s is not used"):
+        Worker.config_model.model_validate({"engine": "mocker", "load_report_interval_s": 1})

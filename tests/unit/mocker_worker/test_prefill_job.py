@@ -7,8 +7,8 @@ import nats.errors
 import pytest
 from prometheus_client import CollectorRegistry
 
-from splitserve.components.mocker_worker.handoff import HandoffInbox, PrefillHandoff
-from splitserve.components.mocker_worker.mocker_engine import MockerEngine
+from splitserve.components.worker.handoff import HandoffInbox, PrefillHandoff
+from splitserve.components.engines.mocker.adapter import MockerEngine
 from splitserve.components.worker.disagg_metrics import PrefillMetrics
 from splitserve.components.worker.prefill_loop import PrefillLoopSettings, prefill_one
 from tests.unit.prefill_queue.factories import make_request

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from splitserve.components.mocker_worker.config import MockerEngineArgs
-from splitserve.components.mocker_worker.main import mocker_argv
+from splitserve.components.engines.mocker.config import MockerEngineArgs
+from splitserve.components.engines.mocker.process import mocker_argv
 from splitserve.serve.config import CommonConfig, ConfigError
 from splitserve.serve.graph import load_graph
 from splitserve.serve.plan import build_plan

@@ -1,7 +1,7 @@
 """Dynamo's mocker engines behind the engine interface, for the decode coordinator and
 the prefill loop (``components/worker/coordinator.py``, ``prefill_loop.py``).
 
-A mocker replica owns one child process per role (``engines.py``): a decode worker has a
+A mocker replica owns one child process per role (``children.py``): a decode worker has a
 decode-mode engine (requests prefilled remotely) and an aggregated one (local prefills: a
 decode-mode mocker does not simulate prefill compute); a prefill worker has a
 prefill-mode engine.  The handoff is the prefill engine's opaque

@@ -1,7 +1,7 @@
-"""KV cache events and the chained block hash.
+"""KV cache events every engine's relay produces, and the chained block hash.
 
-Events are plain data: the engine accumulates them and the worker process
-publishes them (Dynamo's ``KvEventPublisher.publish_stored`` /
+Events are plain data: an engine (or its relay: vLLM, SGLang, TensorRT-LLM) produces
+them and the worker process publishes them (Dynamo's ``KvEventPublisher.publish_stored`` /
 ``publish_removed`` take exactly these fields), so the router's prefix index
 mirrors which blocks this engine holds.
 """

@@ -1,5 +1,5 @@
-"""The torch CPU engine behind the engine interface, for the decode coordinator and the
-prefill loop (``coordinator.py``, ``prefill_loop.py``).
+"""The torch CPU engine behind the engine interface, for every worker shell (aggregated,
+decode coordinator, prefill loop).
 
 The engine core runs on its own thread (``EngineRunner``); this adapter only maps
 requests and outputs and owns the disaggregated steps of the torch path, where the
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -35,10 +36,42 @@ from splitserve.components.engines.interface import (
     TorchBlocksHandoff,
 )
 
+from splitserve.components.protocol import NO_LOGPROB, TokenLogprobs
+
 from .runner import EngineRunner
-from .torch_worker import output_logprobs, torch_request
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
+
+
+def torch_request(request_id: str, params: GenerateParams, **extra):
+    """The engine core's request for ``params`` (``extra``: core-only fields such as
+    ``prefill_only``); raises ValueError if invalid."""
+    from .request import Request
+
+    return Request(
+        request_id=request_id, prompt_token_ids=params.token_ids,
+        max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+        seed=params.seed, stop_token_ids=params.stop_token_ids, priority=params.priority,
+        top_k=params.top_k, min_p=params.min_p, presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias,
+        min_tokens=params.min_tokens, logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs, json_schema=params.json_schema, **extra)
+
+
+def output_logprobs(out) -> tuple[TokenLogprobs | None, TokenLogprobs | None]:
+    """A core ``RequestOutput``'s sampled-token and prompt log-probabilities, if any."""
+    def wire(values, tops) -> TokenLogprobs:
+        return TokenLogprobs(logprobs=[v if math.isfinite(v) else NO_LOGPROB for v in values],
+                             top=[[(t, v if math.isfinite(v) else NO_LOGPROB) for t, v in top]
+                                  for top in tops or ()])
+
+    sampled = prompt = None
+    if out.logprobs is not None:
+        sampled = wire(out.logprobs, out.top_logprobs)
+    if out.prompt_logprobs is not None:
+        prompt = wire(out.prompt_logprobs, out.prompt_top_logprobs)
+    return sampled, prompt
 
 
 class TorchEngine:
@@ -56,9 +89,9 @@ class TorchEngine:
         self._reserved: dict[str, asyncio.Queue] = {}
         self._held: set[asyncio.Task] = set()
 
-    # ---- lifecycle (the worker shell loads the model and starts the runner) ------------
+    # ---- lifecycle (the torch host loads the model and starts the runner) -------------
     async def start(self) -> None:
-        """Nothing to do: the model is loaded and the runner started by the shell."""
+        """Nothing to do: the model is loaded and the runner started by the host."""
 
     async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
         await poll_until(lambda: not self.runner.inflight(), drain_timeout_s)
@@ -217,7 +250,7 @@ class TorchEngine:
     # ---- sources ------------------------------------------------------------------------
     async def run_kv_events(self, sink: KvEventSink,
                             ready: asyncio.Event | None = None) -> None:
-        """The runner publishes KV events itself (set up by the shell)."""
+        """The runner publishes KV events itself (set up by the host)."""
         if ready is not None:
             ready.set()
 

@@ -1,7 +1,8 @@
-"""Worker component that runs Dynamo's mocker as a child process.
+"""Dynamo's mocker as a child process: its command line, its environment, and the
+aggregated Worker replica it serves alone (``run_mocker``, the registry's aggregated main
+for ``engine: mocker``, through ``host.serve_aggregated``).
 
-``python -m splitserve.components.mocker_worker.main --config FILE``.  By default one
-replica is one mocker process serving one simulated engine (``--num-workers 1``), so the
+By default one replica is one mocker process serving one simulated engine (``--num-workers 1``), so the
 supervisor's replica count is the worker count and a crashed engine is restarted on its
 own; ``workers_per_process`` packs several engines into one process for big fleets.
 
@@ -25,11 +26,11 @@ from pathlib import Path
 from splitserve.common.etcd import get_prefix
 from splitserve.common.waiting import poll_until
 from splitserve.components.engines.model_dir import export_model_dir
-from splitserve.components.mocker_worker.config import MockerEngineArgs
+from splitserve.components.engines.mocker.config import MockerEngineArgs
 from splitserve.infra.procs import spawn, terminate
 from splitserve.serve.component import ComponentContext, endpoint_path
 
-log = logging.getLogger("splitserve.mocker_worker")
+log = logging.getLogger("splitserve.mocker")
 
 ENDPOINT = "generate"
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from splitserve.components.engines.model_dir import export_model_dir
-from splitserve.components.mocker_worker.config import MockerEngineArgs
-from splitserve.components.mocker_worker.main import (
+from splitserve.components.engines.mocker.config import MockerEngineArgs
+from splitserve.components.engines.mocker.process import (
     ENDPOINT,
     MockerExited,
     mocker_argv,

@@ -1,10 +1,7 @@
-"""Config sections of DecodeWorker / PrefillWorker with ``engine: mocker``.
+"""Config sections with ``engine: mocker``: Worker, DecodeWorker and PrefillWorker.
 
-Kept apart from the torch sections (``components/worker/disagg_config.py``, which
-selects between both) because those import the KV-transfer stack, and with it torch:
-about 1 s and 300 MiB per process that a mocker replica has no use for.  The policy,
-queue and timing fields come from the sections every engine shares
-(``components/engines/disagg_sections.py``).
+The policy, queue and timing fields come from the sections every engine shares
+(``components/worker/config.py``); ``SECTIONS`` is what the engine registry reads.
 """
 
 from __future__ import annotations
@@ -13,12 +10,32 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from splitserve.components.engines.disagg_sections import (
+from splitserve.components.worker.config import (
     EngineDecodeSection,
     EnginePrefillSection,
+    WorkerCommon,
 )
 
 from .config import MockerEngineArgs
+
+
+class MockerWorkerSection(WorkerCommon):
+    """A Worker running Dynamo's mocker: the mocker child serves `generate` itself."""
+
+    engine: Literal["mocker"] = "mocker"
+    engine_args: MockerEngineArgs = Field(default_factory=MockerEngineArgs)
+
+    @field_validator("load_report_interval_s")
+    @classmethod
+    def _no_load_reports(cls, v: float) -> float:
+        # The child publishes its own load (Dynamo's metrics), so an interval written
+        # here would be silently ignored; only the default (which resolved run configs
+        # always carry) is accepted.
+        default = WorkerCommon.model_fields["load_report_interval_s"].default
+        if v != default:
+            raise ValueError(f"load_report_interval_s is not used by a mocker Worker (the "
+                             f"mocker publishes its own load); remove it (got {v})")
+        return v
 
 
 def _check_engine_args(args: MockerEngineArgs) -> MockerEngineArgs:
@@ -65,9 +82,6 @@ class MockerPrefillWorkerConfig(EnginePrefillSection):
         "simulated transfer time (prompt tokens x KV bytes per token / bandwidth).")
     max_concurrent_jobs: int = Field(16, ge=1, description="Prefill jobs in flight at once "
                                      "(the engine batches their prompts).")
-    handoff_timeout_s: float = Field(
-        5.0, gt=0, description="How long to wait for the decode worker to confirm a "
-        "prefill result before handing the job back to the queue.")
     engine_idle_timeout_s: float = Field(
         60.0, gt=0, description="Longest wait for the next chunk from the engine before "
         "the job is handed back.")
@@ -76,3 +90,7 @@ class MockerPrefillWorkerConfig(EnginePrefillSection):
     @classmethod
     def _engine_args_fit(cls, v: MockerEngineArgs) -> MockerEngineArgs:
         return _check_engine_args(v)
+
+
+SECTIONS = {"agg": MockerWorkerSection, "decode": MockerDecodeWorkerConfig,
+            "prefill": MockerPrefillWorkerConfig}

@@ -1,0 +1,2 @@
+"""``engine: mocker``: Dynamo's mocker, a simulated engine with a real scheduler (its
+sections, host, adapter and child processes)."""

@@ -1,0 +1,107 @@
+"""Bringing the torch engine up in a worker process, for any role.
+
+Loads SmolLM2 (reporting progress; the endpoint is registered only once it is loaded,
+so readiness means "can answer"), runs the engine core on its own thread
+(``EngineRunner``) and, where the role publishes KV events, sends the core's events to
+Dynamo's KvEventPublisher straight from the runner.  Disaggregated roles get a NIXL
+agent: the prefill side writes KV into blocks the decode side reserved.  A failed
+engine thread makes the replica leave (deregister, exit 70) so it is restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+from splitserve.components.worker.fatal import leave_after_engine_failure
+from splitserve.components.worker.hosting import (
+    PUBLISHES_KV,
+    Hosted,
+    Role,
+    never,
+    publish_kv_events,
+)
+from splitserve.components.worker.metrics import WorkerMetrics
+from splitserve.serve.component import ComponentContext
+
+from .adapter import TorchEngine
+from .runner import EngineRunner
+
+
+def build_core(args, threads: int, progress):
+    """Load SmolLM2 and build the engine core (runs in a thread: it takes seconds)."""
+    from . import EngineConfig, EngineCore, configure_threads, load_smollm2
+    from .grammar import JsonGrammars
+
+    configure_threads(threads)
+    loaded = load_smollm2(progress=progress)
+    cfg = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                       max_running=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens,
+                       max_chunk_tokens=args.max_chunk_tokens)
+    grammars = JsonGrammars(loaded.tokenizer, loaded.config.vocab_size)
+    return EngineCore(loaded.weights, loaded.config, cfg, grammars=grammars)
+
+
+async def host_torch(ctx: ComponentContext, cfg, role: Role,
+                     stack: contextlib.AsyncExitStack, factory=None) -> Hosted:
+    """The registry's host for ``engine: torch``: model, runner thread, KV events (agg and
+    decode) and, for the disaggregated roles, the NIXL agent."""
+    args = cfg.engine_args
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, cfg.replicas))
+    ctx.report("loading", detail="loading model")
+
+    def progress(stage: str, fraction: float) -> None:
+        ctx.report("loading", detail=f"{stage} {fraction:.0%}")
+
+    core = await asyncio.to_thread(build_core, args, threads, progress)
+    endpoint = ctx.endpoint(ctx.run.component, "generate")
+    on_events = None
+    if role in PUBLISHES_KV:
+        from dynamo.llm import KvEventPublisher
+
+        publisher = KvEventPublisher(endpoint, kv_block_size=args.block_size)
+        stack.callback(publisher.shutdown)
+        on_events = lambda evs: publish_kv_events(publisher, evs)  # noqa: E731
+    leaving: set[asyncio.Task] = set()
+
+    def on_fatal(exc: BaseException) -> None:
+        leaving.add(asyncio.ensure_future(leave_after_engine_failure(
+            exc, ctx.report, endpoint.unregister_endpoint_instance)))
+
+    runner = EngineRunner(core, asyncio.get_running_loop(), on_kv_events=on_events,
+                          on_fatal=on_fatal)
+    runner.start()
+    stack.callback(runner.stop)
+    worker_id = endpoint.connection_id()
+    metrics = WorkerMetrics()
+    ctx.serve_metrics(metrics.registry)
+    agent = await _start_agent(ctx, cfg, role, core, worker_id, stack)
+    # A reservation abandoned on timeout is held until the job's deadline has passed
+    # (plus a margin): a late write could still land in its blocks.
+    hold = (cfg.remote_prefill_timeout_s if role == "decode" else 30.0) + 5.0
+    eng = TorchEngine(core, runner, args.block_size, agent,
+                      arrival_timeout_s=cfg.kv_transfer.timeout_s if agent else 10.0,
+                      late_write_hold_s=hold)
+    stack.push_async_callback(eng.shutdown)
+    # The runner itself leaves (deregisters, exit 70) when its engine fails.
+    return Hosted(eng, endpoint, worker_id, metrics, never(),
+                  detail=f"agent {agent.name}" if agent else "")
+
+
+async def _start_agent(ctx: ComponentContext, cfg, role: Role, core, worker_id: int,
+                       stack: contextlib.AsyncExitStack):
+    """The NIXL agent of a decode or prefill replica (None for an aggregated one)."""
+    if role == "agg":
+        return None
+    from splitserve.components.kv_transfer import KvTransferAgent
+
+    agent = KvTransferAgent(f"{role}-{worker_id:x}", core.kv_pool(),
+                            etcd_endpoints=os.environ["ETCD_ENDPOINTS"],
+                            config=cfg.kv_transfer.model_copy(
+                                update={"namespace": ctx.namespace}))
+    await agent.start()
+    stack.push_async_callback(agent.close)
+    if role == "decode":
+        agent.start_poller()
+    return agent

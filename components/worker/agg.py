@@ -1,0 +1,97 @@
+"""The aggregated shell: one Worker replica serving `generate` on any engine.
+
+``python -m splitserve.components.worker.main`` runs it.  The registry's host brings the
+engine up (with its KV-event relay); this shell serves `generate` (one engine request
+per wire request, streamed delta by delta; the client leaving aborts it), publishes load
+reports, reports ready once discovery lists the instance, and drains on stop.  An
+engine that serves `generate` itself (the mocker's child) runs its own main instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from splitserve.components.engines.interface import Engine, TokenDelta
+from splitserve.components.protocol import WorkerRequest, output_chunk
+from splitserve.serve.component import ComponentContext, serve_until_stopped
+
+from . import registry
+from .cancel import until_stopped
+from .metrics import WorkerMetrics
+from .shell import cancel_all, report_ready, serve_or_die, start_load_reports
+from .wire import delta_chunk, params_from_wire
+
+log = logging.getLogger("splitserve.worker")
+
+
+async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetrics,
+                        context=None) -> AsyncIterator[dict]:
+    """Wire chunks for one request; closing this or stopping ``context`` (client gone)
+    closes ``deltas``, which aborts the request in the engine."""
+    produced = 0
+    try:
+        async for d in until_stopped(deltas, context):
+            produced += len(d.token_ids)
+            if d.finished:
+                metrics.requests.labels(d.finish_reason or "stop").inc()
+            yield delta_chunk(d, produced)
+            if d.finished:
+                return
+    except Exception as exc:  # noqa: BLE001 - the engine failed this request
+        log.info("request failed in the engine: %s", exc)
+        metrics.requests.labels("error").inc()
+        yield output_chunk([], "error", error=str(exc))
+    finally:
+        try:
+            await deltas.aclose()
+        except Exception as exc:  # noqa: BLE001 - the request is over either way
+            log.warning("closing an engine stream failed: %s", exc)
+
+
+def make_handler(engine: Engine, metrics: WorkerMetrics):
+    """The `generate` endpoint handler: the request is checked (``engine.validate``
+    where the engine has one) before anything is queued, then streamed."""
+    validate = getattr(engine, "validate", None)
+
+    async def generate(request: dict, context=None):
+        try:
+            wreq = WorkerRequest.model_validate(request)
+            rid = wreq.meta().request_id or uuid.uuid4().hex
+            params = params_from_wire(wreq)
+            if validate is not None:
+                validate(params)
+            deltas = engine.generate(rid, params)
+        except Exception as exc:  # noqa: BLE001 - bad request or engine gone
+            metrics.requests.labels("rejected").inc()
+            yield output_chunk([], "error", error=f"request refused: {exc}")
+            return
+        async for chunk in stream_chunks(deltas, metrics, context):
+            yield chunk
+
+    return generate
+
+
+async def run_aggregated(ctx: ComponentContext, cfg) -> None:
+    """Component main of a Worker replica; exits non-zero when its engine dies."""
+    entry = registry.spec(cfg.engine)
+    if entry.serves_agg is not None:
+        await registry.resolve(entry.serves_agg)(ctx, cfg)
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        h = await registry.host_engine(ctx, cfg, "agg", stack)
+        if h is None:
+            return
+        tasks: list[asyncio.Future] = []
+        stack.push_async_callback(cancel_all, tasks)
+        reporter = start_load_reports(ctx, h, cfg.load_report_interval_s)
+        tasks += [reporter, report_ready(ctx, h)]
+        serving = asyncio.ensure_future(serve_until_stopped(
+            ctx, h.endpoint, make_handler(h.engine, h.metrics),
+            drain_timeout_s=cfg.drain_timeout_s, inflight=h.engine.inflight))
+        tasks.append(serving)
+        await serve_or_die(serving, h.died)
+        await asyncio.wait({reporter}, timeout=5)  # its last report says "draining"

@@ -1,0 +1,82 @@
+"""The decode shell: one DecodeWorker replica, for every engine.
+
+``python -m splitserve.components.worker.decode_main`` runs it.  Around the hosted
+engine it runs the decode coordinator (``coordinator.py``: the offload decider, remote
+or local prefill), connects the prefill queue, takes prefill handoffs on this replica's
+NATS subject (``handoff.py``), follows policy updates, serves ``generate`` and
+``explain`` on ``<ns>.decodeworker``, publishes load and reports ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+from splitserve.serve.component import ComponentContext, serve_until_stopped
+
+from . import registry
+from .coordinator import CoordinatorSettings, EngineDecodeCoordinator
+from .disagg_metrics import DisaggMetrics
+from .handoff import HandoffInbox, handoff_subject
+from .shell import bounded, cancel_all, report_ready, serve_or_die, start_load_reports
+
+
+def coordinator_settings(cfg) -> CoordinatorSettings:
+    """The coordinator's timings from a decode worker section."""
+    return CoordinatorSettings(remote_prefill_timeout_s=cfg.remote_prefill_timeout_s,
+                               max_wait_for_prefill_worker_s=cfg.no_prefill_worker_wait_s,
+                               retry_after_s=cfg.retry_after_s)
+
+
+async def run_decode(ctx: ComponentContext, cfg) -> None:
+    """Component main of a DecodeWorker replica: the engine, its decode coordinator, the
+    prefill queue, the handoff subscription, load reports and policy updates."""
+    from splitserve.common.connect import connect_nats
+    from splitserve.components.disagg import build_decider
+    from splitserve.components.prefill_queue import PrefillQueue
+    from splitserve.policy.component import follow_policy
+
+    ns, component, nats_url = ctx.namespace, ctx.run.component, os.environ["NATS_SERVER"]
+    decider = build_decider(cfg.disaggregated_router)
+    async with contextlib.AsyncExitStack() as stack:
+        h = await registry.host_engine(ctx, cfg, "decode", stack)
+        if h is None:
+            return
+        queue = await PrefillQueue.connect(nats_url, ns, ctx.run.common.model,
+                                           cfg.prefill_queue, client_name="decode-worker")
+        stack.push_async_callback(bounded, queue.close)
+        depth = queue.depth_monitor()
+        await depth.start()
+        stack.push_async_callback(bounded, depth.stop)
+        inbox = HandoffInbox()
+        subject = handoff_subject(ns, component, h.worker_id)
+        nc = await connect_nats(nats_url, name="decode-handoff")
+        stack.push_async_callback(bounded, nc.drain)
+        await nc.subscribe(subject, cb=inbox.on_message)
+        prefill_client = await ctx.endpoint("PrefillWorker", "generate").client()
+        coord = EngineDecodeCoordinator(
+            h.engine, decider, queue, inbox, subject, h.worker_id,
+            live_prefill_workers=lambda: len(prefill_client.instance_ids()),
+            queue_depth=lambda: depth.depth or 0, metrics=DisaggMetrics(h.metrics.registry),
+            settings=coordinator_settings(cfg), requests=h.metrics.requests)
+
+        def apply_policy(policy, version: int) -> None:
+            if policy.disaggregated_router is not None:
+                coord.decider = build_decider(policy.disaggregated_router)
+
+        watcher = await follow_policy(ns, component, f"{h.worker_id:x}", apply_policy)
+        stack.push_async_callback(bounded, watcher.stop)
+        tasks: list[asyncio.Future] = []
+        stack.push_async_callback(cancel_all, tasks)
+        reporter = start_load_reports(ctx, h, cfg.load_report_interval_s,
+                                      extra_waiting=lambda: inbox.waiting)
+        tasks += [reporter, asyncio.ensure_future(
+            ctx.endpoint(component, "explain").serve_endpoint(coord.explain))]
+        tasks.append(report_ready(ctx, h, extra=f"handoff {subject}"))
+        serving = asyncio.ensure_future(serve_until_stopped(
+            ctx, h.endpoint, coord.generate, drain_timeout_s=cfg.drain_timeout_s,
+            inflight=lambda: coord.inflight))
+        tasks.append(serving)
+        await serve_or_die(serving, h.died)
+        await asyncio.wait({reporter}, timeout=5)  # its last report says "draining"

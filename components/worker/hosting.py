@@ -1,0 +1,119 @@
+"""Bringing an engine up inside a worker process, for any role (agg, decode, prefill).
+
+A *host* starts the engine and what must run before it can serve, and registers every
+clean-up on the caller's exit stack; the role shells (``agg.py``, ``decode.py``,
+``prefill.py``) then do the rest the same way for every engine.  Most engines run in
+this process and need only a factory (``host_in_process``); engines with more to set up
+(torch: a model on a runner thread and a NIXL agent; the mocker: child processes) have
+their own host in their folder.  The registry (``registry.py``) says which host and
+factory each engine uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from splitserve.serve.component import ComponentContext
+
+from .metrics import WorkerMetrics
+
+log = logging.getLogger("splitserve.worker")
+
+Role = Literal["agg", "decode", "prefill"]
+
+PUBLISHES_KV: frozenset[str] = frozenset({"agg", "decode"})
+"""Roles whose KV events reach the routers (a prefill engine's would go nowhere)."""
+
+
+@dataclass
+class Hosted:
+    """A started engine and what the worker process needs around it."""
+
+    engine: Any
+    endpoint: Any
+    worker_id: int
+    metrics: WorkerMetrics
+    """Served on the replica's metrics port; the shell adds its own metrics to it."""
+    died: asyncio.Future
+    """Resolves with the exception to raise when the engine dies on its own."""
+    report_kv: bool = True
+    """False when the engine's KV figures are estimates the router should not see."""
+    ready_fields: dict[str, Any] = field(default_factory=dict)
+    detail: str = ""
+
+
+def never() -> asyncio.Future:
+    """A future that never resolves: ``Hosted.died`` of an engine that cannot tell."""
+    return asyncio.get_running_loop().create_future()
+
+
+def publish_kv_events(publisher, events: list) -> None:
+    """Forward converted BlockStored / BlockRemoved events to Dynamo's publisher."""
+    for ev in events:
+        if hasattr(ev, "token_ids"):
+            publisher.publish_stored(list(ev.token_ids), list(ev.num_block_tokens),
+                                     list(ev.block_hashes), ev.parent_hash)
+        else:
+            publisher.publish_removed(list(ev.block_hashes))
+
+
+async def relay_kv_events(engine, endpoint, stack: contextlib.AsyncExitStack,
+                          ready_timeout_s: float = 10.0) -> None:
+    """Start relaying ``engine``'s KV events to the routers through Dynamo's publisher;
+    returns once the relay listens (called before ``engine.start()``: the engine's own
+    publisher connects to it)."""
+    from dynamo.llm import KvEventPublisher
+
+    publisher = KvEventPublisher(endpoint, kv_block_size=engine.info.kv_block_size)
+    ready = asyncio.Event()
+    relay = asyncio.create_task(engine.run_kv_events(
+        lambda evs: publish_kv_events(publisher, evs), ready))
+    stack.push_async_callback(cancel_and_wait, relay)
+    await asyncio.wait_for(ready.wait(), ready_timeout_s)
+
+
+async def host_in_process(ctx: ComponentContext, cfg, role: Role,
+                          stack: contextlib.AsyncExitStack,
+                          factory: Callable[..., Any] | None = None) -> Hosted:
+    """Host an engine that runs in this process (vLLM, SGLang, TensorRT-LLM):
+    ``factory(ctx, cfg, role)`` builds it, not started."""
+    if factory is None:
+        raise ValueError("an in-process engine needs a factory in the registry")
+    eng = factory(ctx, cfg, role)
+    ctx.report("loading", detail=f"starting {eng.info.name} ({role})")
+    endpoint = ctx.endpoint(ctx.run.component, "generate")
+    worker_id = endpoint.connection_id()
+    stack.push_async_callback(eng.shutdown, 0.0)
+    if role in PUBLISHES_KV:
+        await relay_kv_events(eng, endpoint, stack)
+    await eng.start()
+    metrics = WorkerMetrics()
+    ctx.serve_metrics(metrics.registry)
+    died = asyncio.ensure_future(watch_failure(eng))
+    stack.callback(died.cancel)
+    return Hosted(eng, endpoint, worker_id, metrics, died)
+
+
+async def watch_failure(engine, every_s: float = 0.5) -> BaseException:
+    """Engines that can tell (``failure()``: vLLM's engine process or TensorRT-LLM's
+    executor died) end the replica, which the supervisor restarts; returns the error."""
+    failure = getattr(engine, "failure", None)
+    if failure is None:
+        await never()
+    while True:
+        exc = failure()
+        if exc is not None:
+            log.error("%s engine failed: %s", engine.info.name, exc)
+            return RuntimeError(f"{engine.info.name} engine failed: {exc}")
+        await asyncio.sleep(every_s)
+
+
+async def cancel_and_wait(task: asyncio.Future) -> None:
+    """Cancel ``task`` and wait until it has ended (its error, if any, is dropped)."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

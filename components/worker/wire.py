@@ -1,0 +1,72 @@
+"""The wire <-> engine mapping every worker shell uses: one place for each fact.
+
+- ``params_from_wire``: a wire ``WorkerRequest`` as the engine interface's
+  ``GenerateParams`` (unset wire fields take the engines' neutral values);
+- ``PRIORITY_RANK``: the order of the wire's priority names (higher is served first);
+- ``wire_finish``: an engine's finish reason (``TokenDelta.finish_reason``: stop, length,
+  abort, error) in the wire's vocabulary (``protocol.FinishReason``);
+- ``delta_chunk``: one engine delta as one wire output chunk.
+
+Called by the aggregated shell, the decode coordinator and the engine adapters' tests;
+nothing here imports an engine library.
+"""
+
+from __future__ import annotations
+
+import json
+
+from splitserve.components.engines.interface import GenerateParams, TokenDelta
+from splitserve.components.protocol import FinishReason, WorkerRequest, output_chunk
+
+PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
+"""Wire priority name -> the rank engines schedule by (unknown names rank as normal)."""
+
+FINISH_TO_WIRE: dict[str, FinishReason] = {
+    "stop": "eos", "length": "length", "abort": "cancelled", "error": "error"}
+"""Engine finish reason -> wire finish reason.  A stop token (EOS or one the client
+named) is ``eos`` on the wire; the frontend answers ``stop`` for it either way."""
+
+
+def params_from_wire(wreq: WorkerRequest, default_max_tokens: int = 256) -> GenerateParams:
+    """The engine's view of a wire request; called once per request by every shell."""
+    s, sc, o = wreq.sampling_options, wreq.stop_conditions, wreq.output_options
+
+    def given(v, neutral):
+        return neutral if v is None else v
+
+    return GenerateParams(
+        token_ids=tuple(wreq.token_ids), max_tokens=sc.max_tokens or default_max_tokens,
+        temperature=given(s.temperature, 1.0), top_p=given(s.top_p, 1.0), seed=s.seed,
+        stop_token_ids=tuple(wreq.eos_token_ids) + tuple(sc.stop_token_ids_hidden or ()),
+        ignore_eos=bool(sc.ignore_eos), min_tokens=sc.min_tokens or 0,
+        priority=PRIORITY_RANK.get(wreq.meta().priority, 1),
+        top_k=max(0, given(s.top_k, 0)), min_p=given(s.min_p, 0.0),
+        presence_penalty=given(s.presence_penalty, 0.0),
+        frequency_penalty=given(s.frequency_penalty, 0.0),
+        repetition_penalty=given(s.repetition_penalty, 1.0),
+        logit_bias=tuple(sorted((s.logit_bias or {}).items())),
+        logprobs=o.logprobs, prompt_logprobs=o.prompt_logprobs,
+        json_schema=_schema_text(s.guided_decoding))
+
+
+def _schema_text(guided) -> str | None:
+    if guided is None or guided.json_schema is None:
+        return None
+    return json.dumps(guided.json_schema, sort_keys=True)
+
+
+def wire_finish(reason: str | None) -> FinishReason:
+    """The wire finish reason of a finished delta (no reason: the engine stopped it)."""
+    return FINISH_TO_WIRE.get(reason or "stop", "eos")
+
+
+def delta_chunk(d: TokenDelta, produced: int) -> dict:
+    """One wire chunk for engine delta ``d``; ``produced`` counts this request's tokens
+    so far, ``d``'s included (the final chunk carries the usage)."""
+    if not d.finished:
+        return output_chunk(list(d.token_ids), logprobs=d.logprobs,
+                            prompt_logprobs=d.prompt_logprobs)
+    return output_chunk(list(d.token_ids), wire_finish(d.finish_reason),
+                        prompt_tokens=d.prompt_tokens, cached_tokens=d.cached_tokens,
+                        completion_tokens=produced, logprobs=d.logprobs,
+                        prompt_logprobs=d.prompt_logprobs)
