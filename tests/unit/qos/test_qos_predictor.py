@@ -163,6 +163,7 @@ def test_decode_progress_teaches_tpot_before_the_answer_ends():
         p.place(f"r{i}", "a", p.predict("a", 100, 0.0), 0.0, class_name="default")
     for i in range(3):
         p.first_token(f"r{i}", 0.1)
+    for i in range(3):
         p.decode_progress(f"r{i}", 16, 0.1 + 15 * 0.030)  # 30 ms per token in a batch of 3
         p.decode_progress(f"r{i}", 16, 9.0)  # once per request
     assert p.predict("a", 100, 1.0).decode_source != "warmup"
@@ -171,3 +172,53 @@ def test_decode_progress_teaches_tpot_before_the_answer_ends():
     cal = p.finish("r0", 10.0, ok=True, ttft_s=0.1, duration_s=9.9, output_tokens=300)
     assert cal is not None and cal.measured_tpot_ms == pytest.approx(9.8 * 1000 / 299)
     assert p.pool.tpot.samples == samples  # taught once, mid-stream
+
+
+def test_a_worker_busy_with_prompts_predicts_and_teaches_stalled_decodes():
+    """A worker with prompt work ahead most of the time decodes 1 / (1 - busy) slower:
+    the fit keeps the stall-free step, the prediction divides by the recent busy share."""
+    p = LatencyPredictor()
+    t = 0.0
+    for i in range(4):  # stall-free teaching: 20 ms per token, nothing ahead
+        p.place(f"q{i}", "a", p.predict("a", 100, t), t, class_name="default")
+        p.first_token(f"q{i}", t + 0.05)
+        p.decode_progress(f"q{i}", 16, t + 0.05 + 15 * 0.020)
+        p.finish(f"q{i}", t + 1.0, ok=True, ttft_s=0.05, duration_s=1.0, output_tokens=40)
+        t += 10.0
+    calm = p.predict("a", 100, t)
+    assert calm.est_tpot_ms == pytest.approx(20.0, rel=0.05)
+    # Then prompts keep arriving: one always ahead for 6 s (busy -> ~0.95, capped 0.9).
+    p.place("r", "a", p.predict("a", 100, t), t, class_name="default")
+    p.first_token("r", t + 0.05)
+    for k in range(60):
+        p.place(f"p{k}", "a", p.predict("a", 4000, t + 0.1 * k), t + 0.1 * k,
+                class_name="default")
+        p.first_token(f"p{k}", t + 0.1 * k + 0.1)
+        p.place(f"p{k}b", "a", p.predict("a", 4000, t + 0.1 * k + 0.1), t + 0.1 * k + 0.1,
+                class_name="default")
+        p.finish(f"p{k}", t + 0.1 * k + 0.1, ok=False, ttft_s=None, duration_s=None,
+                 output_tokens=0)
+    now = t + 6.0
+    busy = p.workers["a"].busy
+    assert busy > 0.9
+    est = p.predict("a", 100, now)
+    assert est.est_tpot_ms == pytest.approx(calm.est_tpot_ms / (1 - 0.9), rel=0.2)
+    # "r" decoded at 200 ms per token through those stalls: the fit learns ~20 ms.
+    samples = p.pool.tpot.samples
+    p.decode_progress("r", 16, t + 0.05 + 15 * 0.200)
+    assert p.pool.tpot.samples == samples + 1
+    assert p.tpot_line("a", now)[0] == pytest.approx(20.0, rel=0.6)
+
+
+def test_without_first_token_reports_busy_is_not_used():
+    """A router process learns of a first token only at the release: prompts look ahead
+    all the time there, so the busy share would always read 1 and is not used."""
+    p = LatencyPredictor()
+    t = teach(p)
+    for k in range(50):
+        p.place(f"p{k}", "a", p.predict("a", 4000, t + 0.1 * k), t + 0.1 * k,
+                class_name="default")
+    assert p.workers["a"].busy > 0.5
+    est = p.predict("a", 100, t + 5.0)
+    base, slope, _ = p.tpot_line("a", t + 5.0)
+    assert est.est_tpot_ms == pytest.approx(base + slope * est.tpot_batch)
