@@ -66,7 +66,7 @@ from .types import Estimate, RateSource
 MIN_SAMPLES = 3
 BIN_WEIGHT_CAP = 8  # samples that count for a TPOT bin's weight in the line
 MAX_TICKETS = 100_000  # placed requests remembered until their release (bounds memory)
-BUSY_WINDOW_S = 2.0  # time constant of the prefill-busy share
+BUSY_WINDOW_S = 0.5  # time constant of the prefill-busy share
 MAX_BUSY = 0.9  # a worker busier than this predicts (and teaches) as if 0.9
 
 
