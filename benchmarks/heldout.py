@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -229,10 +230,13 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
 
 
 def rejected_codes(records: list[dict]) -> dict[str, int]:
+    """Requests not served, by outcome and the error's OpenAI ``code`` when it has one."""
     codes: dict[str, int] = {}
     for r in records:
         if r["outcome"] != "ok":
-            key = f"{r['outcome']}: {str(r.get('error', ''))[:60]}"
+            text = str(r.get("error", ""))
+            found = re.search(r'"code":\s*"([^"]+)"', text)
+            key = f"{r['outcome']}: {found.group(1) if found else text[:60]}"
             codes[key] = codes.get(key, 0) + 1
     return codes
 
