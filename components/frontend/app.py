@@ -138,8 +138,8 @@ def prepare(state: FrontendState, kind: str, raw: bytes, priority: str) -> Prepa
         msgs, tools = chat_history(req, state.tool_call_parser, codec.template_has_tools)
         _check_length(codec, sum(len(m["content"]) for m in msgs), where)
         ids = codec.chat_ids(msgs, tools)
-    elif isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
-        ids = list(req.prompt)
+    elif req.given_ids() is not None:
+        ids = req.given_ids()
         bad = next((t for t in ids if not 0 <= t < codec.vocab_size), None)
         if bad is not None:
             raise bad_request(f"token id {bad} is out of range: this model's vocabulary has "

@@ -221,7 +221,8 @@ class ChatCompletionRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[TokenId] | list[str] = Field(min_length=1)
+    # A batch of one (``["text"]``, ``[[ids]]``) is what harnesses such as lm-eval send.
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]] = Field(min_length=1)
     logprobs: Annotated[int, Field(strict=True, ge=0, le=20)] | None = None
     echo: StrictBool = False
 
@@ -234,10 +235,21 @@ class CompletionRequest(_Request):
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], str):
+        if isinstance(v, list) and v and isinstance(v[0], str | list):
             if len(v) != 1:
                 raise ValueError("batched prompts are not supported; send one prompt")
+            if isinstance(v[0], list) and not v[0]:
+                raise ValueError("the prompt's token list is empty")
         return v
+
+    def given_ids(self) -> list[int] | None:
+        """The prompt's token ids when the client sent ids (None: text to tokenise)."""
+        p = self.prompt
+        if isinstance(p, list) and isinstance(p[0], list):
+            return list(p[0])
+        if isinstance(p, list) and isinstance(p[0], int):
+            return list(p)
+        return None
 
 
 def _reject_constant(name: str) -> Any:

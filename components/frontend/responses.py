@@ -69,9 +69,9 @@ class LogprobShaper:
         tops = _tops(lps, len(values)) if lps else []
         if first_is_unscored:
             values, tops = [None, *values], [None, *tops]
+        # Every token is listed, EOS too: harnesses such as lm-eval slice these lists by
+        # token position (prompt length, and the last one as the generated token).
         for tok, lp, top in zip(ids, values, tops, strict=False):
-            if tok in self.skip_ids:
-                continue
             text = self.text(tok)
             part["tokens"].append(text)
             part["token_logprobs"].append(None if lp is None else _finite(lp))

@@ -122,7 +122,7 @@ def test_wrong_types_name_the_field(codec, field, value):
     assert err["param"] is not None and err["param"].split(".")[0] == field, err
 
 
-@pytest.mark.parametrize("field, value", [("prompt", 5), ("prompt", [[1, 2]]),
+@pytest.mark.parametrize("field, value", [("prompt", 5), ("prompt", [[1, 2], [3]]), ("prompt", [[]]),
                                           ("prompt", ["a", "b"]), ("prompt", [1.5]),
                                           ("prompt", {"text": "x"}), ("prompt", [])])
 def test_completion_prompt_types(codec, field, value):

@@ -142,3 +142,12 @@ def test_reasoning_content_is_split_streamed_and_not(codec):
     deltas = [e["choices"][0]["delta"] for e in events]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "France's capital."
     assert "".join(d.get("content", "") for d in deltas) == "Paris."
+
+
+def test_a_batch_of_one_token_list_is_a_prompt(codec):
+    """lm-eval's local-completions sends ``prompt: [[ids]]``."""
+    c, backend = scripted(codec, "Paris.")
+    ids = codec.prompt_ids("The capital of France is")
+    r = c.post("/v1/completions", json={"model": MODEL, "prompt": [ids], "max_tokens": 5})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Paris."
+    assert backend.requests[0]["token_ids"] == ids
