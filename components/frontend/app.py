@@ -132,7 +132,7 @@ def prepare(state: FrontendState, kind: str, raw: bytes, priority: str) -> Prepa
     codec = state.codec
     if codec is None:
         raise overloaded("the model is still loading", retry_after_s=5, code="not_ready")
-    where = "prompt" if kind == "completion" else "messages"
+    where = {"completion": "prompt", "responses": "input"}.get(kind, "messages")
     if kind != "completion":
         plan = output_plan(req, state.tool_call_parser, state.reasoning_parser)
         msgs, tools = chat_history(req, state.tool_call_parser, codec.template_has_tools)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .chat_output import OutputPlan
-from .errors import bad_request
+from .errors import APIError, bad_request
 from .openai_types import ChatCompletionRequest, CompletionRequest, parse_json, validate
 from .tools import NamedToolChoice, choice_mode, render_history
 
@@ -20,10 +20,13 @@ def parse_request(kind: str, raw: bytes, engines: tuple[str, ...]) -> tuple[Any,
     """The validated request and, for kind "responses", the Responses request it came
     from (else None); raises APIError(400) on any client mistake."""
     if kind == "responses":
-        from .responses_api import ResponsesRequest, chat_body
+        from .responses_api import ResponsesRequest, as_responses_error, chat_body
 
         resp = ResponsesRequest.parse(parse_json(raw))
-        return validate(ChatCompletionRequest, chat_body(resp), engines), resp
+        try:
+            return validate(ChatCompletionRequest, chat_body(resp), engines), resp
+        except APIError as err:
+            raise as_responses_error(err) from None
     model = ChatCompletionRequest if kind == "chat" else CompletionRequest
     return validate(model, parse_json(raw), engines), None
 
@@ -40,7 +43,13 @@ def output_plan(req: ChatCompletionRequest, tool_parser: str | None,
                           "unsupported_parameter")
     named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) \
         else None
-    return OutputPlan(mode=mode, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+    # An answer held to a JSON schema (a forced call, a JSON response_format) is JSON from
+    # its first token: there is no <think> part to split off, and a parser that reads
+    # everything before </think> as reasoning would take the whole answer.
+    constrained = mode in ("named", "required") or (
+        req.response_format is not None and req.response_format.answer_schema() is not None)
+    return OutputPlan(mode=mode, tool_parser=tool_parser,
+                      reasoning_parser=None if constrained else reasoning_parser,
                       named=named, parallel=req.parallel_tool_calls)
 
 

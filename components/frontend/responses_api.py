@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from .errors import bad_request
+from .errors import APIError, bad_request
 from .openai_types import invalid
 
 StrictPositiveInt = Annotated[int, Field(strict=True, gt=0)]
@@ -93,6 +93,23 @@ def chat_body(r: ResponsesRequest) -> dict[str, Any]:
     if fmt is not None:
         body["response_format"] = _chat_format(fmt)
     return {k: v for k, v in body.items() if v is not None}
+
+
+def as_responses_error(err: APIError) -> APIError:
+    """A 400 found on the chat request a Responses request became, naming the Responses
+    parameter the client sent (``text.format``, not ``response_format``)."""
+    param = err.param or ""
+    head, _, rest = param.partition(".")
+    if head == "tools" and rest:  # tools.0.function.parameters -> tools.0.parameters
+        new = param.replace(".function.", ".", 1)
+    else:
+        new = {"response_format": "text.format", "max_tokens": "max_output_tokens",
+               "messages": "input"}.get(head, head) + (f".{rest}" if rest and head not in (
+                   "messages", "response_format") else "")
+    if not param or new == param:
+        return err
+    message = err.message.replace(f"'{param}'", f"'{new}'").replace(f"'{head}'", f"'{new}'")
+    return APIError(err.status, message, type_=err.type, param=new, code=err.code)
 
 
 def _text_of(content: Any, where: str) -> str:

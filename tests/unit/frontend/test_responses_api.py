@@ -101,3 +101,20 @@ def test_what_a_stateless_server_cannot_do_is_refused_by_name(codec, extra, para
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
     assert backend.requests == []
     assert c.post("/v1/responses", json=body(store=False)).status_code == 200
+
+
+@pytest.mark.parametrize("extra, engine, param", [
+    ({"text": {"format": {"type": "json_object"}}}, "mocker", "text.format"),
+    ({"tools": [TOOL], "tool_choice": "required"}, "mocker", "tool_choice"),
+    ({"tools": [{**TOOL, "parameters": {"type": "no-such-type"}}]}, "torch",
+     "tools.0.parameters"),
+    ({"input": [{"role": "user", "content": ""}], "max_output_tokens": 100000}, "torch",
+     "input"),
+])
+def test_errors_name_the_responses_parameter(codec, extra, engine, param):
+    c, backend = scripted(codec, "x", engines=(engine,))
+    r = c.post("/v1/responses", json=body(**extra))
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param, err
+    if engine == "mocker":
+        assert f"'{param}'" in err["message"] and "mocker" in err["message"]

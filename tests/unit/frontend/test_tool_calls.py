@@ -151,3 +151,16 @@ def test_a_batch_of_one_token_list_is_a_prompt(codec):
     r = c.post("/v1/completions", json={"model": MODEL, "prompt": [ids], "max_tokens": 5})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Paris."
     assert backend.requests[0]["token_ids"] == ids
+
+
+def test_schema_held_answers_are_not_split_as_reasoning(codec):
+    """deepseek_r1 reads text before </think> as reasoning: a JSON answer has none."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    c, _ = scripted(codec, '{"city": "Paris"}', reasoning_parser="deepseek_r1")
+    msg = c.post("/v1/chat/completions", json=chat(tools=TOOLS, tool_choice=named)).json()[
+        "choices"][0]["message"]
+    assert "reasoning_content" not in msg and msg["tool_calls"][0]["function"][
+        "arguments"] == '{"city": "Paris"}'
+    msg = c.post("/v1/chat/completions", json=chat(response_format={
+        "type": "json_object"})).json()["choices"][0]["message"]
+    assert msg["content"] == '{"city": "Paris"}' and "reasoning_content" not in msg
