@@ -18,6 +18,19 @@ from splitserve.components.prefill_queue.config import PrefillQueueConfig
 from splitserve.serve.config import ComponentConfig
 
 
+def router_block_size(sections: dict[str, Any], field: str, size: int, engine: str
+                      ) -> list[str]:
+    """A graph check for an engine whose KV events the router indexes block by block:
+    the Router's ``block_size`` must be the engine's (``field`` of its ``engine_args``,
+    ``size`` tokens), or every prefix lookup would miss, silently.  Called by the engine
+    sections' ``graph_checks``; returns the problem, if any."""
+    router = getattr(sections.get("Router"), "block_size", None)
+    if router is not None and router != size:
+        return [f"engine_args.{field}: {size} differs from Router.block_size {router}; the "
+                f"router must use {engine}'s block size"]
+    return []
+
+
 class WorkerCommon(ComponentConfig):
     """Fields every engine's worker has, whatever its role."""
 

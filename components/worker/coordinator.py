@@ -140,7 +140,7 @@ class EngineDecodeCoordinator:
 
     async def explain(self, request: dict, context=None) -> AsyncIterator[dict]:
         """The ``explain`` endpoint: the decider's verdict for ``token_ids`` and the step
-        this engine would take, without acting (as the torch and mocker workers answer)."""
+        this engine would take, without acting."""
         tokens = tuple(request.get("token_ids") or [])
         validate = getattr(self.engine, "validate", None)
         if validate is not None and tokens:

@@ -1,19 +1,11 @@
-"""DecodeWorker process: `python -m splitserve.components.worker.decode_main --config FILE`
-(one process for every engine: the decode shell, ``decode.py``)."""
+"""DecodeWorker process: `python -m splitserve.components.worker.decode_main --config FILE`:
+the decode shell (``decode.py``) around the section's engine."""
 
-from __future__ import annotations
+from splitserve.serve.component import run
 
-from splitserve.serve.component import ComponentContext, run
+from .entry import role_main
 
-from . import registry
-
-
-async def main(ctx: ComponentContext) -> None:
-    from .decode import run_decode
-
-    cfg = ctx.config(registry.section(registry.engine_of(ctx.run.config), "decode"))
-    await run_decode(ctx, cfg)
-
+main = role_main("decode")
 
 if __name__ == "__main__":
     run(main)

@@ -1,19 +1,11 @@
-"""PrefillWorker process: `python -m splitserve.components.worker.prefill_main --config FILE`
-(one process for every engine: the prefill shell, ``prefill.py``)."""
+"""PrefillWorker process: `python -m splitserve.components.worker.prefill_main --config FILE`:
+the prefill shell (``prefill.py``) around the section's engine."""
 
-from __future__ import annotations
+from splitserve.serve.component import run
 
-from splitserve.serve.component import ComponentContext, run
+from .entry import role_main
 
-from . import registry
-
-
-async def main(ctx: ComponentContext) -> None:
-    from .prefill import run_prefill
-
-    cfg = ctx.config(registry.section(registry.engine_of(ctx.run.config), "prefill"))
-    await run_prefill(ctx, cfg)
-
+main = role_main("prefill")
 
 if __name__ == "__main__":
     run(main)

@@ -10,7 +10,7 @@ from splitserve.components.worker.config import (
     EngineDecodeSection,
     EnginePrefillSection,
 )
-from splitserve.components.worker.config import WorkerCommon
+from splitserve.components.worker.config import WorkerCommon, router_block_size
 
 from .config import SglangEngineArgs, decode_radix_cache
 
@@ -19,13 +19,9 @@ NO_KV_POLICIES = frozenset({"round_robin"})
 
 
 def _router_block_size(engine_args: SglangEngineArgs, sections: dict[str, Any]) -> list[str]:
-    """The router indexes SGLang's KV events page by page: its block size must be the
-    page size, or every prefix lookup would miss, silently."""
-    size = getattr(sections.get("Router"), "block_size", None)
-    if size is not None and size != engine_args.page_size:
-        return [(f"engine_args.page_size: {engine_args.page_size} differs from "
-                f"Router.block_size {size}; the router must use SGLang's page size")]
-    return []
+    """The router indexes SGLang's KV events page by page: its block size is the page
+    size."""
+    return router_block_size(sections, "page_size", engine_args.page_size, "SGLang")
 
 
 class _SglangGpu:

@@ -10,18 +10,15 @@ from splitserve.components.worker.config import (
     EngineDecodeSection,
     EnginePrefillSection,
 )
-from splitserve.components.worker.config import WorkerCommon
+from splitserve.components.worker.config import WorkerCommon, router_block_size
 
 from .config import TrtllmEngineArgs
 
 
 def _router_block_size(engine_args: TrtllmEngineArgs, sections: dict[str, Any]) -> list[str]:
     """The router indexes TensorRT-LLM's KV events block by block: equal sizes."""
-    size = getattr(sections.get("Router"), "block_size", None)
-    if size is not None and size != engine_args.tokens_per_block:
-        return [(f"engine_args.tokens_per_block: {engine_args.tokens_per_block} differs from "
-                f"Router.block_size {size}; the router must use TensorRT-LLM's block size")]
-    return []
+    return router_block_size(sections, "tokens_per_block", engine_args.tokens_per_block,
+                             "TensorRT-LLM")
 
 
 class _TrtllmGpu:

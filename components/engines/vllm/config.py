@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from splitserve.common.models import StrictModel
-from splitserve.components.worker.config import WorkerCommon
+from splitserve.components.worker.config import WorkerCommon, router_block_size
 
 # The fields this project maps itself; setting them through extra_engine_args would make
 # two sources of truth (and the KV events / transfer endpoints are per replica).
@@ -194,9 +194,4 @@ class VllmWorkerSection(WorkerCommon):
         The router indexes this engine's KV events block by block, so its block size
         must be vLLM's; a mismatch would make every prefix lookup miss, silently.
         """
-        router = sections.get("Router")
-        size = getattr(router, "block_size", None)
-        if size is not None and size != self.engine_args.block_size:
-            return [(f"engine_args.block_size: {self.engine_args.block_size} differs from "
-                     f"Router.block_size {size}; the router must use vLLM's block size")]
-        return []
+        return router_block_size(sections, "block_size", self.engine_args.block_size, "vLLM")

@@ -16,19 +16,10 @@ from pydantic import Field
 from splitserve.components.worker.config import (
     EngineDecodeSection,
     EnginePrefillSection,
+    router_block_size,
 )
 
 from .config import VllmEngineArgs, VllmKvTransfer, VllmWorkerSection
-
-
-def router_block_size(engine_args: VllmEngineArgs, sections: dict[str, Any]) -> list[str]:
-    """The router indexes vLLM's KV events block by block, so its block size must be
-    vLLM's; a mismatch would make every prefix lookup miss, silently."""
-    size = getattr(sections.get("Router"), "block_size", None)
-    if size is not None and size != engine_args.block_size:
-        return [(f"engine_args.block_size: {engine_args.block_size} differs from "
-                 f"Router.block_size {size}; the router must use vLLM's block size")]
-    return []
 
 
 class VllmDecodeWorkerConfig(EngineDecodeSection):
@@ -41,7 +32,8 @@ class VllmDecodeWorkerConfig(EngineDecodeSection):
     def graph_checks(self, sections: dict[str, Any]) -> list[str]:
         """Called by the plan builder with every validated section of the graph; the
         prefill engines must cut the prompt into the same blocks as this one."""
-        problems = router_block_size(self.engine_args, sections)
+        problems = router_block_size(sections, "block_size", self.engine_args.block_size,
+                                     "vLLM")
         prefill = sections.get("PrefillWorker")
         if getattr(prefill, "engine", None) == "vllm" and (
                 prefill.engine_args.block_size != self.engine_args.block_size):

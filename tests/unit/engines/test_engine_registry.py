@@ -15,16 +15,16 @@ pytestmark = pytest.mark.unit
 
 PREFIX = {"sglang": "Sglang", "trtllm": "Trtllm", "torch": "Torch", "mocker": "Mocker",
           "vllm": "Vllm"}
-SHELLS = {"agg": ("main", "agg", "run_aggregated"),
-          "decode": ("decode_main", "decode", "run_decode"),
-          "prefill": ("prefill_main", "prefill", "run_prefill")}
+MAINS = {"agg": "main", "decode": "decode_main", "prefill": "prefill_main"}
 
 
 @pytest.mark.parametrize("engine", sorted(registry.ENGINES))
-@pytest.mark.parametrize("role", sorted(SHELLS))
+@pytest.mark.parametrize("role", sorted(MAINS))
 def test_worker_mains_run_the_role_shell_with_the_engines_section(monkeypatch, engine, role):
-    main_name, shell_name, runner = SHELLS[role]
-    main = importlib.import_module(f"splitserve.components.worker.{main_name}")
+    from splitserve.components.worker.entry import SHELLS
+
+    shell_name, runner = SHELLS[role]
+    main = importlib.import_module(f"splitserve.components.worker.{MAINS[role]}")
     shell = importlib.import_module(f"splitserve.components.worker.{shell_name}")
     seen = []
 
