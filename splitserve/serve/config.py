@@ -25,9 +25,6 @@ NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
 SERVED_MODELS = ("SmolLM2-135M-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
 # Each served model's own context window (config.json's max_position_embeddings).
 MODEL_CONTEXT_LENGTH = {"SmolLM2-135M-Instruct": 8192, "meta-llama/Llama-3.1-8B-Instruct": 131072}
-# Engines that can be given a context window beyond the model's own: the mocker only
-# simulates the KV cache, so a long-context fleet can be replayed with a small model.
-CONTEXT_UNBOUNDED_ENGINES = ("mocker",)
 LOOPBACK = "127.0.0.1"
 
 
@@ -197,7 +194,7 @@ def context_length_checks(common: CommonConfig, sections: dict[str, Any]) -> lis
         return []
     engines = sorted({f"{name} ({cfg.engine})" for name, cfg in sections.items()
                       if getattr(cfg, "engine", None) is not None
-                      and cfg.engine not in CONTEXT_UNBOUNDED_ENGINES})
+                      and not getattr(cfg, "context_unbounded", False)})
     if not engines:
         return []
     return [(f"Common.context_length: {common.context_length} exceeds {common.model}'s own "

@@ -6,7 +6,7 @@ The policy, queue and timing fields come from the sections every engine shares
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -19,7 +19,15 @@ from splitserve.components.worker.config import (
 from .config import MockerEngineArgs
 
 
-class MockerWorkerSection(WorkerCommon):
+class _Simulated:
+    """What the plan's checks ask of every section with a mocker engine."""
+
+    context_unbounded: ClassVar[bool] = True
+    """The mocker only simulates the KV cache, so it may be given a context window beyond
+    the model's own (a long-context fleet replayed with a small model)."""
+
+
+class MockerWorkerSection(_Simulated, WorkerCommon):
     """A Worker running Dynamo's mocker: the mocker child serves `generate` itself."""
 
     engine: Literal["mocker"] = "mocker"
@@ -52,7 +60,7 @@ def _check_engine_args(args: MockerEngineArgs) -> MockerEngineArgs:
     return args
 
 
-class MockerDecodeWorkerConfig(EngineDecodeSection):
+class MockerDecodeWorkerConfig(_Simulated, EngineDecodeSection):
     """A decode worker fronting two mocker engines: a decode-mode engine for requests
     prefilled remotely, and an aggregated engine for local prefills (a decode-mode mocker
     does not simulate prefill compute)."""
@@ -71,7 +79,7 @@ class MockerDecodeWorkerConfig(EngineDecodeSection):
         return _check_engine_args(v)
 
 
-class MockerPrefillWorkerConfig(EnginePrefillSection):
+class MockerPrefillWorkerConfig(_Simulated, EnginePrefillSection):
     """A prefill worker fronting one prefill-mode mocker engine: pulls jobs, runs the
     simulated prefill (and KV transfer delay), hands the result to the decode worker."""
 
