@@ -58,9 +58,6 @@ class OutputPlan:
     named: str | None = None
     parallel: bool = True
 
-    def plain(self) -> bool:
-        return self.mode == "none" and self.reasoning_parser is None
-
 
 class ChoiceOutput:
     """The per-choice state: reasoning split first, then tool calls in the content."""
@@ -70,7 +67,7 @@ class ChoiceOutput:
         self.reasoning = (REASONING_PARSERS[plan.reasoning_parser]()
                           if plan.reasoning_parser else None)
         self.tools = TOOL_PARSERS[plan.tool_parser]() if plan.mode == "auto" else None
-        self.forced = ""  # the JSON answer of a forced call, as it streams
+        self.forced = ""  # required: the JSON array of calls, read at the end
         self.calls = 0
 
     @property
