@@ -118,3 +118,14 @@ def test_errors_name_the_responses_parameter(codec, extra, engine, param):
     assert r.status_code == 400 and err["param"] == param, err
     if engine == "mocker":
         assert f"'{param}'" in err["message"] and "mocker" in err["message"]
+
+
+def test_reasoning_is_an_item_of_its_own_streamed_and_not(codec):
+    c, _ = scripted(codec, "<think>Recall.</think>Paris.", reasoning_parser="qwen3")
+    resp = Response.model_validate(c.post("/v1/responses", json=body()).json())
+    assert [o.type for o in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].content[0].text == "Recall." and resp.output_text == "Paris."
+    events = [EVENTS.validate_python(e) for e in sse_events(c, "/v1/responses", body())]
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert thought == "Recall." and [o.type for o in events[-1].response.output] == [
+        "reasoning", "message"]
