@@ -86,6 +86,7 @@ class GuardedH11Protocol(H11Protocol):
         self._head = bytearray()  # its first bytes, to measure it (h11 may not)
         self._lingering = False
         self._lingered = 0
+        self._client_done = False  # the client closed its sending half
 
     # --- lifecycle -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -116,6 +117,14 @@ class GuardedH11Protocol(H11Protocol):
                 return
         super().data_received(data)
 
+    def eof_received(self) -> bool:
+        """The client closed its sending half.  One that does so right after its request
+        (HTTP/1.0 scripts, ``curl --http1.0``, netcat) still reads the answer: while a
+        request is being answered our half stays open, and the connection closes once the
+        answer is sent; an idle connection closes at once."""
+        self._client_done = True
+        return self.cycle is not None and not self.cycle.response_complete
+
     def _head_too_large(self, data: bytes) -> bool:
         # h11 enforces its size limit only on a head that arrives in several reads.
         room = self.limits.max_header_bytes + 4 - len(self._head)
@@ -135,6 +144,8 @@ class GuardedH11Protocol(H11Protocol):
         if not self.transport.is_closing() and not self._lingering:
             self._await_headers()
         super().on_response_complete()
+        if self._client_done and not self._raw.is_closing():
+            self._raw.close()  # nothing more can come: close once the answer is flushed
 
     def shutdown(self) -> None:
         if self._lingering:  # h11 never saw our error answer: just close

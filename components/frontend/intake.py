@@ -33,6 +33,12 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     has not arrived within ``timeout_s`` is answered with 408 (slow clients).
     """
     declared = request.headers.get("content-length")
+    if declared is None and "transfer-encoding" not in request.headers:
+        # Without either, HTTP says the body is empty (RFC 9112 6.3): what such a client
+        # sends after its headers would be read as the next request.
+        raise APIError(411, "the request has a body but neither Content-Length nor "
+                       "Transfer-Encoding: chunked; send one of them", code="length_required",
+                       close=True)
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
 

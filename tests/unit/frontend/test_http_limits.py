@@ -191,3 +191,31 @@ def test_live_answers_while_a_large_prompt_is_tokenised(codec):
         assert not done.is_set(), "the prompt was tokenised too fast to prove anything"
         assert took < 0.5, f"/live took {took:.2f}s while a prompt was tokenised"
         worker.join(60)
+
+
+def _chat(max_tokens: int = 3) -> bytes:
+    return json.dumps({"model": MODEL, "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(server):
+    addr, _ = server
+    s = connect(addr)
+    body = _chat()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+              b"application/json\r\nContent-Length: " + str(len(body)).encode()
+              + b"\r\n\r\n" + body)
+    s.shutdown(socket.SHUT_WR)
+    got, _, answer = parse(read_response(s))
+    assert got == 200 and json.loads(answer)["choices"]
+    still_serving(addr)
+
+
+def test_http10_post_without_a_length_is_answered_411_not_dropped(server):
+    addr, _ = server
+    s = connect(addr)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json"
+              b"\r\n\r\n" + _chat())
+    s.shutdown(socket.SHUT_WR)
+    assert_json_error(read_response(s), 411, "length_required")
+    still_serving(addr)
