@@ -94,6 +94,12 @@ class SglangEngineArgs(StrictModel):
                                 "bootstrap server port; decode engines connect to it.")
     ib_device: str | None = Field(None, description="RDMA device(s) for the transfer "
                                   "backend (--disaggregation-ib-device); None: automatic.")
+    structured_output: bool = Field(
+        True, description="Enforce a request's JSON schema (response_format, forced tool "
+        "calls) with SGLang's grammar backend.  That backend compiles schemas against the "
+        "vocabulary, so SGLang loads its tokenizer (skip_tokenizer_init off) and also "
+        "detokenises what it streams; off, it runs on token ids alone and requests that "
+        "carry a schema are refused.")
     deterministic_inference: bool = Field(
         False, description="SGLang's --enable-deterministic-inference: the only mode in "
         "which it honours a request's seed; without it requests with a seed are refused.")
@@ -189,7 +195,9 @@ def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
         "model_path": args.model_path, "served_model_name": served_name,
         "tp_size": args.tp_size, "dtype": args.dtype, "page_size": args.page_size,
         "disable_radix_cache": not args.enable_prefix_caching,
-        "skip_tokenizer_init": True, "host": host, "enable_metrics": True,
+        # SGLang builds no grammar backend without its tokenizer; otherwise token ids
+        # in and out are all it needs.
+        "skip_tokenizer_init": not args.structured_output, "host": host, "enable_metrics": True,
         "disaggregation_mode": ROLE_MODE[role], "log_level": "warning",
         # each streamed output carries only the new tokens (requests.to_delta relies on it)
         "incremental_streaming_output": True,

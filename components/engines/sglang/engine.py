@@ -41,7 +41,13 @@ from splitserve.components.engines.interface import (
 from . import kv_relay, process
 from .config import Role, SglangEngineArgs, decode_radix_cache, server_args_kwargs
 from .metrics import LoadTracker
-from .requests import finish_message, generate_kwargs, new_bootstrap_room, to_delta
+from .requests import (
+    LogprobReader,
+    finish_message,
+    generate_kwargs,
+    new_bootstrap_room,
+    to_delta,
+)
 
 log = logging.getLogger("splitserve.sglang")
 
@@ -74,6 +80,10 @@ def default_factory(**kwargs: Any):
 
 class SeedNeedsDeterminism(ValueError):
     """A request asked for a seed this engine would silently ignore."""
+
+
+class SchemaNeedsGrammar(ValueError):
+    """A request carried a JSON schema and this engine runs without a grammar backend."""
 
 
 class SglangEngine:
@@ -167,12 +177,17 @@ class SglangEngine:
             raise SeedNeedsDeterminism(
                 "seed: SGLang ignores a request's sampling_seed unless the engine runs "
                 "with deterministic inference (engine_args.deterministic_inference: true)")
+        if params.json_schema is not None and not self.args.structured_output:
+            raise SchemaNeedsGrammar(
+                "response_format: this SGLang engine runs without its tokenizer, so without "
+                "a grammar backend (engine_args.structured_output: true enables it)")
 
     def validate(self, params: GenerateParams) -> None:
         """Refuse a request this engine would not honour (called before queueing)."""
         self._check(params)
 
     async def _stream(self, request_id: str, kw: dict[str, Any],
+                      logprobs: LogprobReader | None = None,
                       first_token_timeout_s: float | None = None) -> AsyncIterator[TokenDelta]:
         self._admit(request_id)
         finished = False
@@ -188,7 +203,7 @@ class SglangEngine:
                         "s after the handoff (its KV never arrived)") from None
                 it = _prepend(first, it)
             async for out in it:
-                delta = to_delta(out)
+                delta = to_delta(out, logprobs)
                 finished = delta.finished
                 yield delta
                 if finished:
@@ -207,7 +222,8 @@ class SglangEngine:
         if self.role != "agg":
             raise RuntimeError(f"a {self.role} SGLang engine does not serve whole requests")
         self._check(params)
-        return self._stream(request_id, generate_kwargs(request_id, params))
+        return self._stream(request_id, generate_kwargs(request_id, params),
+                            LogprobReader.for_params(params))
 
     async def begin_prefill(self, request_id: str, params: GenerateParams) -> PrefillTicket:
         """Submit a prefill under a fresh bootstrap room; returns at once with the
@@ -271,10 +287,16 @@ class SglangEngine:
             raise TypeError(f"an SGLang decode engine needs a sglang-bootstrap handoff, "
                             f"got {handoff.kind}")
         self._check(params)
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            # The first token's log-probability would come from the prefill engine,
+            # and a prefill job does not ask for it: refuse rather than report a
+            # made-up value.
+            raise ValueError("logprobs: an SGLang decode engine cannot return them for "
+                             "a remotely prefilled request")
         # SGLang's own decode receiver gives up after its waiting timeout; this bound
         # catches a request SGLang never ends (the prefill engine gone mid-transfer).
         return self._stream(request_id, generate_kwargs(request_id, params, handoff=handoff),
-                            first_token_timeout_s=self.args.waiting_timeout_s
+                            LogprobReader.for_params(params), first_token_timeout_s=self.args.waiting_timeout_s
                             + self._decode_margin_s)
 
     async def abort(self, request_id: str) -> None:

@@ -3,7 +3,10 @@
 ``sglang.Engine.async_generate`` takes token ids and a sampling-params dict and, with
 ``stream=True`` and ``incremental_streaming_output``, yields one dict per step whose
 ``output_ids`` are only the new tokens and whose ``meta_info`` carries the finish reason
-and the prompt / cached token counts.
+and the prompt / cached token counts.  Log-probabilities are the exception: SGLang's
+``meta_info`` lists them for the whole request so far (``output_token_logprobs`` as
+``(logprob, token_id, text)``, ``output_top_logprobs`` as a list of those per position),
+so ``LogprobReader`` keeps a cursor.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from splitserve.components.engines.interface import (
     SglangBootstrapHandoff,
     TokenDelta,
 )
+from splitserve.components.protocol import TokenLogprobs
 
 # SGLang finish types -> the interface's
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -45,6 +49,10 @@ def sampling_params(p: GenerateParams, *, max_new_tokens: int | None = None) -> 
         sp["min_new_tokens"] = p.min_tokens
     if p.seed is not None:
         sp["sampling_seed"] = p.seed
+    if p.json_schema is not None:
+        # SGLang's own field: the schema as JSON text, compiled by its grammar backend
+        # (xgrammar unless the engine was started with another).
+        sp["json_schema"] = p.json_schema
     sp.update(_shaping(p))
     return sp
 
@@ -81,6 +89,7 @@ def generate_kwargs(request_id: str, p: GenerateParams, *, max_new_tokens: int |
         "sampling_params": sampling_params(p, max_new_tokens=max_new_tokens),
         "stream": True, "rid": request_id,
     }
+    kw.update(logprob_kwargs(p))
     if handoff is not None:
         kw.update(bootstrap_host=handoff.bootstrap_host,
                   bootstrap_port=handoff.bootstrap_port,
@@ -88,8 +97,75 @@ def generate_kwargs(request_id: str, p: GenerateParams, *, max_new_tokens: int |
     return kw
 
 
-def to_delta(out: dict[str, Any]) -> TokenDelta:
-    """One streamed SGLang output dict as a TokenDelta.
+def logprob_kwargs(p: GenerateParams) -> dict[str, Any]:
+    """``async_generate``'s log-probability arguments for ``p`` (none when it asks for
+    none).  SGLang has one ``top_logprobs_num`` for prompt and output: the larger of the
+    two counts is asked for and ``LogprobReader`` cuts each side to its own.  Prompt
+    log-probabilities start at position 0 (``logprob_start_len``); otherwise SGLang's
+    default (-1) skips the prompt."""
+    if p.logprobs is None and p.prompt_logprobs is None:
+        return {}
+    kw: dict[str, Any] = {"return_logprob": True,
+                          "top_logprobs_num": max(p.logprobs or 0, p.prompt_logprobs or 0)}
+    if p.prompt_logprobs is not None:
+        kw["logprob_start_len"] = 0
+    return kw
+
+
+def _top(entry, n: int) -> list[tuple[int, float]]:
+    """One position of SGLang's top-logprobs list (None where it computed none)."""
+    return [(int(tid), float(lp)) for lp, tid, *_ in (entry or ())[:n]]
+
+
+def _run(values, tops, n: int) -> TokenLogprobs:
+    return TokenLogprobs(logprobs=[float(v[0]) for v in values],
+                         top=[_top(tops[i] if i < len(tops) else None, n)
+                              for i in range(len(values))])
+
+
+class LogprobReader:
+    """Turns SGLang's cumulative per-request logprob lists into per-delta runs, for a
+    request that asked for ``top_n`` alternatives per output token (None: no output
+    logprobs) and ``prompt_top_n`` per prompt token (None: no prompt logprobs)."""
+
+    def __init__(self, top_n: int | None, prompt_top_n: int | None) -> None:
+        self.top_n, self.prompt_top_n = top_n, prompt_top_n
+        self.seen = 0
+        self.prompt_sent = False
+
+    @classmethod
+    def for_params(cls, p: GenerateParams) -> LogprobReader | None:
+        """A reader for ``p``, or None when it asks for no log-probabilities."""
+        if p.logprobs is None and p.prompt_logprobs is None:
+            return None
+        return cls(p.logprobs, p.prompt_logprobs)
+
+    def read(self, meta: dict[str, Any], n_new: int) -> dict[str, Any]:
+        """The TokenDelta fields for the ``n_new`` tokens of one output: their
+        log-probabilities and, once, the prompt's (the first prompt token has none, as
+        in vLLM's and OpenAI's shape)."""
+        found: dict[str, Any] = {}
+        if self.top_n is not None:
+            values = list(meta.get("output_token_logprobs") or ())
+            tops = list(meta.get("output_top_logprobs") or ())
+            end = self.seen + n_new
+            if len(values) < end:
+                raise RuntimeError(f"SGLang sent {len(values)} output logprobs for "
+                                   f"{end} tokens")
+            found["logprobs"] = _run(values[self.seen:end], tops[self.seen:end], self.top_n)
+            self.seen = end
+        if self.prompt_top_n is not None and not self.prompt_sent:
+            values = list(meta.get("input_token_logprobs") or ())
+            if values:
+                tops = list(meta.get("input_top_logprobs") or ())
+                found["prompt_logprobs"] = _run(values[1:], tops[1:], self.prompt_top_n)
+                self.prompt_sent = True
+        return found
+
+
+def to_delta(out: dict[str, Any], logprobs: LogprobReader | None = None) -> TokenDelta:
+    """One streamed SGLang output dict as a TokenDelta; ``logprobs``: the request's
+    reader when it asked for log-probabilities.
 
     An ``abort`` finish whose message names an error (SGLang reports engine-side
     failures as aborts with a status code) becomes ``error``.
@@ -102,11 +178,12 @@ def to_delta(out: dict[str, Any]) -> TokenDelta:
         reason = _FINISH.get(kind, "error")
         if reason == "abort" and isinstance(fin, dict) and int(fin.get("status_code") or 0) >= 500:
             reason = "error"
+    tokens = tuple(int(t) for t in out.get("output_ids") or ())
     return TokenDelta(
-        token_ids=tuple(int(t) for t in out.get("output_ids") or ()),
-        finished=fin is not None and fin != {}, finish_reason=reason,
+        token_ids=tokens, finished=fin is not None and fin != {}, finish_reason=reason,
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
-        cached_tokens=int(meta.get("cached_tokens") or 0))
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+        **(logprobs.read(meta, len(tokens)) if logprobs is not None else {}))
 
 
 def finish_message(out: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ TESTED_VERSION = "1.3.0rc29"
 MAPPED = frozenset({"model", "tensor_parallel_size", "backend", "kv_cache_config",
                     "cache_transceiver_config", "max_batch_size", "max_num_tokens",
                     "max_seq_len", "skip_tokenizer_init", "enable_iter_perf_stats",
-                    "disable_overlap_scheduler"})
+                    "disable_overlap_scheduler", "guided_decoding_backend"})
 
 
 class TrtllmEngineArgs(StrictModel):
@@ -60,6 +60,10 @@ class TrtllmEngineArgs(StrictModel):
         "disaggregated roles: a context whose KV nobody fetched in time is freed, and a "
         "generation request whose KV never arrives (its prefill engine died) fails "
         "instead of waiting forever.")
+    guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = Field(
+        "xgrammar", description="Backend that compiles a request's JSON schema into "
+        "token masks (structured output: response_format, forced tool calls); null "
+        "starts the LLM without one, and requests that carry a schema are refused.")
     accept_untested_version: bool = Field(
         False, description="Start with a TensorRT-LLM release other than the tested one "
         f"({TESTED_VERSION}); off, another version is refused at start.")
@@ -103,6 +107,8 @@ def llm_kwargs(args: TrtllmEngineArgs, role: Role, *, local_prefill: bool = Fals
         value = getattr(args, name)
         if value is not None:
             kw[name] = value
+    if args.guided_decoding_backend is not None:
+        kw["guided_decoding_backend"] = args.guided_decoding_backend
     if role != "agg":
         kw["cache_transceiver_config"] = {"backend": args.transfer_backend,
                                           "kv_transfer_timeout_ms": args.kv_transfer_timeout_ms}

@@ -42,7 +42,14 @@ from splitserve.components.engines.interface import (
 
 from .config import Role, TrtllmEngineArgs, check_version, llm_kwargs
 from .events import convert_event, load_from_stats
-from .requests import DeltaCursor, RequestType, handoff_from_params, params_fields, sampling_kwargs
+from .requests import (
+    DeltaCursor,
+    RequestType,
+    guided_kwargs,
+    handoff_from_params,
+    params_fields,
+    sampling_kwargs,
+)
 
 log = logging.getLogger("splitserve.trtllm")
 
@@ -55,9 +62,11 @@ class LlmApi:
         from tensorrt_llm import LLM, SamplingParams
         from tensorrt_llm.llmapi import DisaggregatedParams
         from tensorrt_llm.llmapi.disagg_utils import get_global_disagg_request_id
+        from tensorrt_llm.sampling_params import GuidedDecodingParams
 
         self.LLM, self.SamplingParams, self.DisaggregatedParams = (
             LLM, SamplingParams, DisaggregatedParams)
+        self.GuidedDecodingParams = GuidedDecodingParams
         self.version = str(tensorrt_llm.__version__)
         self._global_id = get_global_disagg_request_id
 
@@ -90,6 +99,10 @@ class _Live:
     defer_abort: bool = False
     """A generation_only request: abort only after its first output (KV received)."""
     first_seen: bool = False
+
+
+class NotServedHere(ValueError):
+    """A request asked for something this TensorRT-LLM engine cannot give it."""
 
 
 class TrtllmEngine:
@@ -147,13 +160,30 @@ class TrtllmEngine:
             await asyncio.to_thread(llm.shutdown)
 
     # ---- requests -----------------------------------------------------------------------
+    def validate(self, params: GenerateParams) -> None:
+        """Refuse a request this engine would not honour (called before queueing):
+        prompt log-probabilities are not asked of TensorRT-LLM, and a JSON schema needs
+        the LLM built with a guided-decoding backend."""
+        if params.prompt_logprobs is not None:
+            raise NotServedHere("echo with logprobs: the TensorRT-LLM engine does not "
+                                "return prompt log-probabilities here")
+        if params.json_schema is not None and self.args.guided_decoding_backend is None:
+            raise NotServedHere("response_format: this TensorRT-LLM engine was started "
+                                "without a guided-decoding backend "
+                                "(engine_args.guided_decoding_backend: xgrammar enables it)")
+
     def _submit(self, request_id: str, params: GenerateParams, request_type: RequestType | None,
                 handoff: OpaqueHandoff | None = None, max_tokens: int | None = None):
         if not self._accepting or self.llm is None:
             raise RuntimeError("engine is not accepting requests")
         if request_id in self._active:
             raise ValueError(f"request id {request_id!r} is already running")
-        sp = self.api.SamplingParams(**sampling_kwargs(params, max_tokens=max_tokens))
+        self.validate(params)
+        kw = sampling_kwargs(params, max_tokens=max_tokens)
+        guided = guided_kwargs(params)
+        if guided is not None:
+            kw["guided_decoding"] = self.api.GuidedDecodingParams(**guided)
+        sp = self.api.SamplingParams(**kw)
         dp = None
         if request_type == "generation_only":
             dp = self.api.DisaggregatedParams(**params_fields(handoff, request_type))
@@ -170,8 +200,9 @@ class TrtllmEngine:
         self._active[request_id] = _Live(result, defer_abort=request_type == "generation_only")
         return result
 
-    async def _stream(self, request_id: str, result) -> AsyncIterator[TokenDelta]:
-        cursor, finished = DeltaCursor(), False
+    async def _stream(self, request_id: str, result,
+                      top_n: int | None = None) -> AsyncIterator[TokenDelta]:
+        cursor, finished = DeltaCursor(top_n), False
         try:
             async for out in result:
                 live = self._active.get(request_id)
@@ -214,7 +245,7 @@ class TrtllmEngine:
 
     def _role_stream(self, request_id, params, request_type, handoff=None):
         result = self._submit(request_id, params, request_type, handoff)
-        return self._stream(request_id, result)
+        return self._stream(request_id, result, params.logprobs)
 
     def generate(self, request_id: str, params: GenerateParams) -> AsyncIterator[TokenDelta]:
         """Aggregated, or a decode engine's local prefill (``context_and_generation``)."""

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any, Literal
 
 from splitserve.components.engines.interface import GenerateParams, OpaqueHandoff, TokenDelta
+from splitserve.components.protocol import TokenLogprobs
 
 RequestType = Literal["context_only", "generation_only", "context_and_generation"]
 
@@ -46,7 +47,32 @@ def sampling_kwargs(p: GenerateParams, *, max_tokens: int | None = None) -> dict
                           ("repetition_penalty", 1.0)):
         if getattr(p, name) != neutral:
             kw[name] = getattr(p, name)
+    if p.logprobs is not None:
+        # TensorRT-LLM returns log-probabilities only for a count of at least one (0
+        # reads as "off"); the sampled token's own comes with them, and the reader cuts
+        # the alternatives back to the request's count.
+        kw["logprobs"] = max(1, p.logprobs)
     return kw
+
+
+def guided_kwargs(p: GenerateParams) -> dict[str, Any] | None:
+    """Keyword arguments of ``GuidedDecodingParams`` for a request with a JSON schema
+    (``json``: the schema's text, which TensorRT-LLM hands its grammar backend as is),
+    or None for an unconstrained one."""
+    if p.json_schema is None:
+        return None
+    return {"json": p.json_schema}
+
+
+def _position(entry: Any, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """One position of ``CompletionOutput.logprobs``: a ``{token_id: Logprob(logprob,
+    rank)}`` dict (the sampled token and the best alternatives), or a bare float where
+    the engine kept only the sampled token's."""
+    if not isinstance(entry, dict):
+        return float(entry), []
+    ranked = sorted(entry.items(), key=lambda kv: (kv[1].rank is None, kv[1].rank or 0,
+                                                   -kv[1].logprob))
+    return float(entry[token].logprob), [(int(t), float(lp.logprob)) for t, lp in ranked[:n]]
 
 
 def handoff_from_params(params: Any) -> OpaqueHandoff:
@@ -73,16 +99,33 @@ def params_fields(handoff: OpaqueHandoff, request_type: RequestType) -> dict[str
 
 
 class DeltaCursor:
-    """TensorRT-LLM streams the cumulative token ids of a request; this turns each
-    ``RequestOutput`` into the tokens new since the last one."""
+    """TensorRT-LLM streams the cumulative token ids (and log-probabilities) of a
+    request; this turns each ``RequestOutput`` into what is new since the last one.
+    ``top_n``: the alternatives the request asked for per token (None: no logprobs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, top_n: int | None = None) -> None:
         self.seen = 0
+        self.top_n = top_n
+
+    def _logprobs(self, comp: Any, tokens: list[int], start: int) -> TokenLogprobs | None:
+        if self.top_n is None or comp is None:
+            return None
+        entries = list(getattr(comp, "logprobs", None) or ())
+        if len(entries) < len(tokens):
+            raise RuntimeError(f"TensorRT-LLM sent {len(entries)} logprobs for "
+                               f"{len(tokens)} tokens")
+        out = TokenLogprobs()
+        for entry, tok in zip(entries[start:len(tokens)], tokens[start:], strict=True):
+            lp, top = _position(entry, tok, self.top_n)
+            out.logprobs.append(lp)
+            out.top.append(top)
+        return out
 
     def delta(self, out: Any) -> TokenDelta:
         comp = out.outputs[0] if out.outputs else None
         tokens = list(comp.token_ids) if comp is not None else []
         new = tuple(int(t) for t in tokens[self.seen:])
+        logprobs = self._logprobs(comp, tokens, self.seen)
         self.seen = len(tokens)
         reason = None
         if out.finished:
@@ -91,4 +134,4 @@ class DeltaCursor:
         return TokenDelta(token_ids=new, finished=bool(out.finished), finish_reason=reason,
                           prompt_tokens=len(getattr(out, "prompt_token_ids", None) or ()),
                           cached_tokens=int(getattr(comp, "cached_tokens", 0) or 0)
-                          if comp is not None else 0)
+                          if comp is not None else 0, logprobs=logprobs)

@@ -32,7 +32,8 @@ def test_each_role_builds_the_real_server_args(role, mode):
     sa = check_server_args(server_args_kwargs(args, role, "llama", EP))
     assert isinstance(sa, ServerArgs)
     assert (sa.disaggregation_mode, sa.tp_size, sa.page_size) == (mode, 2, 32)
-    assert sa.mem_fraction_static == 0.7 and sa.skip_tokenizer_init
+    # structured output (on by default) needs SGLang's tokenizer for its grammar backend
+    assert sa.mem_fraction_static == 0.7 and not sa.skip_tokenizer_init
     assert sa.incremental_streaming_output and sa.host == "127.0.0.1"
     assert '"endpoint": "tcp://127.0.0.1:5557"' in sa.kv_events_config
     if role == "prefill":
@@ -45,7 +46,9 @@ def test_each_role_builds_the_real_server_args(role, mode):
 
 
 def test_cli_flags_are_sglangs_own():
-    argv = to_cli_args(server_args_kwargs(SglangEngineArgs(), "prefill", "m", EP))
+    # structured output off: SGLang runs without its tokenizer, a flag of its own
+    argv = to_cli_args(server_args_kwargs(SglangEngineArgs(structured_output=False),
+                                          "prefill", "m", EP))
     for flag in ("--model-path", "--disaggregation-mode", "--disaggregation-bootstrap-port",
                  "--kv-events-config", "--skip-tokenizer-init", "--page-size"):
         assert flag in argv
@@ -85,3 +88,8 @@ def test_a_second_engine_in_the_decode_workers_process_is_refused():
         with pytest.raises(ValidationError, match="one engine per process"):
             SglangDecodeWorkerConfig(local_prefill_engine=True,
                                      engine_args={"mem_fraction_static": frac})
+
+
+def test_without_structured_output_sglang_runs_on_token_ids_alone():
+    args = SglangEngineArgs(structured_output=False)
+    assert server_args_kwargs(args, "agg", "llama", EP)["skip_tokenizer_init"] is True
