@@ -60,7 +60,8 @@ class Capability:
 
 
 _SAMPLING_ENGINES = frozenset({"torch", "vllm", "sglang", "trtllm"})
-_LOGPROB_ENGINES = frozenset({"torch", "vllm"})
+_LOGPROB_ENGINES = frozenset({"torch", "vllm", "sglang", "trtllm"})
+_STRUCTURED_ENGINES = frozenset({"torch", "vllm", "sglang", "trtllm"})
 
 CAPABILITIES: tuple[Capability, ...] = (
     Capability("n", BOTH, _is(1), EVERY, "the frontend fans out n requests; the others "
@@ -82,16 +83,19 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("top_logprobs", CHAT, _is(0), _LOGPROB_ENGINES),
     Capability("logprobs", COMPLETION, _is_none, _LOGPROB_ENGINES),
     Capability("echo", COMPLETION, _is(False), EVERY, "with logprobs, the prompt's "
-               "log-probabilities need an engine that honours logprobs"),
+               "log-probabilities need an engine that honours logprobs; TensorRT-LLM "
+               "workers refuse echo with logprobs (no prompt log-probabilities)"),
     Capability("best_of", COMPLETION, _is(1), NONE),
     Capability("suffix", COMPLETION, lambda v: v is None or v == "", NONE),
     Capability("response_format", CHAT, lambda v: v is None or v == {"type": "text"},
-               _LOGPROB_ENGINES, "json_object and json_schema, enforced by token masks "
-               "(torch: xgrammar; vLLM: its structured outputs)"),
+               _STRUCTURED_ENGINES, "json_object and json_schema, enforced by token masks "
+               "(torch: xgrammar; vLLM: its structured outputs; SGLang: its json_schema, "
+               "with engine_args.structured_output; TensorRT-LLM: GuidedDecodingParams, "
+               "with engine_args.guided_decoding_backend; workers refuse it otherwise)"),
     Capability("tools", CHAT, _is_empty_list, EVERY, "calls are read from the answer by "
                "Frontend.tool_call_parser (hermes, llama3_json, pythonic); tool_choice auto "
                "needs one"),
-    Capability("tool_choice", CHAT, lambda v: v in (None, "none", "auto"), _LOGPROB_ENGINES,
+    Capability("tool_choice", CHAT, lambda v: v in (None, "none", "auto"), _STRUCTURED_ENGINES,
                "none and auto on every engine; required and a named function force the "
                "call with a JSON schema (structured output)"),
     Capability("parallel_tool_calls", CHAT, lambda v: v is None or type(v) is bool, EVERY,

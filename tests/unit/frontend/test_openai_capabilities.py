@@ -317,10 +317,34 @@ def test_malformed_response_format_is_400(codec, fmt):
 
 
 def test_response_format_is_refused_by_engines_without_structured_output(codec):
-    for engine in ("mocker", "sglang", "trtllm"):
-        c, _ = client(codec, engines=(engine,))
-        r = c.post("/v1/chat/completions", json=chat(response_format={"type": "json_object"}))
-        assert r.status_code == 400 and engine in r.json()["error"]["message"]
+    c, _ = client(codec, engines=("mocker",))
+    r = c.post("/v1/chat/completions", json=chat(response_format={"type": "json_object"}))
+    assert r.status_code == 400 and "mocker" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+@pytest.mark.parametrize("extra", [{"response_format": {"type": "json_object"}},
+                                   {"logprobs": True, "top_logprobs": 2}])
+def test_sglang_and_trtllm_are_sent_schemas_and_logprob_requests(codec, engine, extra):
+    c, backend = client(codec, engines=(engine,))
+    assert c.post("/v1/chat/completions", json=chat(**extra)).status_code == 200
+    assert len(backend.requests) == 1
+
+
+def test_sglang_and_trtllm_get_the_schema_and_logprobs_in_their_own_form():
+    from splitserve.components.engines.sglang.requests import generate_kwargs
+    from splitserve.components.engines.trtllm.requests import guided_kwargs, sampling_kwargs
+
+    wreq = WorkerRequest.model_validate({
+        "token_ids": [1], "stop_conditions": {"max_tokens": 3},
+        "sampling_options": {"guided_decoding": {"json": {"type": "object"}}},
+        "output_options": {"logprobs": 2}})
+    p = params_from_wire(wreq)
+    kw = generate_kwargs("r", p)
+    assert json.loads(kw["sampling_params"]["json_schema"]) == {"type": "object"}
+    assert (kw["return_logprob"], kw["top_logprobs_num"]) == (True, 2)
+    assert json.loads(guided_kwargs(p)["json"]) == {"type": "object"}
+    assert sampling_kwargs(p)["logprobs"] == 2
 
 
 def test_vllm_gets_the_schema_as_structured_outputs():

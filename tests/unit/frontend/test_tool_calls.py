@@ -86,7 +86,7 @@ def test_forced_schemas_compile_with_the_engines_grammar_compiler():
         xgr.Grammar.from_json_schema(json.dumps(forced_schema(tools, c, True)))
 
 
-@pytest.mark.parametrize("engine", ["mocker", "sglang", "trtllm"])
+@pytest.mark.parametrize("engine", ["mocker"])
 @pytest.mark.parametrize("choice", ["required", {"type": "function",
                                                  "function": {"name": "get_weather"}}])
 def test_engines_without_structured_output_refuse_forced_calls(codec, engine, choice):
