@@ -287,12 +287,15 @@ class SglangEngine:
             raise TypeError(f"an SGLang decode engine needs a sglang-bootstrap handoff, "
                             f"got {handoff.kind}")
         self._check(params)
+        # The first token is sampled by the prefill engine, from a job that carries no
+        # schema and asks for no log-probability: refuse rather than stream an
+        # unconstrained first token or a made-up value for it.
         if params.logprobs is not None or params.prompt_logprobs is not None:
-            # The first token's log-probability would come from the prefill engine,
-            # and a prefill job does not ask for it: refuse rather than report a
-            # made-up value.
             raise ValueError("logprobs: an SGLang decode engine cannot return them for "
                              "a remotely prefilled request")
+        if params.json_schema is not None:
+            raise ValueError("response_format: an SGLang decode engine cannot enforce it "
+                             "on a remotely prefilled request's first token")
         # SGLang's own decode receiver gives up after its waiting timeout; this bound
         # catches a request SGLang never ends (the prefill engine gone mid-transfer).
         return self._stream(request_id, generate_kwargs(request_id, params, handoff=handoff),

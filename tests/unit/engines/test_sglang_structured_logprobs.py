@@ -146,9 +146,11 @@ async def test_the_double_aborts_a_schema_when_sglang_has_no_tokenizer():
     assert out[-1]["meta_info"]["finish_reason"]["type"] == "abort"
 
 
-async def test_a_decode_engine_refuses_logprobs_of_a_remote_prefill():
+async def test_a_decode_engine_refuses_logprobs_and_schemas_of_a_remote_prefill():
     eng, built = await started(args(), role="decode")
     h = SglangBootstrapHandoff(bootstrap_host="127.0.0.1", bootstrap_port=1, bootstrap_room=1)
     with pytest.raises(ValueError, match="logprobs"):
         eng.decode("r", GenerateParams(token_ids=(1,), logprobs=0), h)
+    with pytest.raises(ValueError, match="response_format"):
+        eng.decode("r", GenerateParams(token_ids=(1,), json_schema=SCHEMA), h)
     await eng.shutdown()
