@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from splitserve.common.connect import close_nats
 from splitserve.components.kv_events import KV_EVENTS, apply_kv_events, decode_envelope, event_subject
 
 log = logging.getLogger("splitserve.router")
@@ -63,4 +64,4 @@ class KvEventIndex:
 
     async def close(self) -> None:
         if self._nc is not None:
-            await self._nc.drain()
+            await close_nats(self._nc, "KV-event")

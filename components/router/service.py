@@ -299,7 +299,7 @@ class RouterService:
 async def watch_loads(nats_url: str, subject: str, service: RouterService,
                       stopping: asyncio.Event) -> None:
     """Subscribe to WorkerLoad reports until stopping; reconnects are nats-py's job."""
-    from splitserve.common.connect import connect_nats
+    from splitserve.common.connect import close_nats, connect_nats
 
     nc = await connect_nats(nats_url, name="splitserve-router", max_reconnect_attempts=-1)
 
@@ -310,4 +310,4 @@ async def watch_loads(nats_url: str, subject: str, service: RouterService,
     try:
         await stopping.wait()
     finally:
-        await nc.drain()
+        await close_nats(nc, "load-report")

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from splitserve.common.connect import close_nats
 from splitserve.components.protocol import WorkerLoad
 
 log = logging.getLogger("splitserve.worker")
@@ -55,7 +56,4 @@ async def publish_load(nats_url: str, subject: str, sample: Callable[[], WorkerL
         except Exception as exc:  # noqa: BLE001 - routers then expire the worker instead
             failed(exc)
     finally:
-        try:
-            await nc.drain()
-        except Exception as exc:  # noqa: BLE001 - the process is stopping
-            log.debug("closing the load-report connection failed: %s", exc)
+        await close_nats(nc, "load-report")

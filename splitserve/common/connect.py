@@ -246,3 +246,26 @@ async def connect_nats(url: str | None = None, **options):
 
     access = NatsAccess.from_env(os.environ, url)
     return await nats.connect(**access.connect_options(), **options)
+
+
+async def close_nats(nc, what: str) -> None:
+    """Drain a nats-py connection at shutdown, or close it when it cannot drain.
+
+    A connection that is reconnecting (NATS restarted, or already stopped because the
+    graph's infrastructure goes last) refuses ``drain`` with ConnectionReconnectingError;
+    a process must still stop cleanly then, with nothing left to flush.
+    """
+    import logging
+
+    try:
+        if nc.is_connected:
+            await nc.drain()
+            return
+    except Exception as exc:  # noqa: BLE001 - stopping: say so and close below
+        logging.getLogger("splitserve.nats").info("could not drain the %s connection (%s); "
+                                                  "closing it", what, exc)
+    try:
+        await nc.close()
+    except Exception as exc:  # noqa: BLE001 - the process is stopping anyway
+        logging.getLogger("splitserve.nats").info("closing the %s connection failed: %s",
+                                                  what, exc)
