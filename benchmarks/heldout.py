@@ -60,11 +60,9 @@ if str(REPO) not in sys.path:
 
 import sweep_plan as sp  # noqa: E402
 from compare import (  # noqa: E402
-    HOST,
     MODEL,
-    Proc,
     WorkersRun,
-    free_port,
+    dynamo_frontend,
     machine,
     slim,
     versions,
@@ -171,16 +169,8 @@ def deployment(name: str, case: Case, args):
         return
     with WorkersRun("graphs.agg_router:Worker", "configs/mocker_agg_router.yaml", fleet,
                     startup_timeout_s=args.startup_timeout_s) as w:
-        port = free_port()
-        env = {**os.environ, "ETCD_ENDPOINTS": w.etcd, "NATS_SERVER": w.nats,
-               "DYN_LOG": "error", "DYN_TCP_RPC_HOST": HOST, "DYN_HTTP_RPC_HOST": HOST,
-               "DYN_SYSTEM_HOST": HOST}
-        fe = Proc([sys.executable, "-m", "dynamo.frontend", "--http-host", HOST,
-                   "--http-port", str(port), "--router-mode", "kv", "--namespace", "dynamo",
-                   "--discovery-backend", "etcd", "--request-plane", "tcp",
-                   "--event-plane", "nats", *DYNAMO[name]], env, w.tmp / f"{name}.log")
+        fe, url = dynamo_frontend(w, "kv", DYNAMO[name], f"{name}.log")
         try:
-            url = f"http://{HOST}:{port}"
             wait_serving(url, 90, 2 * case.workers, fe)
             yield url, None
         finally:
