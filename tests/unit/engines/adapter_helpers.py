@@ -11,14 +11,19 @@ from splitserve.components.engines.trtllm.engine import TrtllmEngine
 from tests.fixtures.engine_doubles import LlmApiDouble
 
 
-async def collect(it) -> list[int]:
-    """The token ids an engine stream yields, up to its finished delta."""
-    out: list[int] = []
+async def deltas(it) -> list:
+    """The deltas an engine stream yields, up to its finished one."""
+    out = []
     async for d in it:
-        out += d.token_ids
+        out.append(d)
         if d.finished:
             break
     return out
+
+
+async def collect(it) -> list[int]:
+    """The token ids an engine stream yields, up to its finished delta."""
+    return [t for d in await deltas(it) for t in d.token_ids]
 
 
 async def started_trtllm(role: str, states: dict, **kw) -> TrtllmEngine:

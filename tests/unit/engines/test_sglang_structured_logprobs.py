@@ -17,6 +17,7 @@ from splitserve.components.engines.sglang.requests import (
     sampling_params,
 )
 from tests.fixtures.engine_doubles import BootstrapRooms, SglangEngineDouble, tokens_for
+from tests.unit.engines.adapter_helpers import deltas
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -43,15 +44,6 @@ async def started(a: SglangEngineArgs, role: str = "agg"
     eng = SglangEngine(a, "m", role, factory=factory)
     await eng.start()
     return eng, built
-
-
-async def deltas(it) -> list:
-    out = []
-    async for d in it:
-        out.append(d)
-        if d.finished:
-            break
-    return out
 
 
 async def test_the_schema_is_sglangs_json_schema_field_and_its_params_accept_it():

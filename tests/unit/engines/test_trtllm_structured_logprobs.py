@@ -19,21 +19,12 @@ from tests.fixtures.engine_doubles import (
     SamplingParamsDouble,
     tokens_for,
 )
-from tests.unit.engines.adapter_helpers import started_trtllm
+from tests.unit.engines.adapter_helpers import deltas, started_trtllm
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
 SCHEMA = json.dumps({"type": "object"}, sort_keys=True)
 P = GenerateParams(token_ids=(3, 1, 4, 1, 5), max_tokens=5, temperature=0.0)
-
-
-async def deltas(it) -> list:
-    out = []
-    async for d in it:
-        out.append(d)
-        if d.finished:
-            break
-    return out
 
 
 @pytest.mark.parametrize(("asked", "sent"), [(None, None), (0, 1), (1, 1), (5, 5)])
