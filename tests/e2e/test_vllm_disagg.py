@@ -69,6 +69,9 @@ def vllm_disagg(tmp_path_factory):
     run, url = start_graph(tmp_path_factory.mktemp("vllm-disagg"), "graphs.disagg:Frontend",
                            "configs/vllm_disagg.yaml", FORCED,
                            "--DecodeWorker.remote_prefill_timeout_s=60",
+                           # after a minute idle a KV read can still wait for the prefill
+                           # engine's 30 s lease (issue noted in docs/engines.md)
+                           "--Frontend.inter_token_timeout_s=120",
                            "--Common.restart.backoff_initial_s=0.1",
                            # two vLLM engines stopping on 2 busy cores take ~6 s each
                            "--Common.shutdown_timeout_s=90", timeout_s=600)
@@ -97,6 +100,8 @@ def test_cancel_mid_stream_frees_the_decode_engines_request(vllm_disagg):
     def gauge() -> float:
         return samples(run, "DecodeWorker", running).get(running, 0.0)
 
+    cancelled = 'splitserve_worker_requests_total{outcome="cancelled"}'
+    before = samples(run, "DecodeWorker", "splitserve_worker_requests_total").get(cancelled, 0.0)
     stream = client(url).chat.completions.create(
         model=MODEL, temperature=0, max_tokens=1500, stream=True,
         messages=[{"role": "user", "content": "Count from 1 to 1000, one number a line."}])
@@ -113,8 +118,9 @@ def test_cancel_mid_stream_frees_the_decode_engines_request(vllm_disagg):
     t0 = time.monotonic()
     wait_until(lambda: gauge() == 0, 30, interval_s=0.5, what="decode engine request freed")
     print(f"decode engine request freed {time.monotonic() - t0:.1f}s after the client left")
+    # counted against the module's graph, shared with the other tests
     assert samples(run, "DecodeWorker", "splitserve_worker_requests_total").get(
-        'splitserve_worker_requests_total{outcome="cancelled"}') == 1.0
+        cancelled) == before + 1
 
 
 def test_killed_prefill_worker_requests_still_complete(expected, vllm_disagg):

@@ -105,6 +105,13 @@ class VllmKvTransfer(StrictModel):
         "which halves decode speed on small CPU hosts; without it UCX progresses once per "
         "engine step. A decode engine steps while it waits for KV; an idle prefill engine "
         "does not, so prefill engines need it (reads hang without).")
+    transfer_threads: int | None = Field(
+        None, ge=0, le=64, description="NIXL's dedicated UCX transfer threads per engine "
+        "(vLLM's ``num_threads``; None keeps vLLM's default of 4). Over TCP, as on CPU "
+        "hosts, UCX serves a remote read in the target's own process: a prefill engine's "
+        "dedicated workers are progressed only by its own transfers, so reads that land "
+        "on them wait until the engine next polls (up to its 30 s KV lease). 0 leaves "
+        "every worker to the progress thread. GPU hosts with RDMA do not need it.")
     on_load_failure: Literal["recompute", "fail"] = Field(
         "recompute", description="What a decode engine does when it cannot read a "
         "request's KV (the prefill engine died or expired the blocks after handing "
@@ -123,6 +130,8 @@ class VllmKvTransfer(StrictModel):
             "kv_buffer_device": self.buffer_device, "engine_id": engine_id}
         if role == "decode":
             cfg["kv_load_failure_policy"] = self.on_load_failure
+        if self.transfer_threads is not None:
+            cfg["kv_connector_extra_config"] = {"num_threads": self.transfer_threads}
         if not self.progress_thread:
             cfg["kv_connector_module_path"] = "splitserve.components.engines.vllm.nixl_connector"
         return cfg

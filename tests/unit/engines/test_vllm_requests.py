@@ -135,6 +135,12 @@ def test_roles_and_transfer_config():
     assert gpu.connector_config("decode", "d-1") == {
         "kv_connector": "NixlConnector", "kv_role": "kv_consumer",
         "kv_buffer_device": "cuda", "engine_id": "d-1", "kv_load_failure_policy": "recompute"}
+    # NIXL's dedicated transfer workers: vLLM's default unless set; 0 on CPU hosts
+    assert "kv_connector_extra_config" not in t.connector_config("prefill", "p-1")
+    assert VllmKvTransfer(transfer_threads=0).connector_config("prefill", "p-1")[
+        "kv_connector_extra_config"] == {"num_threads": 0}
+    with pytest.raises(ValidationError):
+        VllmKvTransfer(transfer_threads=-1)
     strict = VllmKvTransfer(on_load_failure="fail")
     assert strict.connector_config("decode", "d-2")["kv_load_failure_policy"] == "fail"
     with pytest.raises(ValidationError):
@@ -153,7 +159,9 @@ def test_transfer_config_is_accepted_by_vllm(role):
     """Every field this project sets exists in vLLM's own KVTransferConfig, with a value
     it accepts (a renamed field in a vLLM upgrade fails here, not at engine start)."""
     kv_transfer = pytest.importorskip("vllm.config.kv_transfer")
-    cfg = kv_transfer.KVTransferConfig(**VllmKvTransfer().connector_config(role, "e-1"))
+    cfg = kv_transfer.KVTransferConfig(
+        **VllmKvTransfer(transfer_threads=0).connector_config(role, "e-1"))
+    assert cfg.get_from_extra_config("num_threads", 4) == 0  # the key vLLM's NIXL worker reads
     assert cfg.kv_role == ("kv_producer" if role == "prefill" else "kv_consumer")
     if role == "decode":
         assert cfg.kv_load_failure_policy == "recompute"
