@@ -79,6 +79,10 @@ def vllm_disagg(tmp_path_factory):
     assert run.stop(timeout_s=90) == 0, run.output()[-3000:]
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "known defect, open: on this CPU build a remote KV read sometimes stalls until the "
+    "prefill engine's 30 s lease expires and then reads freed blocks (vLLM logs "
+    "'Potentially invalid KV blocks'); see docs/engines.md, Known problems"))
 def test_remote_prefill_outputs_equal_aggregated(expected, vllm_disagg):
     # expected first: the aggregated graph is stopped before the disaggregated one starts
     run, url = vllm_disagg
