@@ -26,9 +26,10 @@ class NixlPort:
         from nixl._api import nixl_agent, nixl_agent_config
 
         # UCX's TCP transport listens on every interface's address unless limited to
-        # devices.  `dynamo serve` sets UCX_NET_DEVICES from Common.bind_host ("lo", or
-        # "all" for a multi-node graph); a process started any other way stays on
-        # loopback.  UCX reads it when the agent below initialises its context.
+        # devices.  A component process sets UCX_NET_DEVICES from Common.bind_host ("lo",
+        # or "all" for a multi-node graph) before its runtime starts; a process started
+        # any other way stays on loopback.  UCX reads it when the agent below
+        # initialises its context.
         os.environ.setdefault("UCX_NET_DEVICES", "lo")
         self.name = name
         self.backend = backend

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from splitserve.common.waiting import poll_until
+from splitserve.serve.config import LOOPBACK
 from splitserve.serve.plan import ComponentRunConfig
 
 log = logging.getLogger("splitserve.component")
@@ -137,14 +138,21 @@ def load_run_config(argv: list[str] | None = None) -> ComponentRunConfig:
     return run_cfg
 
 
-def make_runtime(loop: asyncio.AbstractEventLoop, request_plane: str):
-    """Create Dynamo's DistributedRuntime from ETCD_ENDPOINTS / NATS_SERVER in the env."""
+def make_runtime(loop: asyncio.AbstractEventLoop, request_plane: str,
+                 bind_host: str = LOOPBACK):
+    """Create Dynamo's DistributedRuntime from ETCD_ENDPOINTS / NATS_SERVER in the env.
+
+    Its listeners (request plane, response streams, ...) and UCX follow ``bind_host``
+    (``Common.bind_host``; a pod passes its IP with ``--bind-host``) unless the
+    environment already names them.  Returns the runtime."""
     from dynamo.runtime import DistributedRuntime
 
-    from splitserve.serve.listeners import listener_env
+    from splitserve.serve.listeners import missing_listener_env
 
-    for name, value in listener_env("127.0.0.1").items():  # loopback unless told otherwise
-        os.environ.setdefault(name, value)
+    env = missing_listener_env(bind_host, os.environ)
+    if env:
+        log.info("listeners: %s", " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    os.environ.update(env)
     return DistributedRuntime(loop, "etcd", request_plane, event_plane="nats")
 
 
@@ -168,7 +176,7 @@ async def _amain(main: Callable[[ComponentContext], Awaitable[None]],
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    runtime = make_runtime(loop, run_cfg.common.request_plane)
+    runtime = make_runtime(loop, run_cfg.common.request_plane, run_cfg.common.bind_host)
     ctx = ComponentContext(run=run_cfg, runtime=runtime, stopping=stopping,
                            dependencies=dependency_monitor(run_cfg, os.environ))
     ctx.report("starting")

@@ -36,8 +36,10 @@ def test_kubernetes_manifests_parse_and_name_the_graph_components():
         assert cmd[:2] == ["python", "-m"] and cmd[2].startswith("splitserve.components.")
 
 
-@pytest.mark.parametrize("name", ["sglang_disagg", "trtllm_disagg"])
-def test_gpu_engine_manifests(name):
+@pytest.mark.parametrize("name,config", [("sglang_disagg", "sglang_disagg"),
+                                         ("trtllm_disagg", "trtllm_disagg"),
+                                         ("vllm_disagg", "vllm_disagg_gpu")])
+def test_gpu_engine_manifests(name, config):
     docs = list(yaml.safe_load_all((ROOT / f"deploy/kubernetes/{name}.yaml").read_text()))
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     assert set(deployments) == {"frontend", "router", "decodeworker", "prefillworker"}
@@ -51,8 +53,9 @@ def test_gpu_engine_manifests(name):
                                     f"{worker.removesuffix('worker')}_main")]
         env = {e["name"] for e in c["env"]}
         assert {"ETCD_ENDPOINTS", "NATS_SERVER"} <= env
-    config = (ROOT / "configs" / f"{name}.yaml").read_text()
-    assert "engine: " + name.split("_")[0] in config
+    assert f"configs/{config}.yaml" in (ROOT / f"deploy/kubernetes/{name}.yaml").read_text()
+    text = (ROOT / "configs" / f"{config}.yaml").read_text()
+    assert "engine: " + name.split("_")[0] in text
 
 
 def test_prometheus_rules_and_dashboard_use_documented_metrics():

@@ -6,6 +6,7 @@ addresses from the command line (a pod's IP)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -105,18 +106,43 @@ def test_bind_and_advertised_host_come_from_the_command_line(tmp_path):
         load_run_config(["--config", str(path), "--advertise-host", "0.0.0.0"])
 
 
-@pytest.mark.parametrize("name", ["sglang_disagg", "trtllm_disagg"])
-def test_kubernetes_workers_bind_and_advertise_the_pod_ip(name):
-    docs = list(yaml.safe_load_all((ROOT_DIR / f"deploy/kubernetes/{name}.yaml").read_text()))
-    for d in docs:
-        if d.get("kind") == "Deployment" and d["metadata"]["name"] in ("decodeworker",
-                                                                     "prefillworker"):
-            c = d["spec"]["template"]["spec"]["containers"][0]
-            cmd = c["command"]
-            assert cmd[cmd.index("--bind-host") + 1] == "$(POD_IP)"
-            assert cmd[cmd.index("--advertise-host") + 1] == "$(POD_IP)"
-            pod_ip = next(e for e in c["env"] if e["name"] == "POD_IP")
-            assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+def deployments(name: str) -> dict[str, dict]:
+    """The manifest's Deployments by name, each as its (only) container."""
+    docs = yaml.safe_load_all((ROOT_DIR / f"deploy/kubernetes/{name}.yaml").read_text())
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
+            for d in docs if d.get("kind") == "Deployment"}
+
+
+@pytest.mark.parametrize("name", ["disagg_router", "sglang_disagg", "trtllm_disagg",
+                                  "vllm_disagg"])
+def test_kubernetes_pods_bind_the_pod_ip_and_workers_advertise_it(name):
+    # Every pod runs Dynamo's runtime: workers' request planes and the callers'
+    # response streams must be reachable from the other pods.
+    containers = deployments(name)
+    assert set(containers) == {"frontend", "router", "decodeworker", "prefillworker"}
+    for pod, c in containers.items():
+        cmd = c["command"]
+        assert cmd[cmd.index("--bind-host") + 1] == "$(POD_IP)", pod
+        if pod.endswith("worker"):
+            assert cmd[cmd.index("--advertise-host") + 1] == "$(POD_IP)", pod
+        env = [e["name"] for e in c["env"]]
+        pod_ip = c["env"][env.index("POD_IP")]
+        assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        # $(POD_IP) in a later variable is expanded only when POD_IP comes first
+        later = [e["name"] for e in c["env"] if "$(POD_IP)" in e.get("value", "")]
+        assert all(env.index(v) > env.index("POD_IP") for v in later), pod
+
+
+def test_vllm_manifest_declares_the_side_channel_port_its_configs_are_generated_with():
+    text = (ROOT_DIR / "deploy/kubernetes/vllm_disagg.yaml").read_text()
+    override = re.search(r"--PrefillWorker\.kv_transfer\.side_channel_port=(\d+)", text)
+    assert override, "the generation command must fix the prefill side-channel port"
+    plan = plan_of("vllm_disagg_gpu.yaml", [override.group(0)])
+    port = plan.component("PrefillWorker").config.kv_transfer.side_channel_port
+    prefill = deployments("vllm_disagg")["prefillworker"]
+    assert [p["containerPort"] for p in prefill["ports"]] == [port]
+    env = {e["name"]: e for e in prefill["env"]}
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["value"] == "$(POD_IP)"
 
 
 def test_engines_sharing_a_gpu_must_fit_in_its_memory():
