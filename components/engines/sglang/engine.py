@@ -14,7 +14,8 @@ the room before it computes.  So the prefill worker must hand the decode worker
 One engine per process (``process.claim_process``); the worker's SIGTERM handler is kept
 when SGLang tries to install its own (``process.keep_worker_signal_handlers``).  A
 prefill engine's bootstrap server binds ``host`` on ``bootstrap_port + replica`` and the
-handoff names ``advertise_host``, the address decode engines reach it at.
+handoff names ``advertise_host``, the address decode engines reach it at.  The KV
+managers of both roles bind and advertise ``advertise_host`` (``engine_env``).
 """
 
 from __future__ import annotations
@@ -126,14 +127,24 @@ class SglangEngine:
 
     def engine_env(self) -> dict[str, str]:
         """Environment SGLang reads in its scheduler processes (disaggregated roles): its
-        bootstrap and waiting timeouts, and SGLANG_HOST_IP, the address its KV manager
-        binds its ZMQ socket on and tells its peers (otherwise the machine's routable
-        address, even on a loopback-only graph)."""
+        bootstrap and waiting timeouts, and ``SGLANG_HOST_IP`` = ``advertise_host``.
+
+        SGLang's KV manager takes one address from that variable
+        (``get_local_ip_auto``) and uses it twice: it binds its ZMQ socket there, and it
+        names it to its peers (a prefill engine registers it as ``rank_ip`` with its
+        bootstrap server; a decode engine sends it in its bootstrap message, and the
+        prefill engine connects back to it).  Dynamo's SGLang worker advertises the
+        same variable as the bootstrap host.  So it must be the address peers reach,
+        not the bind host (a wildcard would be handed out as is); and since it is also
+        bound, it must be an address of this machine: an advertise address only a NAT
+        or proxy owns makes SGLang's KV manager fail to start, and the socket listens on
+        that one address only.  Unset, SGLang picks the machine's routable address even
+        on a loopback-only graph."""
         if self.role == "agg":
             return {}
         return {**process.disagg_timeout_env(self.args.bootstrap_timeout_s,
                                              self.args.waiting_timeout_s),
-                "SGLANG_HOST_IP": self.host}
+                process.KV_HOST_VARIABLE: self.advertise_host}
 
     async def start(self) -> None:
         """Start SGLang; returns when it serves.  Called on the worker's event loop,
@@ -141,6 +152,8 @@ class SglangEngine:
         kw = self.server_kwargs()
         process.keep_worker_signal_handlers(asyncio.get_running_loop())
         if self._factory is default_factory:
+            if self.role != "agg":
+                process.check_kv_host(self.advertise_host)
             os.environ.update(self.engine_env())  # read by SGLang's scheduler processes
         log.info("starting SGLang (%s): %s", self.role, kw)
         self._engine = self._factory(**kw)

@@ -12,6 +12,9 @@
 - Disaggregation timeouts: SGLang reads its bootstrap and waiting timeouts from the
   environment of the engine's processes; ``disagg_timeout_env`` gives the variables for
   the configured values.
+- KV manager host: SGLang's KV manager binds and advertises the one address in
+  ``SGLANG_HOST_IP``; ``check_kv_host`` refuses one this machine cannot bind before
+  SGLang fails on it deep in a scheduler process.
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from typing import Any
 
 log = logging.getLogger("splitserve.sglang")
 
 GUARDED = (signal.SIGTERM, signal.SIGINT)
+
+KV_HOST_VARIABLE = "SGLANG_HOST_IP"
+"""Read by SGLang's ``get_local_ip_auto``: the address its KV manager binds and names to
+its peers."""
 
 _live_engine: list[str] = []
 
@@ -65,3 +73,18 @@ def disagg_timeout_env(bootstrap_timeout_s: int, waiting_timeout_s: int) -> dict
     """SGLang's environment variables for its disaggregation timeouts (seconds)."""
     return {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(bootstrap_timeout_s),
             "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(waiting_timeout_s)}
+
+
+def check_kv_host(host: str) -> None:
+    """Called before a disaggregated engine starts: raises unless ``host`` (the
+    advertise host, which SGLang's KV manager also binds) is an address of this
+    machine."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, 0))
+        except OSError as exc:
+            raise RuntimeError(
+                f"SGLang's KV manager binds and advertises one address ({KV_HOST_VARIABLE}"
+                f" = the advertise host {host!r}), and this machine cannot bind it ({exc}): "
+                "give an address of this machine that the other engines reach") from None

@@ -6,12 +6,12 @@ SGLang's or Dynamo's installed source states the fact, the test reads it."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import signal
 import sys
 import types
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -33,6 +33,7 @@ from splitserve.components.engines.sglang.sections import (
     SglangPrefillWorkerConfig,
 )
 from tests.fixtures.engine_doubles import BootstrapRooms, SglangEngineDouble
+from tests.unit.engines.upstream import dynamo_source, sglang_source
 
 pytestmark = pytest.mark.unit
 
@@ -50,19 +51,12 @@ def engine(role: str, rooms: BootstrapRooms, a: SglangEngineArgs = ARGS, **kw) -
     return SglangEngine(a, "m", role, factory=lambda **s: SglangEngineDouble(rooms, **s), **kw)
 
 
-def package_root(name: str) -> Path:
-    mod = pytest.importorskip(name)
-    return Path(next(iter(mod.__path__)))
-
-
 # ---- S4: SIGTERM stays the worker's -----------------------------------------------------
 def test_sglang_and_dynamo_facts_about_the_sigterm_handler():
-    src = (package_root("sglang") / "srt/managers/tokenizer_manager.py").read_text()
-    i = src.index("def auto_create_handle_loop")
-    assert "loop.add_signal_handler(signal.SIGTERM" in src[i:i + 1500]
-    dyn = package_root("dynamo") / "sglang/shutdown.py"
-    if dyn.exists():
-        assert "loop.add_signal_handler = " in dyn.read_text()
+    src = sglang_source("srt/managers/tokenizer_manager.py")
+    assert "loop.add_signal_handler(signal.SIGTERM" in src.after("def auto_create_handle_loop",
+                                                                 1500)
+    dynamo_source("sglang/shutdown.py").require("loop.add_signal_handler = ")
 
 
 def test_sigterm_after_the_first_request_still_reaches_the_worker():
@@ -115,9 +109,8 @@ def test_local_prefill_engine_is_refused_by_config():
 
 # ---- S6: KV events only where a radix cache runs ----------------------------------------
 def test_sglang_disables_the_decode_radix_cache_in_pd_mode():
-    src = (package_root("sglang") / "srt/arg_groups/pd_disaggregation_hook.py").read_text()
-    i = src.index('if cfg.disaggregation_mode == "decode":')
-    block = src[i:i + 1600]
+    src = sglang_source("srt/arg_groups/pd_disaggregation_hook.py")
+    block = src.after('if cfg.disaggregation_mode == "decode":', 1600)
     assert "if cfg.disaggregation_decode_enable_radix_cache:" in block
     assert "disable_radix_cache=True" in block and "disable_radix_cache=False" in block
 
@@ -160,9 +153,8 @@ def test_kv_routing_over_decode_engines_without_events_is_refused():
 
 # ---- S7: seeds ------------------------------------------------------------------------
 def test_sglang_uses_sampling_seed_only_in_deterministic_mode():
-    src = (package_root("sglang") / "srt/sampling/sampling_batch_info.py").read_text()
-    i = src.index("sampling_seed = (")
-    assert "if enable_deterministic" in src[i:i + 600]
+    src = sglang_source("srt/sampling/sampling_batch_info.py")
+    assert "if enable_deterministic" in src.after("sampling_seed = (", 600)
 
 
 def test_a_seed_is_refused_unless_the_engine_is_deterministic():
@@ -188,9 +180,9 @@ def test_a_seed_is_refused_unless_the_engine_is_deterministic():
 
 # ---- S8: timeouts -----------------------------------------------------------------------
 def test_sglangs_own_disaggregation_timeouts_are_300_s():
-    src = (package_root("sglang") / "srt/environ.py").read_text()
-    for name in ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"):
-        assert f"{name} = EnvInt({SGLANG_TIMEOUT_S})" in src
+    sglang_source("srt/environ.py").require(*(
+        f"{name} = EnvInt({SGLANG_TIMEOUT_S})" for name in (
+            "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT")))
     assert set(process.disagg_timeout_env(1, 2)) == {
         "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"}
 
@@ -235,24 +227,58 @@ def test_bootstrap_port_per_replica_and_advertised_host():
         "disaggregation_bootstrap_port"] == 9100
 
 
-# ---- S9: SGLang's KV manager listens on SGLANG_HOST_IP, else the routable address -------
-def test_sglang_kv_manager_binds_the_host_ip_it_is_given():
-    conn = (package_root("sglang") / "srt/disaggregation/common/conn.py").read_text()
-    assert "self.local_ip = get_local_ip_auto()" in conn
-    assert "host=self.local_ip" in conn
-    net = (package_root("sglang") / "srt/utils/network.py").read_text()
-    i = net.index("def get_local_ip_auto")
-    assert 'os.getenv("SGLANG_HOST_IP"' in net[i:i + 2000]
+# ---- S9: SGLang's KV manager binds and advertises SGLANG_HOST_IP -----------------------
+def function_source(src, name: str) -> str:
+    fn = src.node(ast.FunctionDef, name)
+    return ast.get_source_segment(src.text, fn) or ""
+
+
+def test_sglang_kv_manager_binds_and_advertises_the_host_ip_variable():
+    net = sglang_source("srt/utils/network.py")
+    body = function_source(net, "get_local_ip_auto")
+    assert f'os.getenv("{process.KV_HOST_VARIABLE}", "")' in body, (
+        f"{net.label}: get_local_ip_auto no longer reads {process.KV_HOST_VARIABLE}")
+    first = body.index("os.getenv(")
+    assert body.index("return host_ip") < body.index("get_local_ip_by_nic()", first), (
+        f"{net.label}: get_local_ip_auto no longer returns the variable before probing")
+    conn = sglang_source("srt/disaggregation/common/conn.py")
+    conn.require(
+        "self.local_ip = get_local_ip_auto()",      # one address ...
+        "host=self.local_ip",                       # ... bound (get_zmq_socket_on_host)
+        '"rank_ip": self.local_ip',                 # ... registered with the bootstrap server
+        "self.kv_mgr.local_ip.encode(\"ascii\")",   # ... sent by the decode side
+    )
+    assert "host=self.local_ip" in conn.after("self.rank_port, self.server_socket = "
+                                              "get_zmq_socket_on_host(", 200)
+    for backend in ("nixl", "mooncake"):
+        src = sglang_source(f"srt/disaggregation/{backend}/conn.py")
+        src.require("(StagingManagerMixin, CommonKVManager)", "self.local_ip.encode(\"ascii\")")
+    # Dynamo's SGLang worker names the same address as the prefill's bootstrap host.
+    disagg = dynamo_source("sglang/_disagg.py")
+    assert "local_ip = get_local_ip_auto()" in function_source(
+        disagg, "compute_bootstrap_address")
+
+
+def test_kv_manager_host_is_the_advertised_address_not_the_bind_host():
     rooms = BootstrapRooms()
-    assert engine("prefill", rooms, host="10.0.0.5").engine_env()["SGLANG_HOST_IP"] == "10.0.0.5"
-    assert engine("decode", rooms).engine_env()["SGLANG_HOST_IP"] == "127.0.0.1"
-    assert engine("agg", rooms).engine_env() == {}
+    for role in ("prefill", "decode"):
+        eng = engine(role, rooms, host="0.0.0.0", advertise_host="10.1.2.3")
+        assert eng.engine_env()["SGLANG_HOST_IP"] == "10.1.2.3", role
+        assert eng.server_kwargs()["host"] == "0.0.0.0"  # the listeners still bind host
+    assert engine("decode", rooms, host="10.0.0.5").engine_env()["SGLANG_HOST_IP"] == "10.0.0.5"
+    assert engine("prefill", rooms).engine_env()["SGLANG_HOST_IP"] == "127.0.0.1"
+    assert engine("agg", rooms, advertise_host="10.1.2.3").engine_env() == {}
+
+
+def test_an_advertise_host_this_machine_cannot_bind_is_refused_before_sglang_starts():
+    process.check_kv_host("127.0.0.1")
+    with pytest.raises(RuntimeError, match="203.0.113.7"):
+        process.check_kv_host("203.0.113.7")  # TEST-NET-3: never a local address
 
 
 def test_min_tokens_reach_sglang_as_min_new_tokens():
     from splitserve.components.engines.sglang.requests import sampling_params
-    src = (package_root("sglang") / "srt/sampling/sampling_params.py").read_text()
-    assert "min_new_tokens: int = 0" in src
+    sglang_source("srt/sampling/sampling_params.py").require("min_new_tokens: int = 0")
     sp = sampling_params(GenerateParams(token_ids=(1,), max_tokens=1, min_tokens=1,
                                         ignore_eos=True))
     assert sp["min_new_tokens"] == 1 and sp["ignore_eos"] is True

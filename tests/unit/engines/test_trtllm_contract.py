@@ -20,18 +20,15 @@ from splitserve.components.engines.trtllm.engine import TrtllmEngine
 from splitserve.components.engines.trtllm.events import convert_event, load_from_stats
 from splitserve.components.engines.trtllm.requests import handoff_from_params, params_fields
 from tests.fixtures.engine_doubles import DisaggregatedParamsDouble, LlmApiDouble
-
-from tests.unit.engines.adapter_helpers import dynamo_trtllm
+from tests.unit.engines.upstream import dynamo_source
 
 pytestmark = pytest.mark.unit
 
 
 def dynamo_codec():
     """Dynamo's DisaggregatedParamsCodec, executed from its installed source."""
-    src = (dynamo_trtllm() / "utils/disagg_utils.py").read_text()
-    tree = ast.parse(src)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef)
-               and n.name == "DisaggregatedParamsCodec")
+    src = dynamo_source("trtllm/utils/disagg_utils.py")
+    cls = src.node(ast.ClassDef, "DisaggregatedParamsCodec", top_level=True)
     ns = {"base64": base64, "dataclasses": dataclasses, "Logprob": None,
           "DisaggregatedParams": DisaggregatedParamsDouble}
     exec(compile(ast.Module(body=[cls], type_ignores=[]), "disagg_utils.py", "exec"), ns)  # noqa: S102
@@ -52,15 +49,15 @@ def test_opaque_state_round_trip_matches_dynamos_codec():
 
 
 def test_generate_async_keywords_are_dynamos():
-    src = (dynamo_trtllm() / "request_handlers/handler_base.py").read_text()
-    tree = ast.parse(src)
+    src = dynamo_source("trtllm/request_handlers/handler_base.py")
     keys: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(src.tree()):
         if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "generate_kwargs"
                                                  for t in node.targets)
                 and isinstance(node.value, ast.Dict)):
             keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-    assert {"inputs", "sampling_params", "disaggregated_params", "streaming"} <= keys
+    assert {"inputs", "sampling_params", "disaggregated_params", "streaming"} <= keys, (
+        f"{src.label}: its generate_kwargs literal lost a key or is gone ({sorted(keys)})")
 
     seen: list[set[str]] = []
 
@@ -90,21 +87,18 @@ def test_generate_async_keywords_are_dynamos():
 
 
 def test_request_types_are_dynamos():
-    src = (dynamo_trtllm() / "request_handlers/handler_base.py").read_text()
-    for kind in ("context_only", "generation_only", "context_and_generation"):
-        assert f'"{kind}"' in src
+    dynamo_source("trtllm/request_handlers/handler_base.py").require(*(
+        f'"{kind}"' for kind in ("context_only", "generation_only", "context_and_generation")))
 
 
 def test_kv_event_and_stats_keys_are_the_ones_dynamo_reads():
-    pub = (dynamo_trtllm() / "publisher.py").read_text()
-    main = (dynamo_trtllm() / "main.py").read_text()
-    for key in ('data["type"] == "stored"', 'data["parent_hash"]', 'data["blocks"]',
-                'block["tokens"]', 't["token_id"]', 'block["block_hash"]',
-                'data["type"] == "removed"', 'data["block_hashes"]',
-                'stat["kvCacheStats"]["usedNumBlocks"]', 'stat["kvCacheStats"]["maxNumBlocks"]',
-                "get_kv_cache_events_async(", "get_stats_async("):
-        assert key in pub, key
-    assert '"numActiveRequests"' in main and '"numQueuedRequests"' in main
+    dynamo_source("trtllm/publisher.py").require(
+        'data["type"] == "stored"', 'data["parent_hash"]', 'data["blocks"]',
+        'block["tokens"]', 't["token_id"]', 'block["block_hash"]',
+        'data["type"] == "removed"', 'data["block_hashes"]',
+        'stat["kvCacheStats"]["usedNumBlocks"]', 'stat["kvCacheStats"]["maxNumBlocks"]',
+        "get_kv_cache_events_async(", "get_stats_async(")
+    dynamo_source("trtllm/main.py").require('"numActiveRequests"', '"numQueuedRequests"')
     bs = 4
     stored = {"event_id": 1, "data": {"type": "stored", "parent_hash": 2**64 - 1, "blocks": [
         {"block_hash": 1, "tokens": [{"token_id": t} for t in range(bs)]},
@@ -119,10 +113,9 @@ def test_kv_event_and_stats_keys_are_the_ones_dynamo_reads():
 
 
 def test_llm_arguments_follow_dynamos_worker():
-    src = (dynamo_trtllm() / "workers/llm_worker.py").read_text()
-    for key in ('"model"', '"tensor_parallel_size"', '"kv_cache_config"', '"max_num_tokens"',
-                '"max_seq_len"', '"max_batch_size"', "event_buffer_max_size"):
-        assert key in src, key
+    dynamo_source("trtllm/workers/llm_worker.py").require(
+        '"model"', '"tensor_parallel_size"', '"kv_cache_config"', '"max_num_tokens"',
+        '"max_seq_len"', '"max_batch_size"', "event_buffer_max_size")
     agg = llm_kwargs(TrtllmEngineArgs(), "agg")
     assert agg["kv_cache_config"]["event_buffer_max_size"] > 0  # KV events need a buffer
     assert "cache_transceiver_config" not in agg

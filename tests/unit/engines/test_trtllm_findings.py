@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +21,8 @@ from splitserve.components.engines.trtllm.engine import TrtllmEngine
 from splitserve.components.prefill_queue import PrefillRequest
 from splitserve.components.worker.prefill_loop import job_params
 from tests.fixtures.engine_doubles import LlmApiDouble, LlmDouble, SamplingParamsDouble, tokens_for
-from tests.unit.engines.adapter_helpers import collect, dynamo_trtllm, started_trtllm
+from tests.unit.engines.adapter_helpers import collect, started_trtllm
+from tests.unit.engines.upstream import Source, dynamo_dist_metadata, dynamo_source
 
 pytestmark = pytest.mark.unit
 
@@ -31,16 +31,17 @@ P = GenerateParams(token_ids=(3, 1, 4, 1, 5), max_tokens=7, temperature=0.0)
 
 def dynamo_arg_map() -> set[str]:
     """The keys of the ``arg_map`` dict literal Dynamo builds ``LLM(**...)`` from."""
-    tree = ast.parse((dynamo_trtllm() / "workers/llm_worker.py").read_text())
-    for node in ast.walk(tree):
+    src = dynamo_source("trtllm/workers/llm_worker.py")
+    for node in ast.walk(src.tree()):
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
                 and any(isinstance(t, ast.Name) and t.id == "arg_map" for t in node.targets)):
             return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-    raise AssertionError("Dynamo's arg_map literal not found")
+    pytest.fail(f"{src.label}: its arg_map dict literal is gone; upstream changed",
+                pytrace=False)
 
 
-def handler_source() -> str:
-    return (dynamo_trtllm() / "request_handlers/handler_base.py").read_text()
+def handler_source() -> Source:
+    return dynamo_source("trtllm/request_handlers/handler_base.py")
 
 
 def run(coro):
@@ -112,8 +113,8 @@ def test_context_phase_whose_token_is_a_stop_token_still_hands_off_with_ignore_e
 
 def test_dynamo_applies_stop_conditions_to_the_prefill_request():
     src = handler_source()
-    i = src.index("apply_stop_conditions_to_sampling_params(\n")
-    assert "DisaggregationMode.PREFILL" in src[i - 400:i]
+    i = src.find("apply_stop_conditions_to_sampling_params(\n")
+    assert "DisaggregationMode.PREFILL" in src.text[i - 400:i], src.label
 
 
 # ---- T2, T7: context requests -----------------------------------------------------------
@@ -134,9 +135,9 @@ def test_context_request_has_a_disagg_request_id_and_is_not_streamed():
 
 
 def test_dynamo_sets_disagg_request_id_and_no_streaming_on_prefill():
-    src = handler_source()
-    assert 'request_type="context_only",\n                    disagg_request_id=' in src
-    assert "False if self.disaggregation_mode == DisaggregationMode.PREFILL else True" in src
+    handler_source().require(
+        'request_type="context_only",\n                    disagg_request_id=',
+        "False if self.disaggregation_mode == DisaggregationMode.PREFILL else True")
 
 
 def test_double_refuses_what_the_llm_refuses():
@@ -173,8 +174,7 @@ def test_abort_of_a_generation_request_waits_for_its_first_token():
 
 
 def test_dynamo_defers_the_decode_abort():
-    src = handler_source()
-    assert "class _DeferredAbort" in src and "signal_first_token" in src
+    handler_source().require("class _DeferredAbort", "signal_first_token")
 
 
 # ---- T4, T6, T8: LLM arguments ----------------------------------------------------------
@@ -226,8 +226,7 @@ def test_only_the_tested_release_starts_unless_accepted():
 
 
 def test_dynamo_pins_the_tested_release():
-    meta = next(Path(dynamo_trtllm()).parent.parent.glob("ai_dynamo-*.dist-info")) / "METADATA"
-    assert f"tensorrt-llm=={TESTED_VERSION}" in meta.read_text()
+    assert f"tensorrt-llm=={TESTED_VERSION}" in dynamo_dist_metadata()
 
 
 # ---- T9, T10 ----------------------------------------------------------------------------
