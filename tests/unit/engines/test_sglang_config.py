@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-pytest.importorskip("sglang.srt.server_args")
-
 from splitserve.components.engines.sglang.config import (
     SglangEngineArgs,
     check_server_args,
@@ -17,6 +15,9 @@ from splitserve.components.engines.sglang.sections import (
     SglangDecodeWorkerConfig,
     SglangPrefillWorkerConfig,
 )
+from tests.unit.engines.upstream import sglang_module
+
+sglang_module("sglang.srt.server_args")  # skips the module without SGLang
 
 pytestmark = pytest.mark.unit
 

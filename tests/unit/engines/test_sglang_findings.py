@@ -33,7 +33,7 @@ from splitserve.components.engines.sglang.sections import (
     SglangPrefillWorkerConfig,
 )
 from tests.fixtures.engine_doubles import BootstrapRooms, SglangEngineDouble
-from tests.unit.engines.upstream import dynamo_source, sglang_source
+from tests.unit.engines.upstream import dynamo_source, sglang_module, sglang_source
 
 pytestmark = pytest.mark.unit
 
@@ -116,7 +116,7 @@ def test_sglang_disables_the_decode_radix_cache_in_pd_mode():
 
 
 def test_sglangs_own_resolution_agrees_with_the_decode_radix_cache_setting():
-    pytest.importorskip("sglang.srt.arg_groups.pd_disaggregation_hook")
+    sglang_module("sglang.srt.arg_groups.pd_disaggregation_hook")
     from splitserve.components.engines.sglang.config import (
         check_server_args,
         resolved_radix_cache,

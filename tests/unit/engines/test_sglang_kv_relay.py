@@ -7,11 +7,12 @@ import time
 import msgspec
 import pytest
 
-pytest.importorskip("sglang.srt.disaggregation.kv_events")
-
+from splitserve.components.engines.block_events import BlockRemoved, BlockStored
 from splitserve.components.engines.sglang.kv_relay import convert_batch
 from splitserve.components.engines.sglang.metrics import LoadTracker
-from splitserve.components.engines.block_events import BlockRemoved, BlockStored
+from tests.unit.engines.upstream import sglang_module, sglang_source
+
+sglang_module("sglang.srt.disaggregation.kv_events")  # skips the module without SGLang
 
 pytestmark = pytest.mark.unit
 PAGE = 4
@@ -49,14 +50,10 @@ def test_load_from_kv_metrics_fields_of_the_installed_sglang():
     # KvMetrics' module imports SGLang's multimodal stack (torchvision), so its fields
     # are read from the installed source and a plain object carries them.
     import ast
-    from pathlib import Path
     from types import SimpleNamespace
 
-    import sglang
-
-    src = Path(sglang.__file__).parent / "srt/managers/scheduler_components/kv_events_publisher.py"
-    cls = next(n for n in ast.walk(ast.parse(src.read_text()))
-               if isinstance(n, ast.ClassDef) and n.name == "KvMetrics")
+    src = sglang_source("srt/managers/scheduler_components/kv_events_publisher.py")
+    cls = src.node(ast.ClassDef, "KvMetrics")
     fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
     read = {"request_active_slots", "num_requests_waiting", "kv_active_blocks",
             "kv_total_blocks"}

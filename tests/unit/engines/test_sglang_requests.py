@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-from pathlib import Path
 
 import pytest
 
@@ -20,24 +19,25 @@ from splitserve.components.engines.sglang.requests import (
     sampling_params,
     to_delta,
 )
-
-sglang = pytest.importorskip("sglang")
+from tests.unit.engines.upstream import sglang_module, sglang_source
 
 pytestmark = pytest.mark.unit
 
-SRT = Path(sglang.__file__).parent / "srt"
 P = GenerateParams(token_ids=(1, 2, 3), max_tokens=9, temperature=0.0, seed=4,
                    stop_token_ids=(2,), ignore_eos=False)
 H = SglangBootstrapHandoff(bootstrap_host="127.0.0.1", bootstrap_port=8998,
                            bootstrap_room=new_bootstrap_room())
 
 
-def installed_signature(path: Path, cls: str, method: str) -> inspect.Signature:
-    """The signature of ``cls.method`` as written in the installed source file."""
-    tree = ast.parse(path.read_text())
-    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
-    fn = next(n for n in node.body
-              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method)
+def installed_signature(rel: str, cls: str, method: str) -> inspect.Signature:
+    """The signature of ``cls.method`` as written in the installed source file ``rel``
+    (below ``sglang/``)."""
+    src = sglang_source(rel)
+    node = src.node(ast.ClassDef, cls)
+    fn = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and n.name == method), None)
+    if fn is None:
+        pytest.fail(f"{cls}.{method} is no longer in {src.label}", pytrace=False)
     args = fn.args
     for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
         if a is not None:
@@ -48,12 +48,12 @@ def installed_signature(path: Path, cls: str, method: str) -> inspect.Signature:
                            returns=None, type_params=[])
     mod = ast.fix_missing_locations(ast.Module(body=[stub], type_ignores=[]))
     ns: dict = {}
-    exec(compile(mod, str(path), "exec"), ns)  # noqa: S102 - a signature-only stub
+    exec(compile(mod, src.label, "exec"), ns)  # noqa: S102 - a signature-only stub
     return inspect.signature(ns[method])
 
 
 def test_async_generate_calls_bind_to_sglangs_engine():
-    sig = installed_signature(SRT / "entrypoints/engine.py", "Engine", "async_generate")
+    sig = installed_signature("srt/entrypoints/engine.py", "Engine", "async_generate")
     for kw in (generate_kwargs("r", P),
                generate_kwargs("r", P, max_new_tokens=1, handoff=H),
                generate_kwargs("r", P, handoff=H)):
@@ -63,17 +63,17 @@ def test_async_generate_calls_bind_to_sglangs_engine():
 
 
 def test_abort_call_binds_to_sglangs_tokenizer_manager():
-    sig = installed_signature(SRT / "managers/tokenizer_manager.py", "TokenizerManager",
+    sig = installed_signature("srt/managers/tokenizer_manager.py", "TokenizerManager",
                               "abort_request")
     sig.bind(object(), rid="r", abort_all=False)
 
 
 def test_shutdown_binds():
-    installed_signature(SRT / "entrypoints/engine.py", "Engine", "shutdown").bind(object())
+    installed_signature("srt/entrypoints/engine.py", "Engine", "shutdown").bind(object())
 
 
 def test_sampling_params_are_accepted_by_sglangs_sampling_params():
-    from sglang.srt.sampling.sampling_params import SamplingParams
+    SamplingParams = sglang_module("sglang.srt.sampling.sampling_params").SamplingParams
 
     sp = sampling_params(P, max_new_tokens=1)
     real = SamplingParams(**sp)

@@ -18,6 +18,7 @@ from splitserve.components.engines.sglang.requests import (
 )
 from tests.fixtures.engine_doubles import BootstrapRooms, SglangEngineDouble, tokens_for
 from tests.unit.engines.adapter_helpers import deltas
+from tests.unit.engines.upstream import sglang_module
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -50,7 +51,7 @@ async def test_the_schema_is_sglangs_json_schema_field_and_its_params_accept_it(
     sp = sampling_params(GenerateParams(token_ids=(1,), json_schema=SCHEMA))
     assert sp["json_schema"] == SCHEMA
     assert "json_schema" not in sampling_params(P)
-    real = pytest.importorskip("sglang.srt.sampling.sampling_params").SamplingParams(**sp)
+    real = sglang_module("sglang.srt.sampling.sampling_params").SamplingParams(**sp)
     assert real.json_schema == SCHEMA and real.regex is None
 
 

@@ -11,10 +11,12 @@ quietly passes when upstream moved is the drift it exists to catch.
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.metadata
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -81,12 +83,13 @@ class Source:
 def package_dir(dist: str, package: str) -> Path:
     """The installed ``package`` folder of distribution ``dist`` at its pinned release.
 
-    Skips when ``dist`` is not installed; fails when it is installed at another release
-    or without ``package``."""
+    Skips when ``dist`` is not installed (a module's tests too, when called at import);
+    fails when it is installed at another release or without ``package``."""
     try:
         installed = importlib.metadata.distribution(dist)
     except importlib.metadata.PackageNotFoundError:
-        pytest.skip(f"{dist} {PINS[dist]} is not installed (its contract tests read its source)")
+        pytest.skip(f"{dist} {PINS[dist]} is not installed (its contract tests read its "
+                    "source)", allow_module_level=True)
     if installed.version != PINS[dist]:
         pytest.fail(f"{dist} {installed.version} is installed; the contract tests read "
                     f"{PINS[dist]}: re-check them against the new release and move the pin",
@@ -110,6 +113,17 @@ def _read(dist: str, package: str, rel: str) -> Source:
 def sglang_source(rel: str) -> Source:
     """A file of SGLang's installed package, ``rel`` below ``sglang/``."""
     return _read("sglang", "sglang", rel)
+
+
+def sglang_module(name: str) -> ModuleType:
+    """SGLang's module ``name`` (``sglang.srt.server_args``), imported: skips only when
+    SGLang is not installed, fails naming the module when the pinned release lacks it."""
+    package_dir("sglang", "sglang")
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        pytest.fail(f"{name} does not import from sglang {PINS['sglang']} ({exc}); "
+                    "upstream moved it", pytrace=False)
 
 
 def dynamo_source(rel: str) -> Source:
