@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
-import pytest
 
 from splitserve.components.engines.trtllm.config import TrtllmEngineArgs
 from splitserve.components.engines.trtllm.engine import TrtllmEngine
@@ -33,13 +31,3 @@ async def started_trtllm(role: str, states: dict, **kw) -> TrtllmEngine:
                        api_factory=lambda: LlmApiDouble(role, states))
     await eng.start()
     return eng
-
-
-def dynamo_trtllm() -> Path:
-    """Dynamo 1.6.1's installed TensorRT-LLM worker package (the contract tests read its
-    source); skips when it is not installed."""
-    spec = pytest.importorskip("dynamo")
-    root = Path(next(iter(spec.__path__))) / "trtllm"
-    if not root.is_dir():
-        pytest.skip("Dynamo's TensorRT-LLM worker is not installed")
-    return root
