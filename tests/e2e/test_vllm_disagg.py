@@ -1,7 +1,8 @@
 """Disaggregated vLLM (the CPU build): a decode and a prefill engine, KV pulled over NIXL.
 
 Equality: with remote prefill forced, greedy outputs equal the aggregated vLLM graph's on
-20 prompts (8 share a long prefix), and every prefill was remote.  Faults: a killed
+20 prompts (8 share a long prefix), and every prefill was remote.  A known defect (a read
+waiting for the prefill lease) is checked by its own expected-failure test.  Faults: a killed
 prefill worker leaves requests completing; a client leaving mid-stream frees the decode
 engine's request.
 """
@@ -79,19 +80,37 @@ def vllm_disagg(tmp_path_factory):
     assert run.stop(timeout_s=90) == 0, run.output()[-3000:]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect, open: on this CPU build a remote KV read sometimes stalls until the "
-    "prefill engine's 30 s lease expires and then reads freed blocks (vLLM logs "
-    "'Potentially invalid KV blocks'); see docs/engines.md, Known problems"))
-def test_remote_prefill_outputs_equal_aggregated(expected, vllm_disagg):
+@pytest.fixture(scope="module")
+def disagg_answers(vllm_disagg) -> list[str]:
+    """The 20 prompts answered once through the disaggregated graph, remote prefill
+    forced; shared by the equality test and the known-defect test below."""
+    _, url = vllm_disagg
+    return [ask(url, p) for p in PROMPTS]
+
+
+def test_remote_prefill_outputs_equal_aggregated(expected, disagg_answers, vllm_disagg):
     # expected first: the aggregated graph is stopped before the disaggregated one starts
-    run, url = vllm_disagg
-    got = [ask(url, p) for p in PROMPTS]
-    assert got == expected
+    run, _ = vllm_disagg
+    assert disagg_answers == expected
     decisions = samples(run, "DecodeWorker", "splitserve_disagg_decisions_total")
     assert decisions == {'splitserve_disagg_decisions_total{reason="forced-remote",'
                          'where="remote"}': len(PROMPTS)}
     assert samples(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == {}
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "known defect, open: on this CPU build a remote KV read sometimes waits until the "
+    "prefill engine's 30 s lease expires and then reads freed blocks (vLLM logs "
+    "'Potentially invalid KV blocks'), and under that stall a prefill job can end "
+    "'failed'; see docs/engines.md, Known problems"))
+def test_no_remote_read_outlives_the_prefill_lease(disagg_answers, vllm_disagg):
+    """Every read of the 20 finished inside the prefill engine's KV lease, and every
+    prefill job was done; this passes once the stall is fixed."""
+    run, _ = vllm_disagg
+    assert len(disagg_answers) == len(PROMPTS)
+    log = run.output()
+    assert "Potentially invalid KV blocks" not in log
+    assert "Releasing expired KV blocks" not in log
     jobs = samples(run, "PrefillWorker", "splitserve_prefill_jobs_total")
     assert jobs == {'splitserve_prefill_jobs_total{outcome="done"}': len(PROMPTS)}
 
