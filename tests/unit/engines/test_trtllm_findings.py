@@ -239,6 +239,26 @@ def test_a_dead_executor_is_reported_as_failure():
     run(go())
 
 
+def test_a_dead_executor_ends_the_serving_worker_with_its_error():
+    """T9 through the worker shell: the failure watcher every worker runs beside its
+    serving loop turns the dead executor into the error that ends the replica (the
+    supervisor restarts it), while serving itself never returns."""
+    from splitserve.components.worker.hosting import watch_failure
+    from splitserve.components.worker.shell import serve_or_die
+
+    async def go():
+        eng = await started_trtllm("decode", {})
+        serving = asyncio.get_running_loop().create_future()  # serves until stopped
+        died = asyncio.ensure_future(watch_failure(eng, every_s=0.01))
+        await asyncio.sleep(0.05)
+        assert not died.done()  # a healthy executor keeps the worker serving
+        eng.llm._executor._fatal_error = RuntimeError("MPI rank died")
+        with pytest.raises(RuntimeError, match="MPI rank died"):
+            await asyncio.wait_for(serve_or_die(serving, died), 5)
+        assert not serving.done()
+    run(go())
+
+
 def test_llm_is_built_on_the_event_loop_thread():
     threads: list[threading.Thread] = []
 
