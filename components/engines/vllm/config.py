@@ -107,11 +107,11 @@ class VllmKvTransfer(StrictModel):
         "does not, so prefill engines need it (reads hang without).")
     transfer_threads: int | None = Field(
         None, ge=0, le=64, description="NIXL's dedicated UCX transfer threads per engine "
-        "(vLLM's ``num_threads``; None keeps vLLM's default of 4). Over TCP, as on CPU "
-        "hosts, UCX serves a remote read in the target's own process: a prefill engine's "
-        "dedicated workers are progressed only by its own transfers, so reads that land "
-        "on them wait until the engine next polls (up to its 30 s KV lease). 0 leaves "
-        "every worker to the progress thread. GPU hosts with RDMA do not need it.")
+        "(vLLM's ``num_threads``; None keeps vLLM's default of 4, which makes NIXL's UCX "
+        "backend a thread-pool engine). 0 leaves every transfer to the one UCX worker and "
+        "its progress thread; on CPU hosts it was measured to make fewer remote reads "
+        "wait for the prefill engine's 30 s KV lease (not none; see docs/engines.md, "
+        "Known problems). Not needed on GPU hosts as far as known.")
     on_load_failure: Literal["recompute", "fail"] = Field(
         "recompute", description="What a decode engine does when it cannot read a "
         "request's KV (the prefill engine died or expired the blocks after handing "
