@@ -3,7 +3,7 @@
 # downloading any wheel (pip --dry-run reads package metadata only), so a dependency pin
 # that fights an engine's torch or CUDA stack fails here instead of on a GPU machine.
 #
-#   scripts/check_engine_installs.sh            # cpu and sglang, about a minute
+#   scripts/check_engine_installs.sh            # cpu, sglang and vllm, about 2 minutes
 #   scripts/check_engine_installs.sh trtllm     # also TensorRT-LLM (needs pypi.nvidia.com)
 #
 # pip runs --isolated: a machine's own pip config (constraint files, extra indexes) must
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 PY="${PYTHON:-.venv/bin/python}"
 REPORT_DIR="${REPORT_DIR:-$(mktemp -d)}"
-engines=(cpu sglang "$@")
+engines=(cpu sglang vllm "$@")
 status=0
 
 resolve() {  # name, then pip install arguments
@@ -26,7 +26,7 @@ resolve() {  # name, then pip install arguments
 import json, sys
 report = json.load(open(sys.argv[1]))
 pins = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
-print(", ".join(f"{k} {pins[k]}" for k in ("torch", "triton", "sglang", "tensorrt-llm",
+print(", ".join(f"{k} {pins[k]}" for k in ("torch", "triton", "sglang", "vllm", "tensorrt-llm",
                                            "nixl", "nixl-cu12", "nixl-cu13") if k in pins))
 PY
 )"
@@ -51,8 +51,9 @@ for engine in "${engines[@]}"; do
                  resolve cpu ".[dev,cpu]" --extra-index-url https://download.pytorch.org/whl/cpu
              fi ;;
         sglang) resolve sglang ".[sglang]" ;;
+        vllm) resolve vllm ".[vllm]" ;;   # vLLM's CUDA build, all from PyPI
         trtllm) resolve trtllm ".[trtllm]" --extra-index-url https://pypi.nvidia.com ;;
-        *) echo "unknown engine $engine (cpu, sglang, trtllm)"; exit 2 ;;
+        *) echo "unknown engine $engine (cpu, sglang, vllm, trtllm)"; exit 2 ;;
     esac
 done
 exit $status

