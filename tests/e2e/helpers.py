@@ -1,4 +1,4 @@
-"""Helpers the e2e modules share: metrics lines, one streamed request, the CLI, a
+"""Helpers the e2e modules share: Prometheus samples, one streamed request, the CLI, a
 percentile.  Test modules import from here, never from each other."""
 
 from __future__ import annotations
@@ -10,18 +10,61 @@ import time
 
 import aiohttp
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import REPO
 
 
-def metric_lines(metrics_url: str, name: str) -> dict[str, float]:
-    """Samples of the metric lines starting with ``name`` at ``metrics_url``."""
-    out = {}
-    for line in httpx.get(metrics_url).text.splitlines():
-        if line.startswith(name):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
+Labels = tuple[tuple[str, str], ...]
+"""A sample's labels as sorted (name, value) pairs: ``(("outcome", "done"),)``."""
+
+
+def scrape(source: str) -> dict[str, dict[Labels, float]]:
+    """Every sample of a Prometheus text exposition, by sample name then labels.
+
+    ``source`` is a ``/metrics`` URL (fetched) or the text itself.  Names are the
+    samples' own, as written: a counter's ``foo_total``, a histogram's ``foo_bucket``
+    (its ``le`` among the labels), ``foo_sum`` and ``foo_count``."""
+    if source.startswith(("http://", "https://")):
+        source = httpx.get(source, timeout=10).text
+    # The parser names the samples of a counter typed without "_total" ("# TYPE foo
+    # counter", "foo 1") foo_total; such counters keep their written name here.
+    bare = {parts[2] for parts in (line.split() for line in source.splitlines())
+            if parts[:2] == ["#", "TYPE"] and parts[3:] == ["counter"]
+            and not parts[2].endswith("_total")}
+    out: dict[str, dict[Labels, float]] = {}
+    for family in text_string_to_metric_families(source):
+        for sample in family.samples:
+            name = family.name if family.name in bare else sample.name
+            out.setdefault(name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def metric(source: str, name: str, **labels: str) -> float:
+    """The sum of the samples named ``name`` whose labels include ``labels`` (0 if none)."""
+    want = set(labels.items())
+    return sum((v for key, v in scrape(source).get(name, {}).items() if want <= set(key)),
+               0.0)
+
+
+def by_label(source: str, name: str, label: str) -> dict[str, float]:
+    """The samples named ``name`` summed by the value of one of their labels."""
+    out: dict[str, float] = {}
+    for key, value in scrape(source).get(name, {}).items():
+        group = dict(key)[label]
+        out[group] = out.get(group, 0.0) + value
+    return out
+
+
+def fleet(run, component: str, name: str) -> dict[Labels, float]:
+    """The samples named ``name`` summed by labels over every replica of ``component``
+    that serves metrics."""
+    out: dict[Labels, float] = {}
+    for rep in run.replicas(component):
+        if rep["metrics"]:
+            for key, value in scrape(rep["metrics"]).get(name, {}).items():
+                out[key] = out.get(key, 0.0) + value
     return out
 
 

@@ -16,11 +16,10 @@ import json
 import time
 
 import aiohttp
-import httpx
 import pytest
 
 from tests.e2e.conftest import start_graph
-from tests.e2e.helpers import one, percentile
+from tests.e2e.helpers import one, percentile, scrape
 
 pytestmark = pytest.mark.e2e
 
@@ -59,13 +58,12 @@ async def offered_load(url: str) -> list[dict]:
 
 
 def admissions(metrics_url: str) -> dict[tuple[str, str], float]:
+    """Admission verdicts by (outcome, reason)."""
     out: dict[tuple[str, str], float] = {}
-    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
-        if line.startswith("splitserve_qos_admissions_total{"):
-            labels = dict(part.split("=", 1) for part in
-                          line[line.index("{") + 1:line.index("}")].split(","))
-            key = (labels["outcome"].strip('"'), labels["reason"].strip('"'))
-            out[key] = out.get(key, 0.0) + float(line.rpartition(" ")[2])
+    for key, value in scrape(metrics_url).get("splitserve_qos_admissions_total", {}).items():
+        labels = dict(key)
+        verdict = (labels["outcome"], labels["reason"])
+        out[verdict] = out.get(verdict, 0.0) + value
     return out
 
 

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import openai
 import pytest
 
 from tests.e2e.conftest import route_explain, start_graph
+from tests.e2e.helpers import metric, scrape
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "SmolLM2-135M-Instruct"
 LONG = ("You are reviewing a long design document about a distributed cache. " * 12
         + "Summarise it in one sentence.")
-
-
-def decisions(metrics_url: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(metrics_url).text.splitlines():
-        if line.startswith("splitserve_router_decisions_total{"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 def test_kv_aware_routing_follows_the_prefix(tmp_path):
@@ -39,19 +30,19 @@ def test_kv_aware_routing_follows_the_prefix(tmp_path):
         overlap = {int(k): v for k, v in d["decision"]["scorers"][0]["raw"].items()}
         assert overlap[holder] > 0.9 and min(overlap.values()) == 0.0, d
         router_metrics = next(r["metrics"] for r in run.replicas("Router"))
-        key = f'worker="{holder:x}"'
-        before = sum(v for k, v in decisions(router_metrics).items() if key in k)
+        decisions = "splitserve_router_decisions_total"
+        before = metric(router_metrics, decisions, worker=f"{holder:x}")
         for _ in range(3):
             again = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
                                               messages=msgs)
             assert again.choices[0].message.content == first.choices[0].message.content
             assert again.usage.prompt_tokens_details.cached_tokens > 0  # a real prefix hit
-        after = sum(v for k, v in decisions(router_metrics).items() if key in k)
+        after = metric(router_metrics, decisions, worker=f"{holder:x}")
         assert after - before == 3
         # the workers export their KV usage and queue length
         for rep in run.replicas("Worker"):
-            text = httpx.get(rep["metrics"]).text
-            assert "splitserve_worker_kv_usage_ratio" in text
-            assert "splitserve_worker_waiting_requests" in text
+            samples = scrape(rep["metrics"])
+            assert "splitserve_worker_kv_usage_ratio" in samples
+            assert "splitserve_worker_waiting_requests" in samples
     finally:
         assert run.stop() == 0, run.output()[-3000:]

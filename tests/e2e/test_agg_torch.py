@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import scrape
 
 pytestmark = pytest.mark.e2e
 
@@ -107,6 +108,6 @@ def test_bad_input_gets_400_and_server_keeps_serving(agg, body, code):
 
 def test_health_and_metrics(agg):
     assert httpx.get(f"{agg}/ready").json()["status"] == "ready"
-    text = httpx.get(f"{agg}/metrics").text
-    assert "splitserve_frontend_ttft_seconds_bucket" in text
-    assert "splitserve_frontend_itl_seconds_bucket" in text
+    samples = scrape(f"{agg}/metrics")
+    assert "splitserve_frontend_ttft_seconds_bucket" in samples
+    assert "splitserve_frontend_itl_seconds_bucket" in samples

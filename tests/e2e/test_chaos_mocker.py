@@ -19,11 +19,11 @@ import signal
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import metric
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import descendants, http_post_json, wait_until
 
@@ -51,11 +51,8 @@ def one_stream(url: str, i: int) -> tuple[str | None, int, float]:
 
 
 def migrated_mid_stream(url: str) -> float:
-    for ln in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if ln.startswith('splitserve_frontend_migrations_total{reason="worker-failed-mid-'
-                         'stream"}'):
-            return float(ln.rpartition(" ")[2])
-    return 0.0
+    return metric(f"{url}/metrics", "splitserve_frontend_migrations_total",
+                  reason="worker-failed-mid-stream")
 
 
 def scale(run, n: int) -> None:

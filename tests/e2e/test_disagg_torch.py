@@ -12,11 +12,11 @@ import os
 import signal
 import time
 
-import httpx
 import openai
 import pytest
 
 from tests.e2e.conftest import route_explain, start_graph
+from tests.e2e.helpers import fleet
 from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS, SHARED
 from tests.integration.serve_helpers import wait_until
 
@@ -29,18 +29,6 @@ def ask(url: str, prompt: str, max_tokens: int = 20) -> openai.types.chat.ChatCo
                        timeout=120) as c:
         return c.chat.completions.create(model=MODEL, temperature=0, max_tokens=max_tokens,
                                          messages=[{"role": "user", "content": prompt}])
-
-
-def counters(run, component: str, prefix: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for rep in run.replicas(component):
-        if not rep["metrics"]:
-            continue
-        for line in httpx.get(rep["metrics"], timeout=10).text.splitlines():
-            if line.startswith(prefix) and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = out.get(key, 0.0) + float(value)
-    return out
 
 
 def test_disaggregated_outputs_equal_aggregated(tmp_path):
@@ -57,12 +45,11 @@ def test_disaggregated_outputs_equal_aggregated(tmp_path):
             r = ask(url, p)
             got.append(r.choices[0].message.content)
         assert got == expected
-        decisions = counters(run, "DecodeWorker", "splitserve_disagg_decisions_total")
-        assert decisions == {'splitserve_disagg_decisions_total{reason="forced-remote",'
-                             'where="remote"}': len(PROMPTS)}
-        assert counters(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == {}
-        jobs = counters(run, "PrefillWorker", "splitserve_prefill_jobs_total")
-        assert jobs == {'splitserve_prefill_jobs_total{outcome="done"}': len(PROMPTS)}
+        decisions = fleet(run, "DecodeWorker", "splitserve_disagg_decisions_total")
+        assert decisions == {(("reason", "forced-remote"), ("where", "remote")): len(PROMPTS)}
+        assert fleet(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == {}
+        jobs = fleet(run, "PrefillWorker", "splitserve_prefill_jobs_total")
+        assert jobs == {(("outcome", "done"),): len(PROMPTS)}
         # concurrent requests through the same path still match
         with cf.ThreadPoolExecutor(8) as pool:
             again = list(pool.map(lambda p: ask(url, p).choices[0].message.content, PROMPTS))
@@ -76,9 +63,8 @@ def test_no_prefill_workers_means_local_prefill(tmp_path):
                            "--PrefillWorker.replicas=0")
     try:
         assert "Paris" in ask(url, QUESTIONS[0]).choices[0].message.content
-        d = counters(run, "DecodeWorker", "splitserve_disagg_decisions_total")
-        assert d == {'splitserve_disagg_decisions_total{reason="no-prefill-workers",'
-                     'where="local"}': 1.0}
+        d = fleet(run, "DecodeWorker", "splitserve_disagg_decisions_total")
+        assert d == {(("reason", "no-prefill-workers"), ("where", "local")): 1.0}
     finally:
         assert run.stop() == 0
 
@@ -121,9 +107,9 @@ def test_stalled_prefill_worker_times_out_and_full_queue_falls_back(fault_graph)
         assert elapsed < 20, elapsed
     finally:
         os.kill(pid, signal.SIGCONT)
-    fallbacks = counters(run, "DecodeWorker", "splitserve_disagg_fallbacks_total")
-    assert fallbacks.get('splitserve_disagg_fallbacks_total{reason="timeout"}', 0) >= 1
-    assert fallbacks.get('splitserve_disagg_fallbacks_total{reason="queue-full"}', 0) >= 1
+    fallbacks = fleet(run, "DecodeWorker", "splitserve_disagg_fallbacks_total")
+    assert fallbacks.get((("reason", "timeout"),), 0) >= 1
+    assert fallbacks.get((("reason", "queue-full"),), 0) >= 1
 
 
 def test_prefill_worker_killed_mid_job_request_still_completes(fault_graph):
@@ -160,8 +146,7 @@ def test_route_explain_shows_the_offload_decision(tmp_path):
         assert long["request"]["prompt_length"] > 256
         # the seed's policy in the config: a long prompt goes remote, a short one stays
         ask(url, SHARED * 3 + QUESTIONS[1])
-        d = counters(run, "DecodeWorker", "splitserve_disagg_decisions_total")
-        assert d == {'splitserve_disagg_decisions_total{reason="min-score-met",'
-                     'where="remote"}': 1.0}
+        d = fleet(run, "DecodeWorker", "splitserve_disagg_decisions_total")
+        assert d == {(("reason", "min-score-met"), ("where", "remote")): 1.0}
     finally:
         assert run.stop() == 0

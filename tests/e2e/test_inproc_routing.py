@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import route_explain, start_graph
-from tests.e2e.helpers import dynamo, metric_lines
+from tests.e2e.helpers import by_label, dynamo, metric, scrape
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import wait_until
 
@@ -38,11 +38,7 @@ def inproc_graph(tmp_path_factory):
 
 def decisions(url: str) -> dict[str, float]:
     """Routing decisions by worker (hex id), from the frontend's own /metrics."""
-    out: dict[str, float] = {}
-    for key, value in metric_lines(f"{url}/metrics", "splitserve_router_decisions_total{").items():
-        worker = key.split('worker="')[1].split('"')[0]
-        out[worker] = out.get(worker, 0.0) + value
-    return out
+    return by_label(f"{url}/metrics", "splitserve_router_decisions_total", "worker")
 
 
 def test_served_without_a_router_process(inproc_graph):
@@ -54,8 +50,7 @@ def test_served_without_a_router_process(inproc_graph):
                                            messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
     assert sum(decisions(url).values()) == before + 1
-    released = metric_lines(f"{url}/metrics", "splitserve_router_released_total")
-    assert released.get('splitserve_router_released_total{outcome="ok"}', 0) >= 1
+    assert metric(f"{url}/metrics", "splitserve_router_released_total", outcome="ok") >= 1
 
 
 def test_repeated_prefix_lands_on_the_worker_holding_it(inproc_graph):
@@ -72,8 +67,8 @@ def test_repeated_prefix_lands_on_the_worker_holding_it(inproc_graph):
     after = decisions(url)
     assert after[holder] - first[holder] == 3, (first, after)
     assert sum(after.values()) - sum(first.values()) == 3
-    cached = metric_lines(f"{url}/metrics", "splitserve_router_overlap_blocks_total")
-    assert sum(cached.values()) > 0  # the prompt's blocks were known to be cached there
+    cached = metric(f"{url}/metrics", "splitserve_router_overlap_blocks_total")
+    assert cached > 0  # the prompt's blocks were known to be cached there
 
 
 def test_route_explain_reads_the_frontends_routing(inproc_graph):
@@ -111,17 +106,13 @@ def test_admission_queue_refuses_a_burst_with_503(inproc_graph):
     assert len(refused) >= 3, results
     assert all(ra is not None and int(ra) >= 1 for ra in refused), results
     assert sum(1 for status, _ in results if status == 200) >= 2, results
-    verdicts = metric_lines(f"{url}/metrics", "splitserve_qos_admissions_total")
-    assert any('reason="queue-full"' in k and v >= 3 for k, v in verdicts.items()), verdicts
+    verdicts = scrape(f"{url}/metrics").get("splitserve_qos_admissions_total", {})
+    assert any(("reason", "queue-full") in k and v >= 3 for k, v in verdicts.items()), verdicts
 
 
 def profiles(url: str) -> dict[str, float]:
     """Routing decisions by scheduling profile, from the frontend's /metrics."""
-    out: dict[str, float] = {}
-    for key, value in metric_lines(f"{url}/metrics", "splitserve_router_decisions_total{").items():
-        profile = key.split('profile="')[1].split('"')[0]
-        out[profile] = out.get(profile, 0.0) + value
-    return out
+    return by_label(f"{url}/metrics", "splitserve_router_decisions_total", "profile")
 
 
 def test_a_policy_version_is_applied_by_the_frontend(inproc_graph, tmp_path):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import signal
 
-import httpx
 import openai
 import pytest
 
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import metric, scrape
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import wait_until
 
@@ -23,22 +23,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm."
 MAX_TOKENS = 64
-
-
-def running(metrics_url: str) -> float:
-    for line in httpx.get(metrics_url, timeout=10).text.splitlines():
-        if line.startswith("splitserve_worker_running_requests "):
-            return float(line.rpartition(" ")[2])
-    return 0.0
-
-
-def frontend_counter(url: str, name: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 def stream_text(c: openai.OpenAI, on_chunk=None) -> str:
@@ -67,7 +51,8 @@ def test_killed_worker_mid_stream_is_resumed_with_identical_text(tmp_path):
             if chunks != 8 or killed:
                 return
             for rep in run.replicas("Worker"):
-                if rep["state"] == "ready" and rep["metrics"] and running(rep["metrics"]) >= 1:
+                if rep["state"] == "ready" and rep["metrics"] and metric(
+                        rep["metrics"], "splitserve_worker_running_requests") >= 1:
                     os.kill(rep["pid"], signal.SIGKILL)
                     killed.append(rep["pid"])
                     return
@@ -75,9 +60,8 @@ def test_killed_worker_mid_stream_is_resumed_with_identical_text(tmp_path):
         got = stream_text(c, kill_the_serving_worker)
         assert killed, "no worker was found serving the stream"
         assert got == expected
-        moved = frontend_counter(url, "splitserve_frontend_migrations_total")
-        assert moved == {'splitserve_frontend_migrations_total'
-                         '{reason="worker-failed-mid-stream"}': 1.0}, moved
+        moved = scrape(f"{url}/metrics").get("splitserve_frontend_migrations_total", {})
+        assert moved == {(("reason", "worker-failed-mid-stream"),): 1.0}, moved
         wait_until(lambda: sum(r["state"] == "ready" for r in run.replicas("Worker")) == 2,
                    120, interval_s=0.5, what="killed worker restarted")
         assert run.stop() == 0, run.output()[-3000:]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from splitserve.infra.procs import pid_alive
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import metric
 
 pytestmark = pytest.mark.e2e
 
@@ -23,24 +23,9 @@ LONG = "Summarise the history of the printing press in Europe. " * 40  # ~450 to
 SHORT = "hi"
 
 
-def samples(metrics_url: str, name: str) -> dict[str, float]:
-    """Prometheus samples of one metric family: label string -> value."""
-    out = {}
-    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
-        if line.startswith((name + "{", name + " ")):
-            key, _, value = line.rpartition(" ")
-            out[key[len(name):]] = float(value)
-    return out
-
-
 def fleet_total(run, component: str, name: str, **labels: str) -> float:
     """A metric summed over every replica of ``component`` whose labels include ``labels``."""
-    total = 0.0
-    for replica in run.replicas(component):
-        for key, value in samples(replica["metrics"], name).items():
-            if all(f'{k}="{v}"' in key for k, v in labels.items()):
-                total += value
-    return total
+    return sum(metric(replica["metrics"], name, **labels) for replica in run.replicas(component))
 
 
 def engine_pids(run) -> set[int]:
@@ -106,7 +91,7 @@ def test_long_prompts_go_remote_and_short_ones_stay_local(fleet):
                        outcome="done") - done0 == 4
     assert fleet_total(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == 0
     # Round-robin routing spreads requests, so both decode workers decided some.
-    assert all(samples(r["metrics"], decisions) for r in run.replicas("DecodeWorker"))
+    assert all(metric(r["metrics"], decisions) > 0 for r in run.replicas("DecodeWorker"))
 
 
 def test_without_prefill_workers_long_prompts_complete_locally(tmp_path):

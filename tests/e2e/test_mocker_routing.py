@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import route_explain, start_graph
-from tests.e2e.helpers import metric_lines
+from tests.e2e.helpers import metric
 from tests.integration.serve_helpers import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -47,12 +47,11 @@ def test_repeated_long_prompt_goes_to_the_worker_holding_its_prefix(mocker_graph
     assert overlap[holder] > 0.8, decision  # the prompt's blocks are cached there
     assert sorted(overlap.values())[0] == 0.0  # ...and not on the other worker
     router_metrics = next(r["metrics"] for r in run.replicas("Router"))
-    key = next(k for k in metric_lines(router_metrics, "splitserve_router_decisions_total")
-               if f'worker="{holder:x}"' in k)
-    before = metric_lines(router_metrics, "splitserve_router_decisions_total")[key]
+    decisions = "splitserve_router_decisions_total"
+    before = metric(router_metrics, decisions, worker=f"{holder:x}")
     for _ in range(3):
         client.chat.completions.create(model=MODEL, max_tokens=2, messages=msgs)
-    after = metric_lines(router_metrics, "splitserve_router_decisions_total")[key]
+    after = metric(router_metrics, decisions, worker=f"{holder:x}")
     assert after - before == 3
 
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.helpers import dynamo
+from tests.e2e.helpers import by_label, dynamo
 from tests.integration.serve_helpers import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -20,13 +20,7 @@ MODEL = "SmolLM2-135M-Instruct"
 
 def profiles(run) -> dict[str, float]:
     url = next(r["metrics"] for r in run.replicas("Router"))
-    out: dict[str, float] = {}
-    for line in httpx.get(url, timeout=10).text.splitlines():
-        if line.startswith("splitserve_router_decisions_total{"):
-            key, _, value = line.rpartition(" ")
-            profile = key.split('profile="')[1].split('"')[0]
-            out[profile] = out.get(profile, 0.0) + float(value)
-    return out
+    return by_label(url, "splitserve_router_decisions_total", "profile")
 
 
 def test_apply_and_rollback_under_load(tmp_path, mocker_graph):

