@@ -7,10 +7,17 @@ placements, and every finished request's timings (release calls), which teach th
 per-worker TTFT and TPOT fits (`qos.predictor`).  The same gate runs in the Router
 process and in process in the frontend.
 
-Per request: predict on the worker the routing policy chose; if that worker would miss
-the class's targets but another candidate would not, the request goes there instead
-(``qos-rerouted``); only when none would is it refused.  In shadow mode nothing is
-refused or moved: would-be refusals are counted and followed to their outcome.
+Per request: predict on the worker the routing policy chose and on a few other
+candidates (the least loaded, and those holding the most of the prompt).  With
+``placement: slo`` (the default) the request goes to the candidate whose predicted TTFT
+and TPOT use the smallest share of its class's targets (``slo_usage``), when that is not
+the policy's pick (``qos-placed``): the prediction counts the prompt tokens each worker
+still has to prefill ahead of it and its own uncached tokens, which the routing scores
+(normalised counts) lose.  With ``placement: policy`` the pick stands unless it would
+miss the targets and another candidate would not (``qos-rerouted``).  Only when no
+candidate would meet them is the request refused.  During warm-up (no learned TTFT fit)
+the policy's pick stands.  In shadow mode nothing is refused or moved: would-be
+refusals are counted and followed to their outcome.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class Admission:
     worker_id: int | None  # None when no worker could be judged
     estimate: Estimate | None
     rerouted: bool = False
+    why: str = "qos-rerouted"  # the decision reason when rerouted
 
 
 class QosMetrics:
@@ -149,14 +157,19 @@ class QosGate:
                                now, depth, held_ms)
 
         first = judge(chosen) if chosen is not None else None
-        if first is None or (not first.verdict.admit and self.config.mode == "enforce"):
-            # The least loaded few are judged (a refusal under overload must stay cheap
-            # on a large fleet): less work ahead and a smaller batch predict lower.
-            others = sorted((w for w in ids if w != chosen),
-                            key=lambda w: self.predictor.load(f"{w:x}"))
-            judged = [judge(w) for w in others[:MAX_ALTERNATIVES]]
+        enforce = self.config.mode == "enforce"
+        place = (enforce and first is not None and first.verdict.admit
+                 and self.config.placement == "slo" and first.estimate is not None
+                 and first.estimate.prefill_source != "warmup")
+        if first is None or place or (not first.verdict.admit and enforce):
+            judged = [judge(w) for w in self._alternatives(ids, chosen, cached)]
             fits = [a for a in judged if a.verdict.admit and not a.verdict.would_reject]
-            if fits:
+            if place:
+                mine = slo_usage(first, self.config)
+                best = min(fits, key=lambda a: slo_usage(a, self.config), default=None)
+                if best is not None and slo_usage(best, self.config) < mine:
+                    first = replace(best, rerouted=True, why="qos-placed")
+            elif fits:
                 best = min(fits, key=lambda a: a.verdict.est_ttft_ms or 0.0)
                 first = replace(best, rerouted=first is not None)
             elif first is None and judged:
@@ -169,6 +182,19 @@ class QosGate:
         if record:
             self.record(call, first, now)
         return first
+
+    def _alternatives(self, ids: Sequence[int], chosen: int | None,
+                      cached: Mapping[int, int]) -> list[int]:
+        """The other candidates worth judging, a few so that a large fleet stays cheap:
+        the least loaded (less work ahead and a smaller batch predict lower) and those
+        holding the most of the prompt (fewer tokens to prefill)."""
+        others = [w for w in ids if w != chosen]
+        if len(others) <= MAX_ALTERNATIVES:
+            return others
+        light = sorted(others, key=lambda w: self.predictor.load(f"{w:x}"))
+        warm = sorted((w for w in others if cached.get(w, 0) > 0),
+                      key=lambda w: -cached[w])
+        return list(dict.fromkeys([*light[:MAX_ALTERNATIVES], *warm[:MAX_ALTERNATIVES // 2]]))
 
     def record(self, call: RouteCall, admission: Admission, now: float) -> None:
         """Count a verdict that takes effect and, for an admission, follow the request
@@ -225,6 +251,23 @@ class QosGate:
         self.metrics.prefill_rate.set(per_token)
         self.metrics.decode_rate.set(tpot_one)
         return cal
+
+
+def slo_usage(admission: Admission, config: QosConfig) -> float:
+    """The share of its class's targets a request is predicted to use on the worker it was
+    judged for: est TTFT / TTFT target + est TPOT / TPOT target (the TPOT term only when
+    the prediction knows the batch it joins).  Lower is better; summed, not the larger
+    of the two, so that a worker with prompts queued ahead is dearer than one without
+    even when both would meet the TTFT target."""
+    est = admission.estimate
+    cls = config.class_named(admission.verdict.class_name) or \
+        config.class_named(config.default_class)
+    if est is None or cls is None:
+        return math.inf
+    usage = est.est_ttft_ms / cls.ttft_ms
+    if est.tpot_batch > 0 and est.decode_source != "warmup":
+        usage += est.est_tpot_ms / cls.tpot_ms
+    return usage
 
 
 def outcome_of(cal: Calibration, config: QosConfig) -> str:

@@ -166,7 +166,7 @@ class RouterService:
                               retry_after_s=verdict.retry_after_s, qos=qos), None
         if adm.rerouted:
             decision = decision.model_copy(update={"worker_id": adm.worker_id,
-                                                   "reason": "qos-rerouted"})
+                                                   "reason": adm.why})
         wid = decision.worker_id
         if record:
             self.metrics.route_latency.observe(time.monotonic() - now)

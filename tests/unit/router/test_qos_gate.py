@@ -138,6 +138,48 @@ def test_a_worker_that_would_miss_hands_the_request_to_one_that_meets_the_target
     assert adm.verdict.admit and adm.rerouted and adm.worker_id != 1
 
 
+@pytest.mark.parametrize("placement", ["slo", "policy"])
+def test_a_pick_with_prompts_queued_ahead_moves_to_the_worker_that_serves_it_sooner(
+        placement):
+    fleet = Fleet(QosGate(qos(placement=placement), CollectorRegistry()))
+    fleet.teach()
+    fleet.admit("long", 1, tokens=6000)  # worker 1: 6000 prompt tokens ahead
+    # The policy's pick (say, for a small prefix hit) would meet the target (50 + 7000 x
+    # 0.1 = 750 ms of 2000) but an idle worker answers in 150 ms.
+    adm = fleet.admit("next", 1, tokens=1000, record=False)
+    assert adm.verdict.admit and adm.verdict.reason == "within-slo"
+    if placement == "policy":
+        assert (adm.worker_id, adm.rerouted) == (1, False)
+    else:
+        assert adm.worker_id != 1 and adm.rerouted and adm.why == "qos-placed"
+        assert adm.estimate.est_ttft_ms == pytest.approx(150.0, rel=0.01)
+
+
+def test_slo_placement_counts_the_prefix_each_worker_holds():
+    fleet = Fleet(QosGate(qos(), CollectorRegistry()))
+    fleet.teach()
+    fleet.admit("long", 1, tokens=6000)
+    # Worker 3 holds 900 of the 1000 prompt tokens: only 100 to prefill there.
+    adm = fleet.gate.check(route("next", 1000), fleet.workers, {3: 900}, fleet.now, False,
+                           chosen=1, candidates=WORKERS)
+    assert adm.worker_id == 3 and adm.estimate.request_tokens == 100
+    # And the policy's pick stands when it is already the best place.
+    stay = fleet.gate.check(route("again", 1000), fleet.workers, {3: 900}, fleet.now,
+                            False, chosen=3, candidates=WORKERS)
+    assert (stay.worker_id, stay.rerouted) == (3, False)
+
+
+def test_slo_placement_moves_nothing_in_warm_up_or_shadow_mode():
+    cold = Fleet(QosGate(qos(), CollectorRegistry()))
+    cold.admit("long", 1, tokens=6000)
+    assert cold.admit("next", 1, record=False).worker_id == 1
+    shadow = Fleet(QosGate(qos(mode="shadow"), CollectorRegistry()))
+    shadow.teach()
+    shadow.admit("long", 1, tokens=6000)
+    adm = shadow.admit("next", 1, record=False)
+    assert (adm.worker_id, adm.rerouted) == (1, False)
+
+
 def test_without_a_pick_the_admitted_worker_predicted_fastest_is_judged():
     fleet = Fleet(QosGate(qos(), CollectorRegistry()))
     fleet.teach()
