@@ -93,8 +93,10 @@ class _Fit:
     nn: float
     nt: float
     samples: int
+    x_max: float = 0.0  # the largest x (tokens) it has seen
 
     def update(self, alpha: float, tokens: float, ms: float) -> None:
+        self.x_max = max(self.x_max, tokens)
         keep = 1.0 - alpha
         self.n = keep * self.n + alpha * tokens
         self.t = keep * self.t + alpha * ms
@@ -162,7 +164,7 @@ class LatencyEstimator:
     def _fit(self, key: tuple[str, str], tokens: int, ms: float) -> None:
         fit = self._fits.get(key)
         if fit is None:
-            self._fits[key] = _Fit(tokens, ms, tokens * tokens, tokens * ms, 1)
+            self._fits[key] = _Fit(tokens, ms, tokens * tokens, tokens * ms, 1, tokens)
         else:
             fit.update(self.params.smoothing, tokens, ms)
 

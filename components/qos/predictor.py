@@ -46,6 +46,16 @@ Both are lines learned per worker and for the pool, from every request, loaded o
   is measured where first tokens are reported (routing in process): elsewhere a request
   is "ahead" until its release and the share would read 1.
 
+A TTFT fit is not trusted for prompts far longer than it has seen: when a request's own
+``n`` is more than ``EXTRAPOLATION`` times the largest ``ahead + n`` it was taught, its
+source reads ``warmup`` (admission answers ``no-estimate``: admitted) until requests of
+that size have taught it.  A fleet's first requests are short (health checks, warm-up),
+and a line through them alone (their fixed cost read as a cost per token) said 8k-token
+prompts on an idle worker would take seconds: the first long prompts of a run were
+refused at 0.5x capacity.  The work ahead is not limited so: once the fit knows what a
+token costs, a queue of many prompts is that many times the cost, and a burst must be
+judged while it builds up, before its first answers could teach anything.
+
 A series is used once it holds ``MIN_SAMPLES`` samples (worker, else pool); before that
 its source is ``warmup`` and admission answers ``no-estimate`` instead of refusing.
 
@@ -66,6 +76,7 @@ from .types import Estimate, RateSource
 MIN_SAMPLES = 3
 BIN_WEIGHT_CAP = 8  # samples that count for a TPOT bin's weight in the line
 MAX_TICKETS = 100_000  # placed requests remembered until their release (bounds memory)
+EXTRAPOLATION = 2.0  # a TTFT fit judges x up to this times the largest x it has seen
 BUSY_WINDOW_S = 0.5  # time constant of the prefill-busy share
 MAX_BUSY = 0.9  # a worker busier than this predicts (and teaches) as if 0.9
 
@@ -201,6 +212,12 @@ class LatencyPredictor:
         fixed, per_token = line or (0.0, self.params.warmup_prefill_ms_per_token)
         return fixed, max(per_token, 1e-6), source
 
+    def _seen(self, worker: str, source: RateSource) -> float:
+        """The largest x the TTFT series ``source`` of ``worker`` was taught."""
+        holder = self.pool if source == "pool" else self.workers.get(worker)
+        fit = holder.ttft if holder is not None else None
+        return fit.x_max if fit is not None else 0.0
+
     def tpot_line(self, worker: str, now: float) -> tuple[float, float, RateSource]:
         """(base ms, ms per running request, source) of the worker's TPOT fit."""
         line, source = self._series(self._worker(worker, now), "tpot")
@@ -231,6 +248,8 @@ class LatencyPredictor:
         w = self._worker(worker, now)
         ahead = w.pending_tokens
         batch = w.running + 1
+        if ttft_source != "warmup" and own > EXTRAPOLATION * self._seen(worker, ttft_source):
+            ttft_source = "warmup"  # a prompt beyond what the fit has seen: a guess
         queue_ms = ahead * per_token + max(0.0, held_ms)
         own_ms = fixed + own * per_token
         busy = min(MAX_BUSY, w.busy) if self.first_tokens_reported else 0.0
@@ -309,7 +328,7 @@ class LatencyPredictor:
     def _learn_ttft(self, w: _Worker, x: float, ttft_ms: float) -> None:
         for holder in (w, self.pool):
             if holder.ttft is None:
-                holder.ttft = _Fit(x, ttft_ms, x * x, x * ttft_ms, 1)
+                holder.ttft = _Fit(x, ttft_ms, x * x, x * ttft_ms, 1, x)
             else:
                 holder.ttft.update(self.params.smoothing, x, ttft_ms)
 

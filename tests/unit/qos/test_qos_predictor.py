@@ -222,3 +222,22 @@ def test_without_first_token_reports_busy_is_not_used():
     est = p.predict("a", 100, t + 5.0)
     base, slope, _ = p.tpot_line("a", t + 5.0)
     assert est.est_tpot_ms == pytest.approx(base + slope * est.tpot_batch)
+
+
+def test_a_prompt_far_longer_than_any_taught_is_a_guess_not_a_refusal():
+    p = LatencyPredictor()
+    # Only short requests so far (a fleet's warm-up): 20 ms each, whatever the length.
+    teach(p, ttft=[(20, 0.020), (30, 0.020), (40, 0.020)])
+    longest = p.pool.ttft.x_max
+    assert longest == 40
+    assert p.predict("9", 80, 100.0).prefill_source != "warmup"  # within 2x of it
+    est = p.predict("9", 8000, 100.0)
+    assert est.prefill_source == "warmup"  # the line through 40 tokens says little of 8000
+    # Once long prompts were served, the same prediction is trusted again, and the work
+    # ahead of a request is never limited so (a burst is judged as it builds up).
+    t = teach(p, t=200.0, ttft=[(8000, 0.45), (6000, 0.35)])
+    assert p.predict("9", 8000, t).prefill_source != "warmup"
+    p.place("a", "9", p.predict("9", 8000, t), t, class_name="default")
+    p.place("b", "9", p.predict("9", 8000, t), t, class_name="default")
+    queued = p.predict("9", 8000, t)
+    assert queued.prefill_source != "warmup" and queued.prefill_queued_tokens == 16000
