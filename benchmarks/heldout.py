@@ -117,7 +117,9 @@ DYNAMO = {
     "dynamo-kv-queue": ["--router-queue-threshold", "1.0"],
 }
 OURS = "splitserve-default"
-ALL = [OURS, *DYNAMO]
+SHADOW = "splitserve-shadow"  # the same, qos.mode shadow: what it would refuse, and how
+# those requests ended (the false refusals of the default), never compared for goodput
+ALL = [OURS, *DYNAMO, SHADOW]
 
 
 def one_line_default(slo: dict[str, float]) -> list[str]:
@@ -159,10 +161,11 @@ def workload(case: Case, seed: int) -> tuple[list[rp.PreparedRequest], dict]:
 def deployment(name: str, case: Case, args):
     """Start ``name`` for ``case``; yields (base URL, metrics URL of our frontend or None)."""
     fleet = [f"--Worker.replicas={case.workers}", *FLEET]
-    if name == OURS:
+    if name in (OURS, SHADOW):
         slo = rp.parse_slo(case.slo)
+        mode = ["--Frontend.router.qos.mode=shadow"] if name == SHADOW else []
         with GraphRun("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
-                      [*fleet, *one_line_default(slo)],
+                      [*fleet, *one_line_default(slo), *mode],
                       startup_timeout_s=args.startup_timeout_s) as g:
             wait_serving(g.url, 60, 2 * case.workers)
             yield g.url, f"{g.url}/metrics"
@@ -231,26 +234,44 @@ def rejected_codes(records: list[dict]) -> dict[str, int]:
     return codes
 
 
+def false_refusals(shadow: dict[str, float] | None) -> tuple[float, float, float] | None:
+    """From shadow mode's confusion table: (would refuse, of those met the SLO anyway,
+    that share): the refusals the default would have made in vain on this traffic."""
+    if not shadow:
+        return None
+    met, missed = shadow.get("would-refuse-met", 0.0), shadow.get("would-refuse-missed", 0.0)
+    would = met + missed
+    return (would, met, met / would) if would else (0.0, 0.0, 0.0)
+
+
 def table(points: list[dict]) -> tuple[str, list[dict]]:
     """Per case: our goodput, Dynamo's best (and which), the ratio; then every point."""
     rows, lines = [], ["| case | this project (default) | Dynamo's best | which | ratio | "
-                       "TTFT p99 ours / theirs (ms) | TPOT p99 ours / theirs (ms) | confusion |",
-                       "|---|---|---|---|---|---|---|---|"]
+                       "TTFT p99 ours / theirs (ms) | TPOT p99 ours / theirs (ms) | confusion | "
+                       "shadow: would refuse, of which met |",
+                       "|---|---|---|---|---|---|---|---|---|"]
     for case in dict.fromkeys(p["case"] for p in points):
         ps = [p for p in points if p["case"] == case and p.get("goodput_rps") is not None]
         ours = next((p for p in ps if p["config"] == OURS), None)
-        theirs = [p for p in ps if p["config"] != OURS]
+        theirs = [p for p in ps if p["config"] not in (OURS, SHADOW)]
         if ours is None or not theirs:
             continue
         best = max(theirs, key=lambda p: p["goodput_rps"])
         ratio = ours["goodput_rps"] / best["goodput_rps"] if best["goodput_rps"] else None
+        conf = ours.get("confusion") or {}
+        shadow = next((p.get("confusion") for p in ps if p["config"] == SHADOW), None)
+        false = false_refusals(shadow)
+        admitted = conf.get("admitted-met", 0) + conf.get("admitted-missed", 0)
         rows.append({"case": case, "ours": ours["goodput_rps"], "best": best["goodput_rps"],
-                     "best_config": best["config"], "ratio": ratio})
-        conf = ", ".join(f"{k} {v:g}" for k, v in sorted((ours.get("confusion") or {}).items()))
+                     "best_config": best["config"], "ratio": ratio,
+                     "admitted_missed_share": conf.get("admitted-missed", 0) / admitted
+                     if admitted else None, "false_refusal_share": false[2] if false else None})
+        cells = ", ".join(f"{k} {v:g}" for k, v in sorted(conf.items()))
+        shown = f"{false[0]:g}, {false[1]:g} ({100 * false[2]:.0f}%)" if false else "-"
         lines.append(f"| {case} | {ours['goodput_rps']:.2f} | {best['goodput_rps']:.2f} | "
                      f"{best['config']} | **{ratio:.2f}x** | {sw.fmt(ours['ttft_p99_ms'])} / "
                      f"{sw.fmt(best['ttft_p99_ms'])} | {sw.fmt(ours['tpot_p99_ms'])} / "
-                     f"{sw.fmt(best['tpot_p99_ms'])} | {conf} |")
+                     f"{sw.fmt(best['tpot_p99_ms'])} | {cells} | {shown} |")
     lines += ["", "| case | configuration | goodput req/s | in SLO | ok | refused | errors | "
               "TTFT p50/p99 ms | TPOT p50/p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
     for p in points:
