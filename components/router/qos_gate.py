@@ -7,13 +7,14 @@ placements, and every finished request's timings (release calls), which teach th
 per-worker TTFT and TPOT fits (`qos.predictor`).  The same gate runs in the Router
 process and in process in the frontend.
 
-Per request: predict on the worker the routing policy chose and on a few other
-candidates (the least loaded, and those holding the most of the prompt).  With
-``placement: slo`` (the default) the request goes to the candidate whose predicted TTFT
-and TPOT use the smallest share of its class's targets (``slo_usage``), when that is not
-the policy's pick (``qos-placed``): the prediction counts the prompt tokens each worker
-still has to prefill ahead of it and its own uncached tokens, which the routing scores
-(normalised counts) lose.  With ``placement: policy`` the pick stands unless it would
+Per request: predict on the worker the routing policy chose.  When admission is on for
+the request's class and its rules ran (verdict ``within-slo``), with ``placement: slo``
+(the default) a few other candidates are predicted too (the least loaded, and those
+holding the most of the prompt) and the request goes to the one whose predicted TTFT and
+TPOT use the smallest share of its class's targets (``slo_usage``) when that is not the
+policy's pick (``qos-placed``): the prediction counts the prompt tokens each worker still
+has to prefill ahead of it and its own uncached tokens, which the routing scores
+(normalised counts) lose.  Classes that are always admitted keep the policy's pick.  With ``placement: policy`` the pick stands unless it would
 miss the targets and another candidate would not (``qos-rerouted``).  Only when no
 candidate would meet them is the request refused.  During warm-up (no learned TTFT fit)
 the policy's pick stands.  In shadow mode nothing is refused or moved: would-be
@@ -35,6 +36,7 @@ from splitserve.components.qos import (
     ClassResolution,
     Estimate,
     LoadSignals,
+    PriorityClass,
     QosConfig,
     Verdict,
     admit,
@@ -158,18 +160,26 @@ class QosGate:
 
         first = judge(chosen) if chosen is not None else None
         enforce = self.config.mode == "enforce"
-        place = (enforce and first is not None and first.verdict.admit
-                 and self.config.placement == "slo" and first.estimate is not None
-                 and first.estimate.prefill_source != "warmup")
-        if first is None or place or (not first.verdict.admit and enforce):
+        if (enforce and first is not None and first.verdict.reason == "within-slo"
+                and self.config.placement == "slo"):
+            # Admission is on for this class and its rules ran on learned fits: place it
+            # where it uses the least of its targets.  The others are predicted only;
+            # the one that would use less is judged in full (it must pass the rules too).
+            cls = self.config.class_named(first.verdict.class_name)
+            mine = slo_usage(first.estimate, cls)
+            own = len(call.token_ids)
+            better = sorted(
+                (usage, wid) for wid in self._alternatives(ids, chosen, cached)
+                if (usage := slo_usage(self.predictor.predict(
+                    f"{wid:x}", own - cached.get(wid, 0), now, held_ms), cls)) < mine)
+            for _, wid in better[:1]:
+                moved = judge(wid)
+                if moved.verdict.admit:
+                    first = replace(moved, rerouted=True, why="qos-placed")
+        elif first is None or (not first.verdict.admit and enforce):
             judged = [judge(w) for w in self._alternatives(ids, chosen, cached)]
             fits = [a for a in judged if a.verdict.admit and not a.verdict.would_reject]
-            if place:
-                mine = slo_usage(first, self.config)
-                best = min(fits, key=lambda a: slo_usage(a, self.config), default=None)
-                if best is not None and slo_usage(best, self.config) < mine:
-                    first = replace(best, rerouted=True, why="qos-placed")
-            elif fits:
+            if fits:
                 best = min(fits, key=lambda a: a.verdict.est_ttft_ms or 0.0)
                 first = replace(best, rerouted=first is not None)
             elif first is None and judged:
@@ -253,16 +263,13 @@ class QosGate:
         return cal
 
 
-def slo_usage(admission: Admission, config: QosConfig) -> float:
+def slo_usage(est: Estimate | None, cls: PriorityClass | None) -> float:
     """The share of its class's targets a request is predicted to use on the worker it was
-    judged for: est TTFT / TTFT target + est TPOT / TPOT target (the TPOT term only when
+    predicted for: est TTFT / TTFT target + est TPOT / TPOT target (the TPOT term only when
     the prediction knows the batch it joins).  Lower is better; summed, not the larger
     of the two, so that a worker with prompts queued ahead is dearer than one without
     even when both would meet the TTFT target."""
-    est = admission.estimate
-    cls = config.class_named(admission.verdict.class_name) or \
-        config.class_named(config.default_class)
-    if est is None or cls is None:
+    if est is None or cls is None or est.prefill_source == "warmup":
         return math.inf
     usage = est.est_ttft_ms / cls.ttft_ms
     if est.tpot_batch > 0 and est.decode_source != "warmup":

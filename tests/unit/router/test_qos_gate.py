@@ -169,6 +169,15 @@ def test_slo_placement_counts_the_prefix_each_worker_holds():
     assert (stay.worker_id, stay.rerouted) == (3, False)
 
 
+def test_a_class_that_is_always_admitted_keeps_the_policys_pick():
+    fleet = Fleet(QosGate(qos(classes=[{"name": "default", "ttft_ms": 2000, "tpot_ms": 50,
+                                         "may_reject": False}]), CollectorRegistry()))
+    fleet.teach()
+    fleet.admit("long", 1, tokens=6000)
+    adm = fleet.admit("next", 1, tokens=1000, record=False)
+    assert (adm.worker_id, adm.rerouted, adm.verdict.reason) == (1, False, "always-admit")
+
+
 def test_slo_placement_moves_nothing_in_warm_up_or_shadow_mode():
     cold = Fleet(QosGate(qos(), CollectorRegistry()))
     cold.admit("long", 1, tokens=6000)
