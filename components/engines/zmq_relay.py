@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
+from splitserve.infra.procs import free_port
 from splitserve.components.engines.block_events import BlockRemoved, BlockStored, KvEvent
 
 LOOPBACK_PREFIX = "tcp://127.0.0.1:"
@@ -24,9 +24,7 @@ LOOPBACK_PREFIX = "tcp://127.0.0.1:"
 
 def free_loopback_port() -> int:
     """A TCP port free on 127.0.0.1 now (the relay binds it moments later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port("127.0.0.1")
 
 
 def block_hash(h: bytes | int) -> int:

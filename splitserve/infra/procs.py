@@ -90,9 +90,13 @@ def kill_pid(pid: int, grace_s: float) -> None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that was free a moment ago (the caller retries on a race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+    """Return a TCP port that was free on ``host`` a moment ago (the caller retries on a
+    race).  An IPv6 address (``::1``, ``fd00::5``) binds an IPv6 socket.  Raises OSError
+    when ``host`` is not an address of this machine, so it also tells whether a host
+    given as this machine's can be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host.strip("[]"), 0))
         return s.getsockname()[1]
 
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 from typing import Any
+
+from splitserve.infra.procs import free_port
 
 log = logging.getLogger("splitserve.sglang")
 
@@ -79,12 +80,10 @@ def check_kv_host(host: str) -> None:
     """Called before a disaggregated engine starts: raises unless ``host`` (the
     advertise host, which SGLang's KV manager also binds) is an address of this
     machine."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, 0))
-        except OSError as exc:
-            raise RuntimeError(
-                f"SGLang's KV manager binds and advertises one address ({KV_HOST_VARIABLE}"
-                f" = the advertise host {host!r}), and this machine cannot bind it ({exc}): "
-                "give an address of this machine that the other engines reach") from None
+    try:
+        free_port(host)
+    except OSError as exc:
+        raise RuntimeError(
+            f"SGLang's KV manager binds and advertises one address ({KV_HOST_VARIABLE}"
+            f" = the advertise host {host!r}), and this machine cannot bind it ({exc}): "
+            "give an address of this machine that the other engines reach") from None

@@ -168,3 +168,17 @@ def test_frontend_during_an_outage(codec, stream):
 
     down.clear()
     assert c.get("/ready").status_code == 200
+
+
+def test_free_port_binds_the_family_of_the_host_and_refuses_a_foreign_address():
+    import socket
+
+    assert free_port() > 0
+    if socket.has_ipv6:
+        try:
+            port = free_port("::1")
+        except OSError:  # a machine with IPv6 off has no ::1 to bind
+            pytest.skip("no IPv6 loopback here")
+        assert port > 0 and free_port("[::1]") > 0
+    with pytest.raises(OSError):
+        free_port("192.0.2.1")  # TEST-NET-1: never an address of this machine
