@@ -37,6 +37,17 @@ def route_explain(run: ServeRun, prompt: str, timeout_s: float = 60) -> dict:
     return json.loads(res.stdout)
 
 
+@pytest.fixture(scope="session")
+def agg_torch(tmp_path_factory):
+    """The README's main graph (graphs.agg, configs/agg.yaml, no overrides), started once
+    for every module that only sends it requests; it must stop cleanly at the end.  A
+    test that changes or breaks a graph starts its own."""
+    run, url = start_graph(tmp_path_factory.mktemp("agg-torch"), "graphs.agg:Frontend",
+                           "configs/agg.yaml")
+    yield run, url
+    assert run.stop() == 0, run.output()[-3000:]
+
+
 @pytest.fixture(scope="module")
 def mocker_graph(tmp_path_factory):
     """agg_router with two mocker workers (sglang type) at high speedup."""

@@ -8,7 +8,6 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import start_graph
 from tests.e2e.helpers import scrape
 
 pytestmark = pytest.mark.e2e
@@ -27,11 +26,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def agg(tmp_path_factory):
-    run, url = start_graph(tmp_path_factory.mktemp("agg"), "graphs.agg:Frontend",
-                           "configs/agg.yaml")
-    yield url
-    assert run.stop() == 0, run.output()[-3000:]
+def agg(agg_torch):
+    return agg_torch[1]
 
 
 def client(url: str) -> openai.OpenAI:

@@ -9,7 +9,6 @@ import math
 import openai
 import pytest
 
-from tests.e2e.conftest import start_graph
 
 pytestmark = pytest.mark.e2e
 
@@ -18,11 +17,10 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def c(tmp_path_factory):
-    run, url = start_graph(tmp_path_factory.mktemp("openai-surface"), "graphs.agg:Frontend",
-                           "configs/agg.yaml")
-    yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
-    assert run.stop() == 0, run.output()[-3000:]
+def c(agg_torch):
+    with openai.OpenAI(base_url=f"{agg_torch[1]}/v1", api_key="unused", max_retries=0,
+                       timeout=120) as client:
+        yield client
 
 
 def greedy(c, max_tokens: int = 8, **kw):
