@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import compare  # the benchmarks directory is on sys.path, not a package
 import sweep_plan as sp
-from graphrun import GraphRun, scrape
+from splitserve.bench.graphrun import GraphRun, scrape
 
 from splitserve.bench import replay as rp
 

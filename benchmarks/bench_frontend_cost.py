@@ -38,7 +38,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from compare import MODEL, WorkersRun, dynamo_frontend, wait_serving  # noqa: E402
-from graphrun import GraphRun  # noqa: E402
+from splitserve.bench.graphrun import GraphRun  # noqa: E402
 
 WORDS = ("harbour lantern quiet river orbit velvet copper meadow signal thunder cedar "
          "pixel marble falcon ember glacier violet canyon saddle beacon").split()

@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import trace_replay as tr
-from graphrun import GraphRun
+from splitserve.bench.graphrun import GraphRun
 
 REPO = Path(__file__).resolve().parents[1]
 GRAPH = "graphs.disagg:Frontend"

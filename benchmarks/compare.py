@@ -76,7 +76,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import sweep_plan as sp
-from graphrun import GraphRun
+from splitserve.bench.graphrun import GraphRun
 
 from splitserve.bench import replay as rp
 from splitserve.bench import sweep as sw

@@ -68,7 +68,7 @@ from compare import (  # noqa: E402
     versions,
     wait_serving,
 )
-from graphrun import GraphRun, parse_prometheus  # noqa: E402
+from splitserve.bench.graphrun import GraphRun, parse_prometheus  # noqa: E402
 
 from splitserve.bench import replay as rp  # noqa: E402
 from splitserve.bench import sweep as sw  # noqa: E402
