@@ -62,7 +62,11 @@ class Load:
             return {"sent": sent, "status": e.code, "body": parsed,
                     "retry_after": e.headers.get("Retry-After")}
         except urllib.error.URLError as exc:
-            if isinstance(exc.reason, ConnectionRefusedError):  # never accepted
+            # urllib wraps only what fails while connecting and sending: refused, or reset
+            # before the request was written (a frontend closing its listener with the
+            # connection still in the accept backlog).  Never delivered, like refused.
+            if isinstance(exc.reason, (ConnectionRefusedError, BrokenPipeError,
+                                       ConnectionResetError)):
                 return {"sent": sent, "status": "refused", "error": repr(exc)}
             return {"sent": sent, "status": None, "error": repr(exc)}
         except Exception as exc:  # noqa: BLE001 - a lost or hung request is the failure
