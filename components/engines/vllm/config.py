@@ -17,6 +17,12 @@ from pydantic import Field, field_validator
 from splitserve.common.models import StrictModel
 from splitserve.components.worker.config import WorkerCommon, router_block_size
 
+# The project's NixlConnector (vLLM loads it by this path in its worker process) and the
+# kv_connector_extra_config keys it reads; importing that module needs vLLM.
+CONNECTOR_MODULE = "splitserve.components.engines.vllm.nixl_connector"
+PROGRESS_THREAD = "splitserve_progress_thread"
+KEEP_MODEL_CORES = "splitserve_keep_model_cores"
+
 # The fields this project maps itself; setting them through extra_engine_args would make
 # two sources of truth (and the KV events / transfer endpoints are per replica).
 MAPPED = frozenset({"model", "tokenizer", "served_model_name", "dtype", "max_model_len",
@@ -61,7 +67,8 @@ class VllmEngineArgs(StrictModel):
         "threads are pinned to (VLLM_CPU_OMP_THREADS_BIND, e.g. '0' or '2-5'); None lets "
         "vLLM choose. Set it wherever two engines share a host: with a KV connector vLLM "
         "reserves a second core, and on 2 cores its own choice put both compute threads "
-        "on one core (30x slower).")
+        "on one core (30x slower). With a KV connector on CPU the project's connector also "
+        "keeps the model thread on these cores (vLLM's NIXL worker moves it).")
     extra_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Further AsyncEngineArgs fields, by name, "
         "passed through unchanged; unknown names are refused.")
@@ -102,16 +109,15 @@ class VllmKvTransfer(StrictModel):
         "picks a free one at start, so replicas on one host never collide.")
     progress_thread: bool = Field(
         False, description="Keep NIXL's UCX progress thread. It spins on a whole core, "
-        "which halves decode speed on small CPU hosts; without it UCX progresses once per "
-        "engine step. A decode engine steps while it waits for KV; an idle prefill engine "
-        "does not, so prefill engines need it (reads hang without).")
+        "which on small CPU hosts takes a core from the engines; without it UCX progresses "
+        "when vLLM polls its transfers, once per engine step. A decode engine steps while "
+        "it waits for KV and a prefill engine while it holds KV for a reader, so neither "
+        "needs it on CPU (the reads are one-sided).")
     transfer_threads: int | None = Field(
         None, ge=0, le=64, description="NIXL's dedicated UCX transfer threads per engine "
         "(vLLM's ``num_threads``; None keeps vLLM's default of 4, which makes NIXL's UCX "
-        "backend a thread-pool engine). 0 leaves every transfer to the one UCX worker and "
-        "its progress thread; on CPU hosts it was measured to make fewer remote reads "
-        "wait for the prefill engine's 30 s KV lease (not none; see docs/engines.md, "
-        "Known problems). Not needed on GPU hosts as far as known.")
+        "backend a thread-pool engine). 0 leaves every transfer to the engine's one UCX "
+        "worker, which suits small CPU hosts. Not needed on GPU hosts as far as known.")
     on_load_failure: Literal["recompute", "fail"] = Field(
         "recompute", description="What a decode engine does when it cannot read a "
         "request's KV (the prefill engine died or expired the blocks after handing "
@@ -130,10 +136,19 @@ class VllmKvTransfer(StrictModel):
             "kv_buffer_device": self.buffer_device, "engine_id": engine_id}
         if role == "decode":
             cfg["kv_load_failure_policy"] = self.on_load_failure
+        extra: dict[str, Any] = {}
         if self.transfer_threads is not None:
-            cfg["kv_connector_extra_config"] = {"num_threads": self.transfer_threads}
+            extra["num_threads"] = self.transfer_threads
         if not self.progress_thread:
-            cfg["kv_connector_module_path"] = "splitserve.components.engines.vllm.nixl_connector"
+            extra[PROGRESS_THREAD] = False
+        if self.buffer_device == "cpu":
+            # vLLM's NIXL worker moves the model thread onto a core it reserves for
+            # transfers, on small hosts another engine's (nixl_connector.py says more)
+            extra[KEEP_MODEL_CORES] = True
+        if extra:
+            cfg["kv_connector_extra_config"] = extra
+        if PROGRESS_THREAD in extra or KEEP_MODEL_CORES in extra:
+            cfg["kv_connector_module_path"] = CONNECTOR_MODULE
         return cfg
 
 

@@ -1,29 +1,47 @@
-"""vLLM's NixlConnector with NIXL's progress thread off, for CPU hosts.
+"""vLLM's NixlConnector with two corrections for the CPU build.
 
-vLLM creates its NIXL agent with NIXL's default config, whose UCX progress thread spins
-on a whole core even while nothing moves.  On a 2-core host with a prefill and a decode
-engine, two such threads halved decode speed (18.6 tok/s alone, ~10 with both spinning,
-19 with both off, in a two-process check).  Without the thread, UCX progresses only when
-vLLM polls its transfers and notifications, once per engine step.  That suits a decode
-engine (it steps while it waits for KV) but not an idle prefill engine: in the served
-graph the decode engine's UCX connection to a prefill engine without the thread was
-never answered and its reads hung.  Hence ``VllmKvTransfer.progress_thread``: off for
-decode engines, on for prefill engines in the CPU config.
+1. The model thread stays on its own cores.  On CPU, vLLM's NIXL worker moves the thread
+   that creates it (the worker process's main thread, which also runs the model and
+   reads the engine core's step queue) to the last core of each NUMA node, "for KV
+   transfer".  On a host with fewer cores than engines that core is another engine's:
+   on 2 cores both engines' model threads ended up on core 1 beside the prefill engine's
+   spinning UCX progress thread, while the decode engine's own core sat idle.  Linux's
+   EEVDF scheduler then starved the decode engine's main thread, which spins on the step
+   queue with ``sched_yield`` (each yield pushes its deadline back): it stayed runnable
+   but got no CPU for tens of seconds at a time, so the engine core waited for its step
+   ("No available shared memory broadcast block found in 60 seconds") and remote reads
+   looked stalled until the prefill engine's KV lease expired.  This class puts the
+   thread back on the cores it had before vLLM moved it (the engine's ``cpu_cores``);
+   threads NIXL starts meanwhile keep the reserved core.
+
+2. NIXL's UCX progress thread can be turned off.  vLLM creates its NIXL agent with
+   NIXL's default config, whose progress thread spins on a whole core even while
+   nothing moves.  Without it UCX progresses only when vLLM polls its transfers and
+   notifications, once per engine step: fine for a decode engine (it steps while it
+   waits for KV), not for an idle prefill engine, whose UCX connection must answer.
+   Hence ``VllmKvTransfer.progress_thread``.
 
 vLLM loads this module in its own worker process (``kv_connector_module_path``) and
 looks the class up by the ``kv_connector`` name, so it keeps the name ``NixlConnector``
-(vLLM's own checks for NIXL go by that name too).  Nothing happens at import time.
+(vLLM's own checks for NIXL go by that name too).  The two switches travel in
+``kv_connector_extra_config`` under the keys below.  Nothing happens at import time.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
     NixlConnector as _VllmNixlConnector,
 )
+
+from .config import KEEP_MODEL_CORES, PROGRESS_THREAD
+
+
 
 
 def _without_progress_thread() -> None:
@@ -37,9 +55,23 @@ def _without_progress_thread() -> None:
 
 
 class NixlConnector(_VllmNixlConnector):
-    """vLLM's pull-mode NixlConnector, unchanged except for the agent's progress thread."""
+    """vLLM's pull-mode NixlConnector; only the thread placement and the agent's progress
+    thread differ, as the switches in ``kv_connector_extra_config`` say."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None) -> None:
+        extra = vllm_config.kv_transfer_config
+        keep = None
         if role == KVConnectorRole.WORKER:
-            _without_progress_thread()
+            if not extra.get_from_extra_config(PROGRESS_THREAD, True):
+                _without_progress_thread()
+            if extra.get_from_extra_config(KEEP_MODEL_CORES, False):
+                keep = os.sched_getaffinity(0)
         super().__init__(vllm_config, role, kv_cache_config)
+        if keep is not None:
+            moved = os.sched_getaffinity(0)
+            if moved != keep:
+                os.sched_setaffinity(0, keep)
+                # stderr reaches the replica's log whatever vLLM's logging config is
+                print(f"splitserve: vLLM's NIXL worker moved the model thread to cores "
+                      f"{sorted(moved)}; put back on {sorted(keep)}", file=sys.stderr,
+                      flush=True)

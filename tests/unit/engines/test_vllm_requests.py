@@ -130,15 +130,23 @@ def test_roles_and_transfer_config():
     assert t.connector_config("prefill", "p-1") == {
         "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
         "engine_id": "p-1",
+        "kv_connector_extra_config": {"splitserve_progress_thread": False,
+                                      "splitserve_keep_model_cores": True},
         "kv_connector_module_path": "splitserve.components.engines.vllm.nixl_connector"}
+    # on CPU the project's connector keeps the model thread on its cores, progress
+    # thread or not
+    assert VllmKvTransfer(progress_thread=True).connector_config("prefill", "p-1")[
+        "kv_connector_extra_config"] == {"splitserve_keep_model_cores": True}
     gpu = VllmKvTransfer(buffer_device="cuda", progress_thread=True)
     assert gpu.connector_config("decode", "d-1") == {
         "kv_connector": "NixlConnector", "kv_role": "kv_consumer",
         "kv_buffer_device": "cuda", "engine_id": "d-1", "kv_load_failure_policy": "recompute"}
     # NIXL's dedicated transfer workers: vLLM's default unless set; 0 on CPU hosts
-    assert "kv_connector_extra_config" not in t.connector_config("prefill", "p-1")
-    assert VllmKvTransfer(transfer_threads=0).connector_config("prefill", "p-1")[
-        "kv_connector_extra_config"] == {"num_threads": 0}
+    assert "num_threads" not in t.connector_config("prefill", "p-1")[
+        "kv_connector_extra_config"]
+    assert VllmKvTransfer(transfer_threads=0, progress_thread=True).connector_config(
+        "prefill", "p-1")["kv_connector_extra_config"] == {
+            "num_threads": 0, "splitserve_keep_model_cores": True}
     with pytest.raises(ValidationError):
         VllmKvTransfer(transfer_threads=-1)
     strict = VllmKvTransfer(on_load_failure="fail")
