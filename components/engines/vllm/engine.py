@@ -65,6 +65,12 @@ def _stat_logger_factory(stats: _Stats):
 
 Role = Literal["agg", "prefill", "decode"]
 
+# How long vLLM's engine-core process may take to stop after SIGTERM before vLLM
+# force-kills it.  vLLM's default of 5 s was too short for an engine with a NIXL
+# connector on 2 busy cores (it stops its worker process and NIXL agent first); the
+# graph's shutdown deadline (Common.shutdown_timeout_s, 20 s) still bounds the replica.
+STOP_TIMEOUT_S = 15.0
+
 
 class VllmEngine:
     """One vLLM engine; implements ``splitserve.components.engines.interface.Engine``.
@@ -140,7 +146,7 @@ class VllmEngine:
             except Exception as exc:  # noqa: BLE001 - the engine is shut down next anyway
                 log.warning("aborting %d requests at shutdown failed: %s", len(self._active),
                             exc)
-        await asyncio.to_thread(self._engine.shutdown)
+        await asyncio.to_thread(self._engine.shutdown, STOP_TIMEOUT_S)
         self._engine = None
 
     # ---- requests -----------------------------------------------------------------------
