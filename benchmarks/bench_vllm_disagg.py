@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import shutil
@@ -116,7 +117,7 @@ def main() -> None:
               f"engine processes force-killed: {r['engine_force_killed']}")
     Path(a.out).write_text(json.dumps({
         "command": "python benchmarks/bench_vllm_disagg.py " + " ".join(sys.argv[1:]),
-        "machine": {"cpus": len(__import__("os").sched_getaffinity(0)),
+        "machine": {"cpus": len(os.sched_getaffinity(0)),
                     "python": platform.python_version()},
         "results": results}, indent=2) + "\n")
 

@@ -17,14 +17,15 @@
 2. NIXL's UCX progress thread can be turned off.  vLLM creates its NIXL agent with
    NIXL's default config, whose progress thread spins on a whole core even while
    nothing moves.  Without it UCX progresses only when vLLM polls its transfers and
-   notifications, once per engine step: fine for a decode engine (it steps while it
-   waits for KV), not for an idle prefill engine, whose UCX connection must answer.
-   Hence ``VllmKvTransfer.progress_thread``.
+   notifications, once per engine step: a decode engine steps while it waits for KV and
+   a prefill engine while it holds KV for a reader, and the reads are one-sided, so the
+   CPU config turns it off in both.  Hence ``VllmKvTransfer.progress_thread``.
 
 vLLM loads this module in its own worker process (``kv_connector_module_path``) and
 looks the class up by the ``kv_connector`` name, so it keeps the name ``NixlConnector``
 (vLLM's own checks for NIXL go by that name too).  The two switches travel in
-``kv_connector_extra_config`` under the keys below.  Nothing happens at import time.
+``kv_connector_extra_config`` under the keys ``config.py`` defines.  Nothing happens at
+import time.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
 )
 
 from .config import KEEP_MODEL_CORES, PROGRESS_THREAD
-
-
 
 
 def _without_progress_thread() -> None:
