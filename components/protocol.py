@@ -126,6 +126,17 @@ def worker_request(*, model: str, token_ids: list[int], max_tokens: int,
     return req
 
 
+DRAINED = "drained"
+"""Key of the last chunk a worker sends for a request its drain did not finish: no
+finish reason, the frontend resumes the request elsewhere (a planned move, not a
+failure: it does not use up the request's ``migration_limit``)."""
+
+
+def drained_chunk() -> dict[str, Any]:
+    """The end of a stream cut by its worker's drain deadline."""
+    return {"token_ids": [], DRAINED: True}
+
+
 def output_chunk(token_ids: list[int], finish_reason: FinishReason | None = None,
                  *, prompt_tokens: int | None = None, cached_tokens: int | None = None,
                  completion_tokens: int | None = None, error: str | None = None,

@@ -33,7 +33,13 @@ from prometheus_client import CollectorRegistry, Counter
 
 from splitserve.common.metrics import PREFIX
 from splitserve.common.waiting import poll_until
-from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply, RouterStatus
+from splitserve.components.protocol import (
+    DRAINED,
+    ReleaseCall,
+    RouteCall,
+    RouteReply,
+    RouterStatus,
+)
 
 from .errors import APIError, overloaded, upstream_error
 from .migration import Resumable, final_chunk, migrate
@@ -76,17 +82,20 @@ class BackendMetrics:
                                "before producing output", registry=r)
         self.migrations = Counter(f"{PREFIX}_frontend_migrations_total",
                                   "Requests moved to another worker, by reason: "
-                                  "worker-failed-before-output (resent whole) or "
+                                  "worker-failed-before-output (resent whole), "
                                   "worker-failed-mid-stream (resumed after the tokens "
-                                  "already streamed)", ["reason"], registry=r)
+                                  "already streamed) or worker-drained (handed back at "
+                                  "its drain deadline; resumed)", ["reason"], registry=r)
         self.worker_failures = Counter(f"{PREFIX}_frontend_worker_failures_total",
                                        "Worker connections or streams that failed, by "
                                        "whether output had been streamed already",
                                        ["stage"], registry=r)
 
-    def migrated(self, mid_stream: bool) -> None:
+    def migrated(self, mid_stream: bool, drained: bool = False) -> None:
         """Count one move of a request to another worker."""
-        if mid_stream:
+        if drained:
+            self.migrations.labels("worker-drained").inc()
+        elif mid_stream:
             self.migrations.labels("worker-failed-mid-stream").inc()
         else:
             self.retries.inc()
@@ -100,10 +109,13 @@ class WorkerUnreachable(Exception):
     """The worker could not be reached or its stream broke; ``produced``: output had
     already gone to the client (so the request must not be resent)."""
 
-    def __init__(self, worker_id: int, cause: object, produced: bool = False) -> None:
+    def __init__(self, worker_id: int, cause: object, produced: bool = False,
+                 drained: bool = False) -> None:
         super().__init__(f"worker {worker_id:x} failed: {cause}")
         self.worker_id = worker_id
         self.produced = produced
+        self.drained = drained
+        """The worker handed the request back at its drain deadline (a planned move)."""
 
 
 async def stream_from_worker(client, request: dict, worker_id: int, context,
@@ -117,10 +129,13 @@ async def stream_from_worker(client, request: dict, worker_id: int, context,
         stream = await client.direct(request, worker_id, context=context)
     except Exception as exc:  # noqa: BLE001 - connection refused, instance gone, ...
         raise WorkerUnreachable(worker_id, exc) from None
-    produced = False
+    produced = drained = False
     try:
         async for item in stream:
             chunk = chunk_data(item)
+            if chunk.get(DRAINED):
+                drained = True
+                break
             # The consumer may close us right after the last chunk: remember that the
             # request finished so the release reports it as ok, not cancelled.
             meta_out["finished"] = bool(chunk.get("finish_reason")) and not chunk.get("error")
@@ -129,6 +144,9 @@ async def stream_from_worker(client, request: dict, worker_id: int, context,
             yield chunk
     except Exception as exc:  # noqa: BLE001 - the stream broke (worker died)
         raise WorkerUnreachable(worker_id, exc, produced) from None
+    if drained:
+        raise WorkerUnreachable(worker_id, "its drain ended before the request", produced,
+                                drained=True)
     if not produced:
         raise WorkerUnreachable(worker_id, "stream ended before any output")
     if not meta_out.get("finished") and not meta_out.get("errored"):

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Moves a request may make beyond ``migration_limit`` when its worker hands it back at a
+# drain deadline (scale-downs, role moves, restarts one after another).
+DRAINED_MOVES = 4
+
 
 class Resumable:
     """A request's prompt and the tokens its workers streamed so far.
@@ -29,6 +33,8 @@ class Resumable:
         self.max_tokens = int(stop["max_tokens"])
         self.min_tokens = int(stop.get("min_tokens") or 0)
         self.generated: list[int] = []
+        self.drained = 0
+        """Moves so far because a worker handed the request back at its drain deadline."""
 
     def seen(self, chunk: dict) -> None:
         self.generated.extend(chunk.get("token_ids") or ())
@@ -58,16 +64,24 @@ def final_chunk() -> dict:
 
 def migrate(exc: WorkerUnreachable, resume: Resumable, request: dict, attempt: int,
             limit: int, metrics: BackendMetrics) -> bool:
-    """After ``exc``: whether the request moves to another worker (``attempt`` moves so
-    far, at most ``limit``); if so, ``request`` is rewritten to resume after the tokens
-    already streamed.  Counts the failure and the move."""
-    metrics.failed(exc)
-    move = attempt < limit and resume.left() > 0
+    """After ``exc``: whether the request moves to another worker; if so, ``request`` is
+    rewritten to resume after the tokens already streamed.  Counts the failure and the
+    move.  ``attempt``: moves so far.  A worker failure moves it while fewer than
+    ``limit`` moves were for failures; a worker that handed it back at its drain deadline
+    (a planned move, even with ``limit`` 0: no client should see a scale-down) moves it
+    up to ``DRAINED_MOVES`` times."""
+    if exc.drained:
+        move = resume.drained < DRAINED_MOVES
+    else:
+        metrics.failed(exc)
+        move = attempt - resume.drained < limit
+    move = move and resume.left() > 0
     log.warning("%s%s", exc, ("; resuming on another worker after "
                               f"{len(resume.generated)} tokens" if resume.mid_stream
                               else "; retrying on another worker") if move else "")
     if move:
-        metrics.migrated(resume.mid_stream)
+        resume.drained += exc.drained
+        metrics.migrated(resume.mid_stream, exc.drained)
         if resume.mid_stream:
             resume.continue_in(request)
     return move

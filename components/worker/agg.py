@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from splitserve.components.engines.interface import Engine, TokenDelta
-from splitserve.components.protocol import WorkerRequest, output_chunk
+from splitserve.components.protocol import WorkerRequest, drained_chunk, output_chunk
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from . import registry
@@ -29,18 +29,23 @@ log = logging.getLogger("splitserve.worker")
 
 
 async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetrics,
-                        context=None) -> AsyncIterator[dict]:
+                        context=None, cut: asyncio.Event | None = None
+                        ) -> AsyncIterator[dict]:
     """Wire chunks for one request; closing this or stopping ``context`` (client gone)
-    closes ``deltas``, which aborts the request in the engine."""
+    closes ``deltas``, which aborts the request in the engine.  ``cut`` set (the drain
+    deadline passed) ends it the same way, with a ``drained`` chunk."""
     produced = 0
     try:
-        async for d in until_stopped(deltas, context):
+        async for d in until_stopped(deltas, context, cut):
             produced += len(d.token_ids)
             if d.finished:
                 metrics.requests.labels(d.finish_reason or "stop").inc()
             yield delta_chunk(d, produced)
             if d.finished:
                 return
+        if cut is not None and cut.is_set():
+            metrics.requests.labels("drained").inc()
+            yield drained_chunk()
     except Exception as exc:  # noqa: BLE001 - the engine failed this request
         log.info("request failed in the engine: %s", exc)
         metrics.requests.labels("error").inc()
@@ -52,9 +57,10 @@ async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetric
             log.warning("closing an engine stream failed: %s", exc)
 
 
-def make_handler(engine: Engine, metrics: WorkerMetrics):
+def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | None = None):
     """The `generate` endpoint handler: the request is checked (``engine.validate``
-    where the engine has one) before anything is queued, then streamed."""
+    where the engine has one) before anything is queued, then streamed; ``cut``: the
+    component's drain cut (``ComponentContext.drain_cut``)."""
     validate = getattr(engine, "validate", None)
 
     async def generate(request: dict, context=None):
@@ -69,7 +75,7 @@ def make_handler(engine: Engine, metrics: WorkerMetrics):
             metrics.requests.labels("rejected").inc()
             yield output_chunk([], "error", error=f"request refused: {exc}")
             return
-        async for chunk in stream_chunks(deltas, metrics, context):
+        async for chunk in stream_chunks(deltas, metrics, context, cut):
             yield chunk
 
     return generate
@@ -90,7 +96,7 @@ async def run_aggregated(ctx: ComponentContext, cfg) -> None:
         reporter = start_load_reports(ctx, h, cfg.load_report_interval_s)
         tasks += [reporter, report_ready(ctx, h)]
         serving = asyncio.ensure_future(serve_until_stopped(
-            ctx, h.endpoint, make_handler(h.engine, h.metrics),
+            ctx, h.endpoint, make_handler(h.engine, h.metrics, ctx.drain_cut),
             drain_timeout_s=cfg.drain_timeout_s, inflight=h.engine.inflight))
         tasks.append(serving)
         await serve_or_die(serving, h.died)

@@ -18,22 +18,39 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def stop_signal(context) -> asyncio.Future | None:
-    """A future that completes when ``context`` is stopped or killed, or None when the
-    caller gave no context (in-process calls, tests)."""
-    if context is None or not hasattr(context, "async_killed_or_stopped"):
-        return None
-    return asyncio.ensure_future(context.async_killed_or_stopped())
+def stop_signal(context, cut: asyncio.Event | None = None) -> asyncio.Future | None:
+    """A future that completes when ``context`` is stopped or killed or ``cut`` is set,
+    or None when there is neither (in-process calls, tests)."""
+    waits = []
+    if context is not None and hasattr(context, "async_killed_or_stopped"):
+        waits.append(asyncio.ensure_future(context.async_killed_or_stopped()))
+    if cut is not None:
+        waits.append(asyncio.ensure_future(cut.wait()))
+    if len(waits) <= 1:
+        return waits[0] if waits else None
+    first = asyncio.get_running_loop().create_future()
+
+    def done(_: asyncio.Future) -> None:
+        if not first.done():
+            first.set_result(None)
+
+    for w in waits:
+        w.add_done_callback(done)
+    first.add_done_callback(lambda _: [w.cancel() for w in waits])
+    return first
 
 
-async def until_stopped(stream: AsyncIterable[T], context) -> AsyncIterator[T]:
-    """Yield ``stream``'s items until it ends or ``context`` is stopped; then close it.
+async def until_stopped(stream: AsyncIterable[T], context,
+                        cut: asyncio.Event | None = None) -> AsyncIterator[T]:
+    """Yield ``stream``'s items until it ends, ``context`` is stopped or ``cut`` is set
+    (the worker's drain deadline passed); then close it.
 
     Called by the worker shells around an engine's stream. Closing the stream is what
     aborts the request in the engine (every engine's stream aborts in its ``finally``).
-    Returns quietly on a stop: the caller has gone and reads nothing more.
+    Returns quietly on a stop: the caller has gone and reads nothing more; after a cut
+    the caller sends the ``drained`` chunk.
     """
-    stopped = stop_signal(context)
+    stopped = stop_signal(context, cut)
     it = aiter(stream)
     nxt: asyncio.Future | None = None
     try:

@@ -42,7 +42,7 @@ from splitserve.components.engines.interface import (
     TorchBlocksHandoff,
 )
 from splitserve.components.prefill_queue import EnqueueRejected, PrefillRequest
-from splitserve.components.protocol import WorkerRequest, output_chunk
+from splitserve.components.protocol import WorkerRequest, drained_chunk, output_chunk
 
 from .cancel import until_stopped
 from .disagg_metrics import DisaggMetrics
@@ -120,6 +120,9 @@ class EngineDecodeCoordinator:
         self.requests = requests
         """Optional Counter labelled by outcome (the worker's requests_total)."""
         self.inflight = 0
+        self.cut: asyncio.Event | None = None
+        """The component's drain cut (``ComponentContext.drain_cut``): once set, requests
+        still streaming end with a ``drained`` chunk and are resumed elsewhere."""
 
     async def _cached_prefix(self, token_ids: tuple[int, ...]) -> int:
         lookup = getattr(self.engine, "cached_prefix_tokens", None)
@@ -179,12 +182,15 @@ class EngineDecodeCoordinator:
         try:
             async with contextlib.aclosing(until_stopped(self.serve(
                     rid, params, meta.priority, prefill_locally=meta.prefill_locally),
-                    context)) as s:
+                    context, self.cut)) as s:
                 async for d in s:
                     produced += len(d.token_ids)
                     if d.finished:
                         outcome = d.finish_reason or "stop"
                     yield delta_chunk(d, produced)
+            if outcome == "cancelled" and self.cut is not None and self.cut.is_set():
+                outcome = "drained"
+                yield drained_chunk()
         except Rejected as exc:
             outcome = "rejected"
             chunk = output_chunk([], "error", error=f"overloaded: {exc.reason}")

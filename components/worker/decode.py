@@ -60,6 +60,7 @@ async def run_decode(ctx: ComponentContext, cfg) -> None:
             live_prefill_workers=lambda: len(prefill_client.instance_ids()),
             queue_depth=lambda: depth.depth or 0, metrics=DisaggMetrics(h.metrics.registry),
             settings=coordinator_settings(cfg), requests=h.metrics.requests)
+        coord.cut = ctx.drain_cut
 
         def apply_policy(policy, version: int) -> None:
             if policy.disaggregated_router is not None:

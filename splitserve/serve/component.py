@@ -31,6 +31,10 @@ log = logging.getLogger("splitserve.component")
 
 C = TypeVar("C", bound=BaseModel)
 
+# After a drain's deadline: how long handlers get to end their streams with a
+# ``drained`` chunk before the runtime cancels them.
+DRAIN_CUT_GRACE_S = 2.0
+
 
 def endpoint_path(namespace: str, component: str, endpoint: str) -> str:
     """Dynamo endpoint path of a component's endpoint, e.g. ``dynamo.worker.generate``."""
@@ -47,6 +51,9 @@ class ComponentContext:
     started_at: float = field(default_factory=time.time)
     metrics_url: str | None = None
     dependencies: Any = None  # DependencyMonitor of etcd and NATS (None without them)
+    drain_cut: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a drain's deadline passed with requests still in flight: the handlers
+    end each of them with a ``drained`` chunk so the frontend resumes it elsewhere."""
 
     def watch_dependencies(self) -> Callable[[], list[str]]:
         """Start probing etcd and NATS; returns a cheap ``down()`` naming those unreachable.
@@ -209,8 +216,10 @@ async def serve_until_stopped(ctx: ComponentContext, endpoint, handler,
     """Serve ``handler`` on ``endpoint`` until SIGTERM, then drain.
 
     On stop: deregister the instance first (routers stop sending new work), wait until
-    ``inflight()`` reaches zero or ``drain_timeout_s`` passes, then return so ``run``
-    shuts the runtime down.
+    ``inflight()`` reaches zero or ``drain_timeout_s`` passes; then set
+    ``ctx.drain_cut`` (handlers end what is left with a ``drained`` chunk, which the
+    frontend resumes on another worker) and give them ``DRAIN_CUT_GRACE_S`` to send it,
+    then return so ``run`` shuts the runtime down.
     """
     task = asyncio.ensure_future(endpoint.serve_endpoint(handler, graceful_shutdown=True))
     stop_wait = asyncio.create_task(ctx.stopping.wait())
@@ -225,4 +234,9 @@ async def serve_until_stopped(ctx: ComponentContext, endpoint, handler,
     except Exception as exc:  # noqa: BLE001 - deregistration is best effort at shutdown
         log.warning("deregistration failed: %s", exc)
     await poll_until(lambda: inflight() <= 0, drain_timeout_s)
+    if inflight() > 0:
+        log.info("drain deadline passed with %d requests in flight: handing them back",
+                 inflight())
+        ctx.drain_cut.set()
+        await poll_until(lambda: inflight() <= 0, DRAIN_CUT_GRACE_S)
     task.cancel()

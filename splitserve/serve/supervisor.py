@@ -88,6 +88,13 @@ class Replica:
                 "restarts": len(self.restarts), "exit_code": self.exit_code}
 
 
+def removal_order(live: list[Replica]) -> list[Replica]:
+    """Which replicas a scale-down removes first: those not ready (starting, loading,
+    restarting hold no requests; removing a ready one cuts its streams), then the
+    newest."""
+    return sorted(live, key=lambda r: (r.state == "ready", -r.index))
+
+
 class Supervisor:
     """Executes a plan.  ``run()`` returns the process exit code for `dynamo serve`."""
 
@@ -377,7 +384,9 @@ class Supervisor:
 
     # ---- scaling (control endpoint) -----------------------------------------------------
     async def scale(self, component: str, replicas: int) -> dict:
-        """Add or remove replicas of ``component``; removal drains the newest first."""
+        """Add or remove replicas of ``component``.  Removal takes replicas that are not
+        ready first (starting, loading, restarting: they hold no requests), then the
+        newest; each removed replica drains."""
         if component not in self.replicas:
             raise KeyError(component)
         if self.shutting_down:
@@ -386,7 +395,7 @@ class Supervisor:
         comp = self.plan.component(component)
         for _ in range(replicas - len(live)):
             await self._spawn(self._new_replica(comp))
-        for rep in sorted(live, key=lambda r: r.index, reverse=True)[:max(0, len(live) - replicas)]:
+        for rep in removal_order(live)[:max(0, len(live) - replicas)]:
             rep.retiring = True
             self._track(asyncio.create_task(self._stop_replicas([rep], self.stop_grace_s(comp))))
         comp.config.replicas = replicas

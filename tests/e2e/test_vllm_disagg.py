@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -98,6 +99,30 @@ def test_no_remote_read_outlives_the_prefill_lease(disagg_answers, vllm_disagg):
     assert "Releasing expired KV blocks" not in log
     jobs = fleet(run, "PrefillWorker", "splitserve_prefill_jobs_total")
     assert jobs == {(("outcome", "done"),): len(PROMPTS)}
+
+
+def model_thread_cores(replica_pid: int) -> str:
+    """The cores vLLM's worker process below a replica may run its main thread on (the
+    thread that runs the model and polls the engine core's step queue)."""
+    for pid in descendants(replica_pid):
+        with contextlib.suppress(FileNotFoundError):
+            status = dict(line.split(":\t", 1) for line in
+                          Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if ":\t" in line)
+            if status["Name"].strip() == "VLLM::Worker":
+                return status["Cpus_allowed_list"].strip()
+    raise AssertionError(f"no vLLM worker process below {replica_pid}")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the config pins cores 0 and 1")
+def test_each_engines_model_thread_stays_on_its_configured_core(vllm_disagg):
+    """vLLM's NIXL worker moves the model thread to a core it reserves for transfers
+    (core 1 here, the prefill engine's); the project's connector puts it back.  With
+    both model threads on core 1 the decode engine was starved (docs/engines.md)."""
+    run, _ = vllm_disagg
+    decode = next(r["pid"] for r in run.replicas("DecodeWorker") if r["state"] == "ready")
+    prefill = next(r["pid"] for r in run.replicas("PrefillWorker") if r["state"] == "ready")
+    assert (model_thread_cores(decode), model_thread_cores(prefill)) == ("0", "1")
 
 
 def test_cancel_mid_stream_frees_the_decode_engines_request(vllm_disagg):

@@ -16,6 +16,8 @@ from splitserve.components.frontend.backend import (
     StreamMeta,
 )
 from splitserve.components.frontend.errors import APIError
+from splitserve.components.frontend.migration import DRAINED_MOVES
+from splitserve.components.protocol import drained_chunk
 from splitserve.components.router.service import RouterService, load_policy
 from splitserve.components.router.service_config import RouterComponentConfig
 
@@ -28,9 +30,12 @@ class Workers:
     """A worker client: instance ids from discovery; ``dead`` ones refuse connections,
     ``breaking`` ones send one token and then their stream breaks."""
 
-    def __init__(self, ids, dead=(), breaking=(), truncating=()) -> None:
+    def __init__(self, ids, dead=(), breaking=(), truncating=(), script=()) -> None:
         self.ids, self.dead, self.breaking = list(ids), set(dead), set(breaking)
         self.truncating = set(truncating)  # end after one token, with no finish reason
+        # what the n-th stream does, whichever worker serves it ("drain": hand the
+        # request back after one token, "break", "ok"); past its end: by worker
+        self.script = list(script)
         self.sent: list[int] = []
         self.requests: list[dict] = []
 
@@ -45,10 +50,15 @@ class Workers:
         return self._stream(worker_id)
 
     async def _stream(self, worker_id):
+        n = len(self.sent) - 1
+        step = self.script[n] if n < len(self.script) else None
         yield {"token_ids": [worker_id], "finish_reason": None}
-        if worker_id in self.breaking:
+        if step == "break" or (step is None and worker_id in self.breaking):
             raise ConnectionResetError("stream reset")
         if worker_id in self.truncating:
+            return
+        if step == "drain":
+            yield drained_chunk()
             return
         yield {"token_ids": [0], "finish_reason": "length"}
 
@@ -172,6 +182,37 @@ def test_mid_stream_migrations_are_bounded(make, limit):
     assert err.value.status == 502
     assert len(workers.sent) == limit + 1 and len(got) == limit + 1
     assert migrations(backend, "worker-failed-mid-stream") == limit
+
+
+@pytest.mark.parametrize("make", ["routed", "direct"])
+@pytest.mark.parametrize("limit", [0, 1])
+def test_requests_handed_back_by_draining_workers_move_without_using_the_limit(make, limit):
+    """A worker at its drain deadline ends a stream with a ``drained`` chunk: the client
+    never sees it, the request resumes elsewhere even with migrations off, and the moves
+    do not count against ``migration_limit`` (a failure after them may still move)."""
+    script = ["drain", "drain", "break"] if limit else ["drain", "drain"]
+    workers = Workers([1, 2, 3, 4], script=script)
+    backend = make_backend(make, workers, limit)
+    got = collect(backend, req=request(max_tokens=6))
+    assert all(not c.get("drained") for c in got)
+    assert [c["token_ids"] for c in got] == [[w] for w in workers.sent] + [[0]]
+    assert len(workers.sent) == len(script) + 1 == len(set(workers.sent))
+    assert got[-1]["finish_reason"] == "length"
+    assert migrations(backend, "worker-drained") == 2
+    assert migrations(backend, "worker-failed-mid-stream") == (1 if limit else 0)
+    # resumed after both tokens streamed before the hand-backs
+    assert workers.requests[2]["token_ids"] == [1, 2, 3, *workers.sent[:2]]
+
+
+@pytest.mark.parametrize("make", ["routed", "direct"])
+def test_drained_moves_are_bounded(make):
+    n = DRAINED_MOVES + 2
+    workers = Workers(list(range(1, n + 1)), script=["drain"] * n)
+    backend = make_backend(make, workers)
+    with pytest.raises(APIError) as err:
+        collect(backend, req=request(max_tokens=50))
+    assert err.value.status == 502
+    assert migrations(backend, "worker-drained") == DRAINED_MOVES
 
 
 def test_a_stream_that_ends_without_a_finish_reason_is_resumed():

@@ -117,3 +117,25 @@ async def test_vllm_shell_counts_nothing_finished_when_stopped_mid_stream():
     assert engine.aborted.is_set()
     assert all(c.get("finish_reason") is None for c in chunks)
     assert len(chunks) <= 3
+
+
+async def test_a_drain_cut_ends_the_stream_with_a_drained_chunk_and_aborts():
+    """The worker's drain deadline passed (``ComponentContext.drain_cut`` set): a stream
+    still running ends with the ``drained`` chunk, no finish reason, engine aborted."""
+    ctx, engine, cut = Context(), Engine(2, gap_s=3600), asyncio.Event()
+    metrics = WorkerMetrics()
+    chunks: list[dict] = []
+
+    async def consume():
+        async for c in stream_chunks(engine.stream(), metrics, ctx, cut):
+            chunks.append(c)
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    cut.set()
+    await asyncio.wait_for(task, 1)
+    assert engine.aborted.is_set()
+    assert chunks[-1] == {"token_ids": [], "drained": True}
+    assert [c.get("finish_reason") for c in chunks] == [None, None, None]
+    assert metrics.requests.labels("drained")._value.get() == 1
+
