@@ -14,8 +14,9 @@ holding the most of the prompt) and the request goes to the one whose predicted 
 TPOT use the smallest share of its class's targets (``slo_usage``) when that is not the
 policy's pick (``qos-placed``): the prediction counts the prompt tokens each worker still
 has to prefill ahead of it and its own uncached tokens, which the routing scores
-(normalised counts) lose.  Classes that are always admitted keep the policy's pick.  With ``placement: policy`` the pick stands unless it would
-miss the targets and another candidate would not (``qos-rerouted``).  Only when no
+(normalised counts) lose.  Classes that are always admitted keep the policy's pick.
+With ``placement: policy`` the pick stands unless it would miss the targets and another
+candidate would not (``qos-rerouted``).  Only when no
 candidate would meet them is the request refused.  During warm-up (no learned TTFT fit)
 the policy's pick stands.  In shadow mode nothing is refused or moved: would-be
 refusals are counted and followed to their outcome.
@@ -120,11 +121,17 @@ class QosGate:
         """The request's class (before routing: the policy may use it)."""
         return resolve_class(call.priority, call.user, call.metadata, self.config)
 
+    def _estimate(self, call: RouteCall, wid: int, cached_tokens: int, now: float,
+                  held_ms: float):
+        """The prediction for ``call`` on worker ``wid``, which holds ``cached_tokens``
+        of its prompt (only the rest is prefilled)."""
+        return self.predictor.predict(f"{wid:x}", len(call.token_ids) - cached_tokens,
+                                      now, held_ms)
+
     def _judge(self, call: RouteCall, class_name: str, worker: WorkerState | None,
                wid: int, cached_tokens: int, now: float, depth: int,
                held_ms: float) -> Admission:
-        estimate = self.predictor.predict(f"{wid:x}", len(call.token_ids) - cached_tokens,
-                                          now, held_ms)
+        estimate = self._estimate(call, wid, cached_tokens, now, held_ms)
         load = LoadSignals(prefill_queue_depth=depth,
                            decode_kv_usage=worker.kv_usage if worker is not None else 0.0)
         verdict = admit(AdmissionRequest(request_id=call.request_id, class_name=class_name,
@@ -167,13 +174,13 @@ class QosGate:
             # the one that would use less is judged in full (it must pass the rules too).
             cls = self.config.class_named(first.verdict.class_name)
             mine = slo_usage(first.estimate, cls)
-            own = len(call.token_ids)
-            better = sorted(
-                (usage, wid) for wid in self._alternatives(ids, chosen, cached)
-                if (usage := slo_usage(self.predictor.predict(
-                    f"{wid:x}", own - cached.get(wid, 0), now, held_ms), cls)) < mine)
-            for _, wid in better[:1]:
-                moved = judge(wid)
+            better = min(
+                ((usage, wid) for wid in self._alternatives(ids, chosen, cached)
+                 if (usage := slo_usage(self._estimate(call, wid, cached.get(wid, 0), now,
+                                                       held_ms), cls)) < mine),
+                default=None)
+            if better is not None:
+                moved = judge(better[1])
                 if moved.verdict.admit:
                     first = replace(moved, rerouted=True, why="qos-placed")
         elif first is None or (not first.verdict.admit and enforce):
