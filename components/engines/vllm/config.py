@@ -22,6 +22,7 @@ from splitserve.components.worker.config import WorkerCommon, router_block_size
 CONNECTOR_MODULE = "splitserve.components.engines.vllm.nixl_connector"
 PROGRESS_THREAD = "splitserve_progress_thread"
 KEEP_MODEL_CORES = "splitserve_keep_model_cores"
+REPICK_SIDE_CHANNEL_PORT = "splitserve_repick_side_channel_port"
 
 # The fields this project maps itself; setting them through extra_engine_args would make
 # two sources of truth (and the KV events / transfer endpoints are per replica).
@@ -106,7 +107,9 @@ class VllmKvTransfer(StrictModel):
         "deployment sets VLLM_NIXL_SIDE_CHANNEL_HOST to the pod's address.")
     side_channel_port: int | None = Field(
         None, ge=1024, le=65535, description="Its port (VLLM_NIXL_SIDE_CHANNEL_PORT); None "
-        "picks a free one at start, so replicas on one host never collide.")
+        "picks a free one at start, so replicas on one host never collide (and another "
+        "if a process takes it before vLLM binds it); a configured port that cannot be "
+        "bound fails the engine's start, naming it.")
     progress_thread: bool = Field(
         False, description="Keep NIXL's UCX progress thread. It spins on a whole core, "
         "which on small CPU hosts takes a core from the engines; without it UCX progresses "
@@ -145,10 +148,13 @@ class VllmKvTransfer(StrictModel):
             # vLLM's NIXL worker moves the model thread onto a core it reserves for
             # transfers, on small hosts another engine's (nixl_connector.py says more)
             extra[KEEP_MODEL_CORES] = True
-        if extra:
-            cfg["kv_connector_extra_config"] = extra
-        if PROGRESS_THREAD in extra or KEEP_MODEL_CORES in extra:
-            cfg["kv_connector_module_path"] = CONNECTOR_MODULE
+        if self.side_channel_port is None:
+            # the engine picked a free port at start; another process may take it
+            # before vLLM binds it, so the connector moves to another one
+            extra[REPICK_SIDE_CHANNEL_PORT] = True
+        cfg["kv_connector_extra_config"] = extra
+        # the project's connector always: its handshake listener fails loudly
+        cfg["kv_connector_module_path"] = CONNECTOR_MODULE
         return cfg
 
 

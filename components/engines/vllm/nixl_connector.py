@@ -21,6 +21,14 @@
    a prefill engine while it holds KV for a reader, and the reads are one-sided, so the
    CPU config turns it off in both.  Hence ``VllmKvTransfer.progress_thread``.
 
+3. The handshake listener fails loudly.  vLLM's engine core starts the NIXL side-channel
+   listener in a thread and waits for it to bind; when the port is taken the thread dies
+   with "Address already in use" and the wait never ends, so the engine hangs in its
+   start.  Here a listener that cannot bind ends the wait and the start raises, naming
+   the address; when this project picked the port (no ``side_channel_port`` configured)
+   it moves to another free port instead (the port another process took between the
+   pick and the bind), and the ``kv_transfer_params`` vLLM hands out carry the new one.
+
 vLLM loads this module in its own worker process (``kv_connector_module_path``) and
 looks the class up by the ``kv_connector`` name, so it keeps the name ``NixlConnector``
 (vLLM's own checks for NIXL go by that name too).  The two switches travel in
@@ -33,6 +41,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
@@ -40,7 +49,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
     NixlConnector as _VllmNixlConnector,
 )
 
-from .config import KEEP_MODEL_CORES, PROGRESS_THREAD
+from splitserve.infra.procs import free_port
+
+from .config import KEEP_MODEL_CORES, PROGRESS_THREAD, REPICK_SIDE_CHANNEL_PORT
+
+# Ports tried when the picked side-channel port turns out taken.
+BIND_TRIES = 5
 
 
 def _without_progress_thread() -> None:
@@ -51,6 +65,44 @@ def _without_progress_thread() -> None:
     if make is None or isinstance(make, functools.partial):
         return  # NIXL unavailable (vLLM reports it) or already done
     base_worker.nixl_agent_config = functools.partial(make, enable_prog_thread=False)
+
+
+class _GuardedListener:
+    """Wraps a NIXL scheduler's handshake listener (a thread target): an exception before
+    the socket is bound is kept and the starter's wait released, instead of the thread
+    dying with the starter waiting for ever."""
+
+    def __init__(self, sched, repick: bool) -> None:
+        self.sched = sched
+        self.repick = repick
+        self.listen = sched._nixl_handshake_listener
+        self.error: BaseException | None = None
+        self.address = ""
+
+    def __call__(self, encoded, ready: threading.Event, stop: threading.Event, host: str,
+                 port: int) -> None:
+        for attempt in range(BIND_TRIES):
+            self.address = f"{host}:{port}"
+            try:
+                self.listen(encoded, ready, stop, host, port)
+                return
+            except Exception as exc:  # noqa: BLE001 - kept and raised by the starter
+                if ready.is_set():
+                    raise  # it failed while serving; vLLM's thread reports that itself
+                self.error = exc
+                if not self.repick or attempt == BIND_TRIES - 1:
+                    break
+                taken, port = port, free_port(host)
+                self.sched.side_channel_port = port
+                print(f"splitserve: NIXL side-channel port {taken} could not be bound "
+                      f"({exc}); listening on {port}", file=sys.stderr, flush=True)
+                self.error = None
+        ready.set()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"vLLM's NIXL handshake listener could not listen on "
+                               f"{self.address}: {self.error}") from self.error
 
 
 class NixlConnector(_VllmNixlConnector):
@@ -66,6 +118,12 @@ class NixlConnector(_VllmNixlConnector):
             if extra.get_from_extra_config(KEEP_MODEL_CORES, False):
                 keep = os.sched_getaffinity(0)
         super().__init__(vllm_config, role, kv_cache_config)
+        self._listener: _GuardedListener | None = None
+        if role == KVConnectorRole.SCHEDULER and self.connector_scheduler is not None:
+            self._listener = _GuardedListener(
+                self.connector_scheduler,
+                bool(extra.get_from_extra_config(REPICK_SIDE_CHANNEL_PORT, False)))
+            self.connector_scheduler._nixl_handshake_listener = self._listener
         if keep is not None:
             moved = os.sched_getaffinity(0)
             if moved != keep:
@@ -74,3 +132,9 @@ class NixlConnector(_VllmNixlConnector):
                 print(f"splitserve: vLLM's NIXL worker moved the model thread to cores "
                       f"{sorted(moved)}; put back on {sorted(keep)}", file=sys.stderr,
                       flush=True)
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata) -> None:
+        """vLLM's, which starts the handshake listener; raises when it could not bind."""
+        super().set_xfer_handshake_metadata_pp_aware(metadata)
+        if self._listener is not None:
+            self._listener.check()

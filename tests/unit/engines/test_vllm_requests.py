@@ -131,20 +131,25 @@ def test_roles_and_transfer_config():
         "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
         "engine_id": "p-1",
         "kv_connector_extra_config": {"splitserve_progress_thread": False,
-                                      "splitserve_keep_model_cores": True},
+                                      "splitserve_keep_model_cores": True,
+                                      "splitserve_repick_side_channel_port": True},
         "kv_connector_module_path": "splitserve.components.engines.vllm.nixl_connector"}
     # on CPU the project's connector keeps the model thread on its cores, progress
-    # thread or not
-    assert VllmKvTransfer(progress_thread=True).connector_config("prefill", "p-1")[
-        "kv_connector_extra_config"] == {"splitserve_keep_model_cores": True}
-    gpu = VllmKvTransfer(buffer_device="cuda", progress_thread=True)
+    # thread or not; a configured side-channel port is kept (or the start fails)
+    assert VllmKvTransfer(progress_thread=True, side_channel_port=5611).connector_config(
+        "prefill", "p-1")["kv_connector_extra_config"] == {
+            "splitserve_keep_model_cores": True}
+    gpu = VllmKvTransfer(buffer_device="cuda", progress_thread=True, side_channel_port=5611)
     assert gpu.connector_config("decode", "d-1") == {
         "kv_connector": "NixlConnector", "kv_role": "kv_consumer",
-        "kv_buffer_device": "cuda", "engine_id": "d-1", "kv_load_failure_policy": "recompute"}
+        "kv_buffer_device": "cuda", "engine_id": "d-1", "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {},
+        "kv_connector_module_path": "splitserve.components.engines.vllm.nixl_connector"}
     # NIXL's dedicated transfer workers: vLLM's default unless set; 0 on CPU hosts
     assert "num_threads" not in t.connector_config("prefill", "p-1")[
         "kv_connector_extra_config"]
-    assert VllmKvTransfer(transfer_threads=0, progress_thread=True).connector_config(
+    assert VllmKvTransfer(transfer_threads=0, progress_thread=True,
+                          side_channel_port=5611).connector_config(
         "prefill", "p-1")["kv_connector_extra_config"] == {
             "num_threads": 0, "splitserve_keep_model_cores": True}
     with pytest.raises(ValidationError):
