@@ -69,6 +69,16 @@ class OutputOptions(BaseModel):
     alternatives at each position); None: none."""
 
 
+class KvSource(BaseModel):
+    """Where a moved request's KV waits: the drained replica that parked it, under which
+    request id, and how many of the request's tokens it holds (all but the last)."""
+
+    model_config = ConfigDict(extra="ignore")
+    worker_id: int
+    request_id: str = Field(min_length=1)
+    tokens: int = Field(ge=1)
+
+
 class RequestMeta(BaseModel):
     """This project's per-request fields, carried in ``extra_args['splitserve']``."""
 
@@ -77,6 +87,9 @@ class RequestMeta(BaseModel):
     request_id: str = ""
     priority: str = "default"
     prefill_locally: bool = False
+    kv_source: KvSource | None = None
+    """Set by the frontend when the request continues after a drain whose replica kept
+    its KV: the worker reads the KV from there instead of recomputing it."""
 
 
 class WorkerRequest(BaseModel):
@@ -132,9 +145,20 @@ finish reason, the frontend resumes the request elsewhere (a planned move, not a
 failure: it does not use up the request's ``migration_limit``)."""
 
 
-def drained_chunk() -> dict[str, Any]:
-    """The end of a stream cut by its worker's drain deadline."""
-    return {"token_ids": [], DRAINED: True}
+KV_PARKED = "kv"
+"""Key of a drained chunk's ``{"request_id", "tokens"}``: the replica kept the request's
+KV for the worker that continues it (live KV moves)."""
+
+
+def drained_chunk(token_ids: list[int] | None = None,
+                  kv: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The end of a stream cut by its worker's drain deadline; ``token_ids``: output the
+    engine produced that had not been sent yet; ``kv``: where the replica parked the
+    request's KV."""
+    chunk: dict[str, Any] = {"token_ids": list(token_ids or ()), DRAINED: True}
+    if kv is not None:
+        chunk[KV_PARKED] = kv
+    return chunk
 
 
 def output_chunk(token_ids: list[int], finish_reason: FinishReason | None = None,

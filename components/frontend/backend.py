@@ -35,10 +35,12 @@ from splitserve.common.metrics import PREFIX
 from splitserve.common.waiting import poll_until
 from splitserve.components.protocol import (
     DRAINED,
+    KV_PARKED,
     ReleaseCall,
     RouteCall,
     RouteReply,
     RouterStatus,
+    output_chunk,
 )
 
 from .errors import APIError, overloaded, upstream_error
@@ -110,12 +112,14 @@ class WorkerUnreachable(Exception):
     already gone to the client (so the request must not be resent)."""
 
     def __init__(self, worker_id: int, cause: object, produced: bool = False,
-                 drained: bool = False) -> None:
+                 drained: bool = False, kv_source: dict | None = None) -> None:
         super().__init__(f"worker {worker_id:x} failed: {cause}")
         self.worker_id = worker_id
         self.produced = produced
         self.drained = drained
         """The worker handed the request back at its drain deadline (a planned move)."""
+        self.kv_source = kv_source
+        """Where that worker parked the request's KV (live KV moves), if it did."""
 
 
 async def stream_from_worker(client, request: dict, worker_id: int, context,
@@ -130,11 +134,16 @@ async def stream_from_worker(client, request: dict, worker_id: int, context,
     except Exception as exc:  # noqa: BLE001 - connection refused, instance gone, ...
         raise WorkerUnreachable(worker_id, exc) from None
     produced = drained = False
+    kv = None
     try:
         async for item in stream:
             chunk = chunk_data(item)
             if chunk.get(DRAINED):
                 drained = True
+                kv = chunk.get(KV_PARKED)
+                if chunk.get("token_ids"):  # made by the engine, not sent before the cut
+                    produced = True
+                    yield output_chunk(list(chunk["token_ids"]))
                 break
             # The consumer may close us right after the last chunk: remember that the
             # request finished so the release reports it as ok, not cancelled.
@@ -146,7 +155,8 @@ async def stream_from_worker(client, request: dict, worker_id: int, context,
         raise WorkerUnreachable(worker_id, exc, produced) from None
     if drained:
         raise WorkerUnreachable(worker_id, "its drain ended before the request", produced,
-                                drained=True)
+                                drained=True,
+                                kv_source={"worker_id": worker_id, **kv} if kv else None)
     if not produced:
         raise WorkerUnreachable(worker_id, "stream ended before any output")
     if not meta_out.get("finished") and not meta_out.get("errored"):

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The request field that names a drained worker's parked KV (RequestMeta.kv_source).
+KV_SOURCE = "kv_source"
 # Moves a request may make beyond ``migration_limit`` when its worker hands it back at a
 # drain deadline (scale-downs, role moves, restarts one after another).
 DRAINED_MOVES = 4
@@ -47,14 +49,23 @@ class Resumable:
         """Tokens the request may still produce."""
         return self.max_tokens - len(self.generated)
 
-    def continue_in(self, request: dict) -> None:
-        """Rewrite ``request`` to continue after the tokens streamed so far."""
+    def continue_in(self, request: dict, kv_source: dict | None = None) -> None:
+        """Rewrite ``request`` to continue after the tokens streamed so far; with
+        ``kv_source`` (the drained worker kept the KV of all of them but the last) the
+        next worker reads that KV instead of recomputing it."""
         n = len(self.generated)
         request["token_ids"] = self.prompt + self.generated
         stop = request["stop_conditions"]
         stop["max_tokens"] = self.left()
         if self.min_tokens:
             stop["min_tokens"] = max(0, self.min_tokens - n)
+        meta = (request.get("extra_args") or {}).get("splitserve")
+        if meta is None:
+            return
+        if kv_source is not None and kv_source.get("tokens") == len(request["token_ids"]) - 1:
+            meta[KV_SOURCE] = kv_source
+        else:
+            meta.pop(KV_SOURCE, None)
 
 
 def final_chunk() -> dict:
@@ -83,5 +94,5 @@ def migrate(exc: WorkerUnreachable, resume: Resumable, request: dict, attempt: i
         resume.drained += exc.drained
         metrics.migrated(resume.mid_stream, exc.drained)
         if resume.mid_stream:
-            resume.continue_in(request)
+            resume.continue_in(request, exc.kv_source)
     return move

@@ -21,6 +21,7 @@ from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from . import registry
 from .cancel import until_stopped
+from .kv_moves import EXPORT_ENDPOINT, KvMoves, ParkOnCut
 from .metrics import WorkerMetrics
 from .shell import cancel_all, report_ready, serve_or_die, start_load_reports
 from .wire import delta_chunk, params_from_wire
@@ -29,14 +30,15 @@ log = logging.getLogger("splitserve.worker")
 
 
 async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetrics,
-                        context=None, cut: asyncio.Event | None = None
-                        ) -> AsyncIterator[dict]:
+                        context=None, cut: asyncio.Event | None = None,
+                        parking: ParkOnCut | None = None) -> AsyncIterator[dict]:
     """Wire chunks for one request; closing this or stopping ``context`` (client gone)
     closes ``deltas``, which aborts the request in the engine.  ``cut`` set (the drain
-    deadline passed) ends it the same way, with a ``drained`` chunk."""
+    deadline passed) ends it the same way, with a ``drained`` chunk; with ``parking``
+    (live KV moves) the request is parked first and its drained chunk names the KV."""
     produced = 0
     try:
-        async for d in until_stopped(deltas, context, cut):
+        async for d in until_stopped(deltas, context, parking.stop if parking else cut):
             produced += len(d.token_ids)
             if d.finished:
                 metrics.requests.labels(d.finish_reason or "stop").inc()
@@ -45,37 +47,47 @@ async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetric
                 return
         if cut is not None and cut.is_set():
             metrics.requests.labels("drained").inc()
-            yield drained_chunk()
+            yield parking.drained_chunk(produced) if parking else drained_chunk()
     except Exception as exc:  # noqa: BLE001 - the engine failed this request
         log.info("request failed in the engine: %s", exc)
         metrics.requests.labels("error").inc()
         yield output_chunk([], "error", error=str(exc))
     finally:
+        if parking is not None:
+            parking.close()
         try:
             await deltas.aclose()
         except Exception as exc:  # noqa: BLE001 - the request is over either way
             log.warning("closing an engine stream failed: %s", exc)
 
 
-def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | None = None):
+def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | None = None,
+                 moves: KvMoves | None = None):
     """The `generate` endpoint handler: the request is checked (``engine.validate``
     where the engine has one) before anything is queued, then streamed; ``cut``: the
-    component's drain cut (``ComponentContext.drain_cut``)."""
+    component's drain cut (``ComponentContext.drain_cut``); ``moves``: live KV moves
+    (a request with a ``kv_source`` continues from that KV; the cut parks requests)."""
     validate = getattr(engine, "validate", None)
 
     async def generate(request: dict, context=None):
         try:
             wreq = WorkerRequest.model_validate(request)
-            rid = wreq.meta().request_id or uuid.uuid4().hex
+            meta = wreq.meta()
+            rid = meta.request_id or uuid.uuid4().hex
             params = params_from_wire(wreq)
             if validate is not None:
                 validate(params)
-            deltas = engine.generate(rid, params)
+            if moves is not None and meta.kv_source is not None:
+                deltas = moves.resume(rid, params, meta.kv_source)
+            else:
+                deltas = engine.generate(rid, params)
         except Exception as exc:  # noqa: BLE001 - bad request or engine gone
             metrics.requests.labels("rejected").inc()
             yield output_chunk([], "error", error=f"request refused: {exc}")
             return
-        async for chunk in stream_chunks(deltas, metrics, context, cut):
+        parking = (ParkOnCut(moves, rid, cut, len(params.token_ids))
+                   if moves is not None and cut is not None else None)
+        async for chunk in stream_chunks(deltas, metrics, context, cut, parking):
             yield chunk
 
     return generate
@@ -95,9 +107,19 @@ async def run_aggregated(ctx: ComponentContext, cfg) -> None:
         stack.push_async_callback(cancel_all, tasks)
         reporter = start_load_reports(ctx, h, cfg.load_report_interval_s)
         tasks += [reporter, report_ready(ctx, h)]
+        moves = None
+        if getattr(h.engine, "moves_kv", False):
+            export = ctx.endpoint(ctx.run.component, EXPORT_ENDPOINT)
+            moves = KvMoves(h.engine, await export.client(), h.metrics.registry,
+                            fetch_timeout_s=h.engine.arrival_timeout_s)
+            tasks.append(asyncio.ensure_future(export.serve_endpoint(moves.export)))
+        inflight = h.engine.inflight if moves is None else (
+            lambda: h.engine.inflight() + moves.announcing)
         serving = asyncio.ensure_future(serve_until_stopped(
-            ctx, h.endpoint, make_handler(h.engine, h.metrics, ctx.drain_cut),
-            drain_timeout_s=cfg.drain_timeout_s, inflight=h.engine.inflight))
+            ctx, h.endpoint, make_handler(h.engine, h.metrics, ctx.drain_cut, moves),
+            drain_timeout_s=cfg.drain_timeout_s, inflight=inflight))
         tasks.append(serving)
         await serve_or_die(serving, h.died)
+        if moves is not None:
+            await moves.wait_exported(cfg.kv_move_hold_s)
         await asyncio.wait({reporter}, timeout=5)  # its last report says "draining"

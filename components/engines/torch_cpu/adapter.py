@@ -13,16 +13,25 @@ prefill side *pushes* KV:
   still be running (a late write must not land in blocks already reused);
 - prefill side: ``prefill(destination=...)`` computes the prompt as a prefill-only
   request, writes its blocks into the destination over NIXL, then frees them.
+
+Live KV moves (aggregated replicas with an agent) reuse both halves: a draining replica
+``park``s a running request (its KV stays, the request stops between steps) and, asked
+by the replica that continues it, ``export_parked`` writes the blocks there; that
+replica's ``resume_moved`` reserves blocks for the request's tokens so far, has them
+written (its ``fetch``), and resumes after the last token the client already has,
+recomputing instead when anything on the way fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from splitserve.common.waiting import poll_until
 from splitserve.components.engines.interface import (
@@ -40,7 +49,12 @@ from splitserve.components.protocol import NO_LOGPROB, TokenLogprobs
 
 from .runner import EngineRunner
 
+log = logging.getLogger("splitserve.worker")
+
 FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
+# Suffix of the id under which a moved request's blocks are reserved: a failed move
+# holds them for a while (a late write), and the recompute then runs under the plain id.
+MOVE_SUFFIX = "#kv"
 
 
 def torch_request(request_id: str, params: GenerateParams, **extra):
@@ -79,15 +93,18 @@ class TorchEngine:
     transfer agent, ``RemoteKvTarget`` (decode side) or the pushing prefill side."""
 
     def __init__(self, core, runner: EngineRunner, block_size: int, agent=None, *,
-                 arrival_timeout_s: float = 10.0, late_write_hold_s: float = 35.0) -> None:
+                 arrival_timeout_s: float = 10.0, late_write_hold_s: float = 35.0,
+                 park_hold_s: float = 15.0) -> None:
         self.core, self.runner, self.agent = core, runner, agent
         self.block_size = block_size
         self.arrival_timeout_s = arrival_timeout_s
         self.late_write_hold_s = late_write_hold_s
         self.info = EngineInfo(name="torch", kv_block_size=block_size,
                                supports_local_prefill=True, pushes_kv=True)
+        self.park_hold_s = park_hold_s
         self._reserved: dict[str, asyncio.Queue] = {}
         self._held: set[asyncio.Task] = set()
+        self._parked: dict[str, tuple[object, asyncio.TimerHandle]] = {}
 
     # ---- lifecycle (the torch host loads the model and starts the runner) -------------
     async def start(self) -> None:
@@ -97,6 +114,9 @@ class TorchEngine:
         await poll_until(lambda: not self.runner.inflight(), drain_timeout_s)
         for task in self._held:
             task.cancel()
+        for _, timer in self._parked.values():
+            timer.cancel()
+        self._parked.clear()
 
     # ---- requests -----------------------------------------------------------------------
     def validate(self, params: GenerateParams) -> None:
@@ -246,6 +266,114 @@ class TorchEngine:
                 await self.runner.call(self.core.release_kv, request_id)
             else:
                 self.runner.abort(request_id)
+
+    # ---- live KV moves ------------------------------------------------------------------
+    @property
+    def moves_kv(self) -> bool:
+        """Whether this engine can park requests and receive moved KV (it has an agent)."""
+        return self.agent is not None
+
+    async def park(self, request_id: str) -> tuple[int, ...] | None:
+        """Stop a running request between steps, keeping its KV for ``park_hold_s``;
+        returns its tokens (prompt and output, some of which may not have reached the
+        caller yet; the KV holds all but the last), or None when it cannot move (the
+        caller ends it as usual).  Its stream ends here without a finish."""
+        if self.agent is None:
+            return None
+        parked = await self.runner.call(self.core.park, request_id)
+        if parked is None:
+            return None
+        self.runner.streams.pop(request_id, None)  # closing the stream aborts nothing now
+        timer = asyncio.get_running_loop().call_later(
+            self.park_hold_s, lambda: asyncio.ensure_future(self._unpark(request_id)))
+        self._parked[request_id] = (parked, timer)
+        return parked.token_ids
+
+    async def _unpark(self, request_id: str) -> None:
+        entry = self._parked.pop(request_id, None)
+        if entry is not None:
+            entry[1].cancel()
+            with contextlib.suppress(RuntimeError):  # the engine is stopping
+                await self.runner.call(self.core.release_parked, request_id)
+
+    def parked(self) -> int:
+        """Requests whose KV waits here for the replica that continues them."""
+        return len(self._parked)
+
+    async def export_parked(self, request_id: str, destination: TorchBlocksHandoff,
+                            notify_id: str):
+        """Write a parked request's KV into ``destination``'s blocks (their reader
+        waits for ``notify_id``), then free it here; returns the agent's WriteResult."""
+        entry = self._parked.get(request_id)
+        if entry is None:
+            raise LookupError(f"request {request_id!r} is not parked here (moved, expired "
+                              f"or never parked)")
+        parked = entry[0]
+        try:
+            skip = destination.num_cached_tokens // destination.block_size
+            if destination.block_size != self.block_size:
+                raise ValueError(f"block size {destination.block_size} differs from "
+                                 f"{self.block_size}")
+            src = list(parked.block_ids[skip:skip + len(destination.block_ids)])
+            if len(src) != len(destination.block_ids):
+                raise ValueError(f"{len(destination.block_ids)} blocks asked for, "
+                                 f"{len(src)} held after the {skip} cached there")
+            notify = json.dumps({"request_id": notify_id,
+                                 "first_token": parked.token_ids[-1]}).encode()
+            return await self.agent.write_blocks(destination.nixl_agent, src,
+                                                 destination.block_ids, notify,
+                                                 request_id=notify_id)
+        finally:
+            await self._unpark(request_id)
+
+    async def resume_moved(self, request_id: str, params: GenerateParams,
+                           fetch: Callable[[TorchBlocksHandoff, str], Awaitable[object]],
+                           outcome: Callable[[str], None] = lambda _: None
+                           ) -> AsyncIterator[TokenDelta]:
+        """Continue a request whose KV another replica parked: ``params.token_ids`` are
+        its prompt and the tokens streamed so far, the KV covers all but the last.
+        Reserves blocks, has ``fetch(handoff, notify_id)`` write them, resumes after the
+        last token (not sent again); recomputes when any of that fails.  ``outcome`` is
+        told which: "moved" or "recomputed"."""
+        *head, last = params.token_ids
+        moved = dataclasses.replace(params, token_ids=tuple(head),
+                                    max_tokens=params.max_tokens + 1,
+                                    min_tokens=(params.min_tokens + 1
+                                                if params.min_tokens else params.min_tokens))
+        move_id = request_id + MOVE_SUFFIX
+        stream = None
+        first = None
+        try:
+            handoff = await self.reserve_remote(move_id, moved)
+            if handoff is None:
+                raise RuntimeError("no free blocks for the moved KV")
+            try:
+                await fetch(handoff, move_id)
+            except BaseException:
+                await self.release_remote(move_id, late_write_possible=True)
+                raise
+            stream = self.decode(move_id, moved, handoff, first_token=last)
+            first = await anext(stream)
+        except Exception as exc:  # noqa: BLE001 - recompute instead
+            if stream is not None:
+                await stream.aclose()
+            log.warning("live KV move of %s failed (%s); recomputing its %d tokens",
+                        request_id, exc, len(params.token_ids))
+            outcome("recomputed")
+            async with contextlib.aclosing(self.generate(request_id, params)) as deltas:
+                async for d in deltas:
+                    yield d
+            return
+        outcome("moved")
+        async with contextlib.aclosing(stream):
+            # the resumed stream starts with the last token, which the client has
+            d = dataclasses.replace(first, token_ids=first.token_ids[1:])
+            if d.token_ids or d.finished:
+                yield d
+            if d.finished:
+                return
+            async for d in stream:
+                yield d
 
     # ---- sources ------------------------------------------------------------------------
     async def run_kv_events(self, sink: KvEventSink,

@@ -21,7 +21,15 @@ from .grammar import JsonGrammars
 from .kv_cache import KVCacheManager
 from splitserve.components.engines.block_events import KvEvent
 from .model import ForwardBatch, LlamaWeights, PrefillSpan, forward
-from .request import EngineStats, RemoteKvAllocation, Request, RequestOutput, SeqStatus, Sequence
+from .request import (
+    EngineStats,
+    ParkedKv,
+    RemoteKvAllocation,
+    Request,
+    RequestOutput,
+    SeqStatus,
+    Sequence,
+)
 from .sampler import Sampled, prompt_logprobs, sample_batch, skip_draw
 from .scheduler import Scheduler, SchedulerOutput
 
@@ -63,6 +71,7 @@ class EngineCore:
         )
         self._seqs: dict[str, Sequence] = {}
         self._held: dict[str, Sequence] = {}  # finished prefill-only requests keeping KV
+        self._parked: dict[str, Sequence] = {}  # running requests stopped to move their KV
         self._pending: list[RequestOutput] = []  # produced outside step() (abort, resume)
         self._arrivals = itertools.count()
         self._num_generated = 0
@@ -163,6 +172,30 @@ class EngineCore:
         seq = self._held.pop(request_id)
         self.kv.free(seq.request_id)
 
+    def park(self, request_id: str) -> ParkedKv | None:
+        """Stop a running request between steps and keep its KV, so another engine can
+        continue it from there (a live move); None, changing nothing, when it cannot
+        move: not running (waiting, mid-prompt, finished) or with state that does not
+        travel with its KV (a grammar's matcher, log-probabilities).  Parked blocks stay
+        allocated until ``release_parked``; ``abort`` leaves them alone."""
+        seq = self._seqs.get(request_id)
+        if (seq is None or seq.status is not SeqStatus.RUNNING
+                or seq.num_computed != seq.num_tokens - 1 or seq.matcher is not None
+                or seq.request.logprobs is not None
+                or seq.request.prompt_logprobs is not None):
+            return None
+        self.scheduler.running.remove(seq)
+        del self._seqs[request_id]
+        seq.status = SeqStatus.FINISHED
+        self._parked[request_id] = seq
+        return ParkedKv(request_id, tuple(self.kv.block_table(request_id)),
+                        tuple(seq.all_token_ids))
+
+    def release_parked(self, request_id: str) -> None:
+        """Free a parked request's blocks (moved, or nobody came for them)."""
+        if self._parked.pop(request_id, None) is not None:
+            self.kv.free(request_id)
+
     def allocate_remote(self, req: Request) -> RemoteKvAllocation | None:
         """Reserve blocks for ``req``'s prompt, to be filled by a prefill engine.
 
@@ -207,7 +240,8 @@ class EngineCore:
 
     # ---- internals ----------------------------------------------------------------------
     def _new_sequence(self, req: Request) -> Sequence:
-        if req.request_id in self._seqs or req.request_id in self._held:
+        if (req.request_id in self._seqs or req.request_id in self._held
+                or req.request_id in self._parked):
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.check_token_ids(req.prompt_token_ids, req.request_id)
         n = len(req.prompt_token_ids)

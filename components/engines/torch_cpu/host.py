@@ -82,7 +82,8 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
     hold = (cfg.remote_prefill_timeout_s if role == "decode" else 30.0) + 5.0
     eng = TorchEngine(core, runner, args.block_size, agent,
                       arrival_timeout_s=cfg.kv_transfer.timeout_s if agent else 10.0,
-                      late_write_hold_s=hold)
+                      late_write_hold_s=hold,
+                      park_hold_s=getattr(cfg, "kv_move_hold_s", 15.0))
     stack.push_async_callback(eng.shutdown)
     # The runner itself leaves (deregisters, exit 70) when its engine fails.
     return Hosted(eng, endpoint, worker_id, metrics, never(),
@@ -91,8 +92,9 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
 
 async def _start_agent(ctx: ComponentContext, cfg, role: Role, core, worker_id: int,
                        stack: contextlib.AsyncExitStack):
-    """The NIXL agent of a decode or prefill replica (None for an aggregated one)."""
-    if role == "agg":
+    """The NIXL agent of a decode or prefill replica, or of an aggregated one with live
+    KV moves (None for other aggregated ones)."""
+    if role == "agg" and not cfg.kv_moves:
         return None
     from splitserve.components.kv_transfer import KvTransferAgent
 
@@ -102,6 +104,6 @@ async def _start_agent(ctx: ComponentContext, cfg, role: Role, core, worker_id: 
                                 update={"namespace": ctx.namespace}))
     await agent.start()
     stack.push_async_callback(agent.close)
-    if role == "decode":
+    if role != "prefill":  # it receives KV
         agent.start_poller()
     return agent

@@ -129,6 +129,22 @@ class RemoteKvAllocation:
     num_cached_tokens: int
 
 
+@dataclass(frozen=True)
+class ParkedKv:
+    """A running request stopped between steps with its KV kept, to move to another
+    engine: ``token_ids`` are its prompt and output tokens, and blocks ``block_ids``
+    hold the KV of all but the last (which no step has read yet)."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens whose KV the blocks hold."""
+        return len(self.token_ids) - 1
+
+
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
