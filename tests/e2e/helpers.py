@@ -4,16 +4,18 @@ percentile.  Test modules import from here, never from each other."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 
 import aiohttp
 import httpx
+import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.prompts import MODEL
-from tests.integration.serve_helpers import REPO
+from tests.integration.serve_helpers import REPO, descendants, http_post_json
 
 
 Labels = tuple[tuple[str, str], ...]
@@ -102,3 +104,47 @@ async def one(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int 
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def story(url: str, subject: str, max_tokens: int) -> tuple[str | None, str, int, float]:
+    """A greedy streamed story about ``subject``: (finish reason, text, completion tokens,
+    longest pause between chunks in s)."""
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                       timeout=180) as c:
+        parts: list[str] = []
+        last, gap, finish, tokens = time.monotonic(), 0.0, None, 0
+        for ch in c.chat.completions.create(
+                model=MODEL, temperature=0, max_tokens=max_tokens, stream=True,
+                stream_options={"include_usage": True},
+                messages=[{"role": "user", "content": f"Write a story about a {subject}."}]):
+            now = time.monotonic()
+            gap, last = max(gap, now - last), now
+            if ch.choices and ch.choices[0].delta.content:
+                parts.append(ch.choices[0].delta.content)
+            if ch.choices and ch.choices[0].finish_reason:
+                finish = ch.choices[0].finish_reason
+            if ch.usage:
+                tokens = ch.usage.completion_tokens
+    return finish, "".join(parts), tokens, gap
+
+
+def scale(run, component: str, n: int) -> None:
+    """Set ``component``'s replicas through the run's control API."""
+    code, body = http_post_json(run.control() + f"/v1/components/{component}/replicas",
+                                {"replicas": n}, token=run.token())
+    assert code == 200, body
+
+
+def kill_replica(run, rep: dict) -> None:
+    """SIGKILL a replica and its engine processes (children first)."""
+    for pid in [*descendants(rep["pid"]), rep["pid"]]:
+        run.seen_pids.add(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def ready(run, component: str) -> list[dict]:
+    """``component``'s replicas that are ready now."""
+    return [r for r in run.replicas(component) if r["state"] == "ready"]

@@ -16,65 +16,25 @@ a client saw between two chunks (the time to resume) is printed.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import json
 import os
 import signal
 import time
 from pathlib import Path
 
-import openai
 import pytest
 
 from tests.e2e.conftest import start_graph
-from tests.e2e.helpers import metric
-from tests.e2e.prompts import FORCED, MODEL
-from tests.integration.serve_helpers import descendants, http_post_json, wait_until
+from tests.e2e.helpers import kill_replica, metric, ready, scale, story
+from tests.e2e.prompts import FORCED
+from tests.integration.serve_helpers import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 SUBJECTS = ("lighthouse keeper", "baker", "pilot", "gardener")
 MAX_TOKENS = 160  # the streams outlast the faults (a decode worker's restart included)
-
-
-def stream(url: str, subject: str) -> tuple[str | None, str, int, float]:
-    """(finish reason, text, completion tokens, longest pause between chunks in s)."""
-    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
-                       timeout=180) as c:
-        parts: list[str] = []
-        last, gap, finish, tokens = time.monotonic(), 0.0, None, 0
-        for ch in c.chat.completions.create(
-                model=MODEL, temperature=0, max_tokens=MAX_TOKENS, stream=True,
-                stream_options={"include_usage": True},
-                messages=[{"role": "user", "content": f"Write a story about a {subject}."}]):
-            now = time.monotonic()
-            gap, last = max(gap, now - last), now
-            if ch.choices and ch.choices[0].delta.content:
-                parts.append(ch.choices[0].delta.content)
-            if ch.choices and ch.choices[0].finish_reason:
-                finish = ch.choices[0].finish_reason
-            if ch.usage:
-                tokens = ch.usage.completion_tokens
-    return finish, "".join(parts), tokens, gap
-
-
-def scale(run, component: str, n: int) -> None:
-    code, body = http_post_json(run.control() + f"/v1/components/{component}/replicas",
-                                {"replicas": n}, token=run.token())
-    assert code == 200, body
-
-
-def kill_replica(run, rep: dict) -> None:
-    """SIGKILL a replica and its engine processes (children first)."""
-    for pid in [*descendants(rep["pid"]), rep["pid"]]:
-        run.seen_pids.add(pid)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def ready(run, component: str) -> list[dict]:
-    return [r for r in run.replicas(component) if r["state"] == "ready"]
+stream = functools.partial(story, max_tokens=MAX_TOKENS)
 
 
 def test_chaos_on_the_disaggregated_torch_graph_loses_no_stream(tmp_path):

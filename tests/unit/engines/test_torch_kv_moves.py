@@ -96,9 +96,12 @@ async def used(engine: TorchEngine) -> int:
     return (await engine.runner.call(engine.core.stats)).kv_blocks_used
 
 
-async def test_a_moved_request_continues_exactly_where_it_stopped(pair):
+@pytest.mark.parametrize("reference_on", ["a", "b"])
+async def test_a_moved_request_continues_exactly_where_it_stopped(pair, reference_on):
+    """Run uninterrupted first on the source, or on the target (whose prefix cache then
+    holds the request's leading blocks: only the others are written)."""
     a, b = pair
-    whole = await run(a.generate("ref", params()))
+    whole = await run((a if reference_on == "a" else b).generate("ref", params()))
     got, tokens = await park_after(a, "r1", 5)
     assert tokens[:len(PROMPT)] == PROMPT and list(tokens[len(PROMPT):len(PROMPT) + 5]) == got
     assert a.parked() == 1 and await used(a) > 0
@@ -106,13 +109,16 @@ async def test_a_moved_request_continues_exactly_where_it_stopped(pair):
 
     async def fetch(handoff, notify_id):
         assert notify_id == "r1" + MOVE_SUFFIX
+        cached.append(handoff.num_cached_tokens)
         await a.export_parked("r1", handoff, notify_id)
 
+    cached: list[int] = []
     sent = list(tokens[len(PROMPT):])  # what the frontend has after the drained chunk
     rest = await run(b.resume_moved("r1", params(tokens, 24 - len(sent)), fetch,
                                     outcomes.append))
     assert outcomes == ["moved"]
     assert sent + rest == whole
+    assert cached == [0 if reference_on == "a" else 2 * BS]  # the full prompt blocks
     # the source freed its blocks once they were written; the target's request is done
     assert a.parked() == 0 and await used(a) == 0
     assert b.runner.inflight() == 0

@@ -60,6 +60,11 @@ class Workers:
         if step == "drain":
             yield drained_chunk()
             return
+        if step in ("park", "park-stale"):  # kept the KV; two tokens made, not sent
+            held = len(self.requests[-1]["token_ids"]) + 3 - 1
+            yield drained_chunk([7, 8], {"request_id": "rq", "tokens": held
+                                         + (step == "park-stale")})
+            return
         yield {"token_ids": [0], "finish_reason": "length"}
 
 
@@ -202,6 +207,27 @@ def test_requests_handed_back_by_draining_workers_move_without_using_the_limit(m
     assert migrations(backend, "worker-failed-mid-stream") == (1 if limit else 0)
     # resumed after both tokens streamed before the hand-backs
     assert workers.requests[2]["token_ids"] == [1, 2, 3, *workers.sent[:2]]
+
+
+@pytest.mark.parametrize("make", ["routed", "direct"])
+def test_a_drained_worker_that_kept_the_kv_names_it_for_the_next_worker(make):
+    """Live KV moves: the drained chunk's unsent tokens reach the client, and the resumed
+    request names the parked KV, unless its token count does not match the request
+    (then the next worker recomputes)."""
+    workers = Workers([1, 2, 3], script=["park", "park-stale"])
+    backend = make_backend(make, workers)
+    got = collect(backend, req=request(max_tokens=12))
+    w1, w2, w3 = workers.sent
+    assert [c["token_ids"] for c in got] == [[w1], [7, 8], [w2], [7, 8], [w3], [0]]
+    assert got[-1]["finish_reason"] == "length"
+    second, third = workers.requests[1], workers.requests[2]
+    assert second["token_ids"] == [1, 2, 3, w1, 7, 8]
+    assert second["stop_conditions"]["max_tokens"] == 9
+    assert second["extra_args"]["splitserve"]["kv_source"] == {
+        "worker_id": w1, "request_id": "rq", "tokens": 5}
+    assert third["token_ids"] == [1, 2, 3, w1, 7, 8, w2, 7, 8]
+    assert "kv_source" not in third["extra_args"]["splitserve"]
+    assert migrations(backend, "worker-drained") == 2
 
 
 @pytest.mark.parametrize("make", ["routed", "direct"])
