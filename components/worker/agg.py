@@ -21,7 +21,7 @@ from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from . import registry
 from .cancel import until_stopped
-from .kv_moves import EXPORT_ENDPOINT, KvMoves, ParkOnCut
+from .kv_moves import KvMoves, ParkOnCut, start_kv_moves
 from .metrics import WorkerMetrics
 from .shell import cancel_all, report_ready, serve_or_die, start_load_reports
 from .wire import delta_chunk, params_from_wire
@@ -107,14 +107,8 @@ async def run_aggregated(ctx: ComponentContext, cfg) -> None:
         stack.push_async_callback(cancel_all, tasks)
         reporter = start_load_reports(ctx, h, cfg.load_report_interval_s)
         tasks += [reporter, report_ready(ctx, h)]
-        moves = None
-        if getattr(h.engine, "moves_kv", False):
-            export = ctx.endpoint(ctx.run.component, EXPORT_ENDPOINT)
-            moves = KvMoves(h.engine, await export.client(), h.metrics.registry,
-                            fetch_timeout_s=h.engine.arrival_timeout_s)
-            tasks.append(asyncio.ensure_future(export.serve_endpoint(moves.export)))
-        inflight = h.engine.inflight if moves is None else (
-            lambda: h.engine.inflight() + moves.announcing)
+        moves = await start_kv_moves(ctx, h.engine, h.metrics.registry, tasks)
+        inflight = h.engine.inflight if moves is None else moves.inflight(h.engine.inflight)
         serving = asyncio.ensure_future(serve_until_stopped(
             ctx, h.endpoint, make_handler(h.engine, h.metrics, ctx.drain_cut, moves),
             drain_timeout_s=cfg.drain_timeout_s, inflight=inflight))

@@ -45,6 +45,7 @@ from splitserve.components.prefill_queue import EnqueueRejected, PrefillRequest
 from splitserve.components.protocol import WorkerRequest, drained_chunk, output_chunk
 
 from .cancel import until_stopped
+from .kv_moves import KvMoves, ParkOnCut
 from .disagg_metrics import DisaggMetrics
 from .handoff import HandoffInbox
 from .offload import OffloadPlan, plan_after_remote_failure, plan_offload
@@ -123,6 +124,9 @@ class EngineDecodeCoordinator:
         self.cut: asyncio.Event | None = None
         """The component's drain cut (``ComponentContext.drain_cut``): once set, requests
         still streaming end with a ``drained`` chunk and are resumed elsewhere."""
+        self.moves: KvMoves | None = None
+        """Live KV moves (``kv_moves.py``): the cut parks requests, and a request with a
+        ``kv_source`` continues from that KV instead of being prefilled."""
 
     async def _cached_prefix(self, token_ids: tuple[int, ...]) -> int:
         lookup = getattr(self.engine, "cached_prefix_tokens", None)
@@ -179,10 +183,17 @@ class EngineDecodeCoordinator:
         rid = meta.request_id or uuid.uuid4().hex
         produced = 0
         outcome = "cancelled"
+        moves = self.moves
+        if moves is not None and meta.kv_source is not None:
+            deltas = self._counted(moves.resume(rid, params, meta.kv_source))
+        else:
+            deltas = self.serve(rid, params, meta.priority,
+                                prefill_locally=meta.prefill_locally)
+        parking = (ParkOnCut(moves, rid, self.cut, len(params.token_ids))
+                   if moves is not None and self.cut is not None else None)
         try:
-            async with contextlib.aclosing(until_stopped(self.serve(
-                    rid, params, meta.priority, prefill_locally=meta.prefill_locally),
-                    context, self.cut)) as s:
+            async with contextlib.aclosing(until_stopped(
+                    deltas, context, parking.stop if parking else self.cut)) as s:
                 async for d in s:
                     produced += len(d.token_ids)
                     if d.finished:
@@ -190,7 +201,7 @@ class EngineDecodeCoordinator:
                     yield delta_chunk(d, produced)
             if outcome == "cancelled" and self.cut is not None and self.cut.is_set():
                 outcome = "drained"
-                yield drained_chunk()
+                yield parking.drained_chunk(produced) if parking else drained_chunk()
         except Rejected as exc:
             outcome = "rejected"
             chunk = output_chunk([], "error", error=f"overloaded: {exc.reason}")
@@ -202,7 +213,19 @@ class EngineDecodeCoordinator:
                         exc)
             yield output_chunk([], "error", error=f"{self.engine.info.name} engine: {exc}")
         finally:
+            if parking is not None:
+                parking.close()
             self._count(outcome)
+
+    async def _counted(self, deltas: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDelta]:
+        """``deltas`` counted in flight (the drain and the decider see them)."""
+        self.inflight += 1
+        try:
+            async for d in deltas:
+                yield d
+        finally:
+            self.inflight -= 1
+            await deltas.aclose()
 
     async def serve(self, rid: str, params: GenerateParams, priority: str = "default", *,
                     prefill_locally: bool = False) -> AsyncIterator[TokenDelta]:

@@ -19,6 +19,7 @@ from . import registry
 from .coordinator import CoordinatorSettings, EngineDecodeCoordinator
 from .disagg_metrics import DisaggMetrics
 from .handoff import HandoffInbox, handoff_subject
+from .kv_moves import start_kv_moves
 from .shell import bounded, cancel_all, report_ready, serve_or_die, start_load_reports
 
 
@@ -75,9 +76,14 @@ async def run_decode(ctx: ComponentContext, cfg) -> None:
         tasks += [reporter, asyncio.ensure_future(
             ctx.endpoint(component, "explain").serve_endpoint(coord.explain))]
         tasks.append(report_ready(ctx, h, extra=f"handoff {subject}"))
+        coord.moves = await start_kv_moves(ctx, h.engine, h.metrics.registry, tasks)
+        inflight = (lambda: coord.inflight) if coord.moves is None else (
+            coord.moves.inflight(lambda: coord.inflight))
         serving = asyncio.ensure_future(serve_until_stopped(
             ctx, h.endpoint, coord.generate, drain_timeout_s=cfg.drain_timeout_s,
-            inflight=lambda: coord.inflight))
+            inflight=inflight))
         tasks.append(serving)
         await serve_or_die(serving, h.died)
+        if coord.moves is not None:
+            await coord.moves.wait_exported(cfg.kv_move_hold_s)
         await asyncio.wait({reporter}, timeout=5)  # its last report says "draining"

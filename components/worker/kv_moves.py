@@ -39,6 +39,20 @@ EXPORT_ENDPOINT = "kv_export"
 """The endpoint a replica serves for reading the KV it parked."""
 
 
+async def start_kv_moves(ctx, engine, registry: CollectorRegistry,
+                         tasks: list[asyncio.Future]) -> KvMoves | None:
+    """A replica's live KV moves when its engine does them (``moves_kv``): the client to
+    its component's ``kv_export`` endpoint and that endpoint served (added to ``tasks``);
+    None otherwise.  Called by the aggregated and the decode shells."""
+    if not getattr(engine, "moves_kv", False):
+        return None
+    export = ctx.endpoint(ctx.run.component, EXPORT_ENDPOINT)
+    moves = KvMoves(engine, await export.client(), registry,
+                    fetch_timeout_s=engine.arrival_timeout_s)
+    tasks.append(asyncio.ensure_future(export.serve_endpoint(moves.export)))
+    return moves
+
+
 class KvMoveMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.outcomes = Counter(
@@ -96,6 +110,11 @@ class KvMoves:
             return
         self.metrics.outcomes.labels("exported").inc()
         yield {"ok": True, "nbytes": res.nbytes, "seconds": res.seconds, "path": res.path}
+
+    def inflight(self, engine_inflight: Callable[[], int]) -> Callable[[], int]:
+        """The drain's in-flight count: the engine's, plus parked streams whose drained
+        chunk has not gone out."""
+        return lambda: engine_inflight() + self.announcing
 
     async def wait_exported(self, hold_s: float) -> None:
         """After the drain: serve ``kv_export`` until nothing is parked or ``hold_s``

@@ -6,11 +6,12 @@ after the other: the decode worker serving streams SIGKILLed (the frontend resum
 streams on the other decode worker with the prompt plus the tokens already sent, and that
 worker has the prefill worker prefill them), the prefill worker SIGKILLed (its job is
 redelivered or prefilled locally after the short remote-prefill timeout), a decode
-worker scaled away with a drain shorter than the streams (it hands what is left back:
-the frontend resumes it elsewhere) and scaled back, and NATS SIGKILLed (the supervisor
-restarts it).  Every client gets its whole answer, equal to
-the undisturbed one (no token lost or repeated), with a normal finish; the longest pause
-a client saw between two chunks (the time to resume) is printed.
+worker scaled away with a drain shorter than the streams (with live KV moves on, it
+parks what is left and hands it back: the frontend resumes it on the other decode
+worker, which reads the parked KV over NIXL) and scaled back, and NATS SIGKILLed (the
+supervisor restarts it).  Every client gets its whole answer, equal to the undisturbed
+one (no token lost or repeated), with a normal finish; the longest pause a client saw
+between two chunks (the time to resume) is printed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ stream = functools.partial(story, max_tokens=MAX_TOKENS)
 def test_chaos_on_the_disaggregated_torch_graph_loses_no_stream(tmp_path):
     run, url = start_graph(tmp_path, "graphs.disagg:Frontend", "configs/disagg.yaml", FORCED,
                            "--DecodeWorker.replicas=2", "--DecodeWorker.drain_timeout_s=2",
+                           "--DecodeWorker.kv_moves=true",
                            "--DecodeWorker.remote_prefill_timeout_s=5",
                            "--DecodeWorker.prefill_queue.ack_wait_s=2",
                            "--PrefillWorker.prefill_queue.ack_wait_s=2",
@@ -80,10 +82,13 @@ def test_chaos_on_the_disaggregated_torch_graph_loses_no_stream(tmp_path):
                           reason=reason)
 
         resumed, handed = moved("worker-failed-mid-stream"), moved("worker-drained")
+        kv_moved = sum(metric(r["metrics"], "splitserve_worker_kv_moves_total",
+                              outcome="moved") for r in ready(run, "DecodeWorker"))
         print(f"\nlongest pause a client saw (time to resume): "
               f"{max(r[3] for r in results):.2f} s; streams resumed after a kill: "
-              f"{resumed:.0f}, handed back by a drain: {handed:.0f}")
-        assert resumed >= 1 and handed >= 1
+              f"{resumed:.0f}, handed back by a drain: {handed:.0f}, of them continued "
+              f"from KV moved over NIXL: {kv_moved:.0f}")
+        assert resumed >= 1 and handed >= 1 and kv_moved >= 1
         wait_until(lambda: len(ready(run, "DecodeWorker")) == 2
                    and len(ready(run, "PrefillWorker")) == 1, 180, interval_s=0.5,
                    what="two decode workers and the prefill worker ready again")

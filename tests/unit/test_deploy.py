@@ -67,3 +67,26 @@ def test_prometheus_rules_and_dashboard_use_documented_metrics():
     used = {base(m) for e in exprs for m in METRIC.findall(e)} - {"splitserve"}
     unknown = sorted(m for m in used if m not in known)
     assert unknown == [], unknown
+
+
+@pytest.mark.parametrize("name,config", [("disagg_router", "disagg_router"),
+                                         ("sglang_disagg", "sglang_disagg"),
+                                         ("trtllm_disagg", "trtllm_disagg"),
+                                         ("vllm_disagg", "vllm_disagg_gpu")])
+def test_worker_pods_get_their_whole_drain_before_kubernetes_kills_them(name, config):
+    """A worker pod's grace period covers its drain, the hand-back after the cut and the
+    time it keeps parked KV for live moves; a shorter one would SIGKILL streams the drain
+    was about to finish or hand back."""
+    from splitserve.serve.component import DRAIN_CUT_GRACE_S
+
+    docs = list(yaml.safe_load_all((ROOT / f"deploy/kubernetes/{name}.yaml").read_text()))
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    sections = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())
+    for worker, section in (("decodeworker", "DecodeWorker"),
+                            ("prefillworker", "PrefillWorker")):
+        cfg = sections[section]
+        need = (cfg.get("drain_timeout_s", 30.0) + DRAIN_CUT_GRACE_S
+                + (cfg.get("kv_move_hold_s", 15.0) if cfg.get("kv_moves") else 0.0))
+        grace = deployments[worker]["spec"]["template"]["spec"][
+            "terminationGracePeriodSeconds"]
+        assert grace >= need + 10, (worker, grace, need)

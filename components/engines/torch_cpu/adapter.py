@@ -94,14 +94,14 @@ class TorchEngine:
 
     def __init__(self, core, runner: EngineRunner, block_size: int, agent=None, *,
                  arrival_timeout_s: float = 10.0, late_write_hold_s: float = 35.0,
-                 park_hold_s: float = 15.0) -> None:
+                 kv_moves: bool = True, park_hold_s: float = 15.0) -> None:
         self.core, self.runner, self.agent = core, runner, agent
         self.block_size = block_size
         self.arrival_timeout_s = arrival_timeout_s
         self.late_write_hold_s = late_write_hold_s
         self.info = EngineInfo(name="torch", kv_block_size=block_size,
                                supports_local_prefill=True, pushes_kv=True)
-        self.park_hold_s = park_hold_s
+        self.kv_moves, self.park_hold_s = kv_moves, park_hold_s
         self._reserved: dict[str, asyncio.Queue] = {}
         self._held: set[asyncio.Task] = set()
         self._parked: dict[str, tuple[object, asyncio.TimerHandle]] = {}
@@ -270,15 +270,16 @@ class TorchEngine:
     # ---- live KV moves ------------------------------------------------------------------
     @property
     def moves_kv(self) -> bool:
-        """Whether this engine can park requests and receive moved KV (it has an agent)."""
-        return self.agent is not None
+        """Whether this engine parks drained requests and takes moved KV (configured, and
+        it has an agent)."""
+        return self.kv_moves and self.agent is not None
 
     async def park(self, request_id: str) -> tuple[int, ...] | None:
         """Stop a running request between steps, keeping its KV for ``park_hold_s``;
         returns its tokens (prompt and output, some of which may not have reached the
         caller yet; the KV holds all but the last), or None when it cannot move (the
         caller ends it as usual).  Its stream ends here without a finish."""
-        if self.agent is None:
+        if not self.moves_kv:
             return None
         parked = await self.runner.call(self.core.park, request_id)
         if parked is None:

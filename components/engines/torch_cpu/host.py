@@ -82,7 +82,7 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
     hold = (cfg.remote_prefill_timeout_s if role == "decode" else 30.0) + 5.0
     eng = TorchEngine(core, runner, args.block_size, agent,
                       arrival_timeout_s=cfg.kv_transfer.timeout_s if agent else 10.0,
-                      late_write_hold_s=hold,
+                      late_write_hold_s=hold, kv_moves=getattr(cfg, "kv_moves", False),
                       park_hold_s=getattr(cfg, "kv_move_hold_s", 15.0))
     stack.push_async_callback(eng.shutdown)
     # The runner itself leaves (deregisters, exit 70) when its engine fails.

@@ -39,23 +39,28 @@ class TorchEngineArgs(StrictModel):
                                 "all cores divided among this component's replicas.")
 
 
-class TorchWorkerConfig(WorkerCommon):
-    """A worker running the CPU reference engine."""
+class KvMovesFields(StrictModel):
+    """Live KV moves (``components/worker/kv_moves.py``), for the replicas that decode."""
 
-    engine: Literal["torch"] = "torch"
-    engine_args: TorchEngineArgs = Field(default_factory=TorchEngineArgs)
     kv_moves: bool = Field(
         False, description="Live KV moves: a request this worker's drain does not finish "
         "keeps its KV here, and the worker that continues it reads the KV over NIXL "
         "instead of recomputing the prompt and the tokens so far (a recompute when the "
-        "move fails). Gives each replica a NIXL agent (kv_transfer).")
+        "move fails). An aggregated replica then gets a NIXL agent (kv_transfer).")
     kv_move_hold_s: float = Field(
         15.0, gt=0, description="How long a drained replica keeps a request's KV for the "
         "worker that continues it; then it frees it and stops.")
+
+
+class TorchWorkerConfig(KvMovesFields, WorkerCommon):
+    """A worker running the CPU reference engine."""
+
+    engine: Literal["torch"] = "torch"
+    engine_args: TorchEngineArgs = Field(default_factory=TorchEngineArgs)
     kv_transfer: KvTransferConfig = Field(default_factory=KvTransferConfig)
 
 
-class TorchDecodeWorkerConfig(EngineDecodeSection):
+class TorchDecodeWorkerConfig(KvMovesFields, EngineDecodeSection):
     """A torch decode worker that runs the disaggregated router for each new request."""
 
     engine: Literal["torch"] = "torch"
