@@ -124,6 +124,7 @@ class EngineDecodeCoordinator:
         self.cut: asyncio.Event | None = None
         """The component's drain cut (``ComponentContext.drain_cut``): once set, requests
         still streaming end with a ``drained`` chunk and are resumed elsewhere."""
+        self._engine_ids: dict[str, str] = {}  # request id -> engine's, where they differ
         self.moves: KvMoves | None = None
         """Live KV moves (``kv_moves.py``): the cut parks requests, and a request with a
         ``kv_source`` continues from that KV instead of being prefilled."""
@@ -189,7 +190,8 @@ class EngineDecodeCoordinator:
         else:
             deltas = self.serve(rid, params, meta.priority,
                                 prefill_locally=meta.prefill_locally)
-        parking = (ParkOnCut(moves, rid, self.cut, len(params.token_ids))
+        parking = (ParkOnCut(moves, lambda: self._engine_ids.get(rid, rid), self.cut,
+                             len(params.token_ids))
                    if moves is not None and self.cut is not None else None)
         try:
             async with contextlib.aclosing(until_stopped(
@@ -255,11 +257,13 @@ class EngineDecodeCoordinator:
                 if plan.action == "reject":
                     raise Rejected(plan.reason, plan.retry_after_s or 0.0)
                 local_id = f"{rid}#local"  # the remote id may still be held in the engine
+                self._engine_ids[rid] = local_id
             async with contextlib.aclosing(self.engine.generate(local_id, params)) as stream:
                 async for d in stream:
                     yield d
         finally:
             self.inflight -= 1
+            self._engine_ids.pop(rid, None)
 
     async def _plan(self, rid: str, params: GenerateParams, priority: str,
                     prefill_locally: bool) -> OffloadPlan:

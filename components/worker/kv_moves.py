@@ -88,13 +88,14 @@ class KvMoves:
 
     # ---- the drained replica ----------------------------------------------------------
     async def park(self, request_id: str) -> tuple[tuple[int, ...], dict] | None:
-        """Park ``request_id``: its tokens and the ``kv`` of its drained chunk, or None
-        when it cannot move (it is then ended as usual)."""
-        tokens = await self.engine.park(request_id)
-        if tokens is None:
+        """Park ``request_id`` (the engine's id for it): its tokens and the ``kv`` of its
+        drained chunk, or None when it cannot move (it is then ended as usual)."""
+        parked = await self.engine.park(request_id)
+        if parked is None:
             return None
+        eid, tokens = parked
         self.metrics.outcomes.labels("parked").inc()
-        return tokens, {"request_id": request_id, "tokens": len(tokens) - 1}
+        return tokens, {"request_id": eid, "tokens": len(tokens) - 1}
 
     async def export(self, request: dict, context=None) -> AsyncIterator[dict]:
         """The ``kv_export`` handler: write a parked request's KV where the continuing
@@ -163,8 +164,8 @@ class ParkOnCut:
     chunk then names the KV and carries the output the engine made but the stream had
     not sent (its tokens after ``prompt_tokens`` and the ``produced`` ones)."""
 
-    def __init__(self, moves: KvMoves, request_id: str, cut: asyncio.Event,
-                 prompt_tokens: int) -> None:
+    def __init__(self, moves: KvMoves, request_id: str | Callable[[], str],
+                 cut: asyncio.Event, prompt_tokens: int) -> None:
         self.moves = moves
         self.prompt_tokens = prompt_tokens
         self.stop = asyncio.Event()
@@ -172,8 +173,11 @@ class ParkOnCut:
         self._announced = False
         self._task = asyncio.ensure_future(self._park_on(cut, request_id))
 
-    async def _park_on(self, cut: asyncio.Event, request_id: str) -> None:
+    async def _park_on(self, cut: asyncio.Event, request_id: str | Callable[[], str]
+                       ) -> None:
         await cut.wait()
+        if callable(request_id):  # the engine's id is known only now (a local fallback)
+            request_id = request_id()
         try:
             self.parked = await self.moves.park(request_id)
         except Exception as exc:  # noqa: BLE001 - ended as usual instead

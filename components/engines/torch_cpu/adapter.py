@@ -105,6 +105,7 @@ class TorchEngine:
         self._reserved: dict[str, asyncio.Queue] = {}
         self._held: set[asyncio.Task] = set()
         self._parked: dict[str, tuple[object, asyncio.TimerHandle]] = {}
+        self._aliases: dict[str, str] = {}  # request id -> engine id of a moved request
 
     # ---- lifecycle (the torch host loads the model and starts the runner) -------------
     async def start(self) -> None:
@@ -274,21 +275,23 @@ class TorchEngine:
         it has an agent)."""
         return self.kv_moves and self.agent is not None
 
-    async def park(self, request_id: str) -> tuple[int, ...] | None:
+    async def park(self, request_id: str) -> tuple[str, tuple[int, ...]] | None:
         """Stop a running request between steps, keeping its KV for ``park_hold_s``;
-        returns its tokens (prompt and output, some of which may not have reached the
-        caller yet; the KV holds all but the last), or None when it cannot move (the
-        caller ends it as usual).  Its stream ends here without a finish."""
+        returns the id it is parked under (``export_parked``'s) and its tokens (prompt
+        and output, some of which may not have reached the caller yet; the KV holds all
+        but the last), or None when it cannot move (the caller ends it as usual).  Its
+        stream ends here without a finish."""
         if not self.moves_kv:
             return None
-        parked = await self.runner.call(self.core.park, request_id)
+        eid = self._aliases.get(request_id, request_id)
+        parked = await self.runner.call(self.core.park, eid)
         if parked is None:
             return None
-        self.runner.streams.pop(request_id, None)  # closing the stream aborts nothing now
+        self.runner.streams.pop(eid, None)  # closing the stream aborts nothing now
         timer = asyncio.get_running_loop().call_later(
-            self.park_hold_s, lambda: asyncio.ensure_future(self._unpark(request_id)))
-        self._parked[request_id] = (parked, timer)
-        return parked.token_ids
+            self.park_hold_s, lambda: asyncio.ensure_future(self._unpark(eid)))
+        self._parked[eid] = (parked, timer)
+        return eid, parked.token_ids
 
     async def _unpark(self, request_id: str) -> None:
         entry = self._parked.pop(request_id, None)
@@ -366,15 +369,19 @@ class TorchEngine:
                     yield d
             return
         outcome("moved")
-        async with contextlib.aclosing(stream):
-            # the resumed stream starts with the last token, which the client has
-            d = dataclasses.replace(first, token_ids=first.token_ids[1:])
-            if d.token_ids or d.finished:
-                yield d
-            if d.finished:
-                return
-            async for d in stream:
-                yield d
+        self._aliases[request_id] = move_id  # a later drain parks it by the caller's id
+        try:
+            async with contextlib.aclosing(stream):
+                # the resumed stream starts with the last token, which the client has
+                d = dataclasses.replace(first, token_ids=first.token_ids[1:])
+                if d.token_ids or d.finished:
+                    yield d
+                if d.finished:
+                    return
+                async for d in stream:
+                    yield d
+        finally:
+            self._aliases.pop(request_id, None)
 
     # ---- sources ------------------------------------------------------------------------
     async def run_kv_events(self, sink: KvEventSink,

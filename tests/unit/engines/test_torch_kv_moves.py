@@ -87,7 +87,8 @@ async def park_after(engine: TorchEngine, rid: str, n: int) -> tuple[list[int], 
         got += d.token_ids
         if len(got) >= n:
             break
-    tokens = await engine.park(rid)
+    eid, tokens = await engine.park(rid)
+    assert eid == rid
     await stream.aclose()  # what the shell does: ending the stream aborts nothing now
     return got, tokens
 
@@ -175,3 +176,32 @@ async def test_the_notification_names_the_last_token(pair):
 
     await run(b.resume_moved("r4", params(tokens, 4), fetch))
     assert seen["payload"] == {"request_id": "r4" + MOVE_SUFFIX, "first_token": tokens[-1]}
+
+
+async def test_a_moved_request_can_move_again(pair):
+    """A request continued from moved KV runs under another engine id; a second drain
+    parks it by the caller's id and the next replica continues it exactly."""
+    a, b = pair
+    whole = await run(a.generate("ref", params()))
+    _, tokens = await park_after(a, "r5", 3)
+
+    async def from_a(handoff, notify_id):
+        await a.export_parked("r5", handoff, notify_id)
+
+    stream = b.resume_moved("r5", params(tokens, 24 - (len(tokens) - len(PROMPT))), from_a)
+    got = list(tokens[len(PROMPT):])
+    async for d in stream:
+        got += d.token_ids
+        if len(got) >= 9:
+            break
+    eid, again = await b.park("r5")
+    await stream.aclose()
+    assert eid == "r5" + MOVE_SUFFIX and again[:len(PROMPT)] == PROMPT
+
+    async def from_b(handoff, notify_id):
+        await b.export_parked(eid, handoff, notify_id)
+
+    rest = await run(a.resume_moved("r5", params(again, 24 - (len(again) - len(PROMPT))),
+                                    from_b))
+    assert list(again[len(PROMPT):]) + rest == whole
+    assert b.parked() == 0 and await used(b) == 0

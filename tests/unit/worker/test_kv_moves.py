@@ -41,7 +41,7 @@ class Engine:
     async def park(self, rid: str):
         if not self.parkable:
             return None
-        return (*PROMPT, *self.streamed, *self.unsent)
+        return rid + "#kv", (*PROMPT, *self.streamed, *self.unsent)
 
     async def export_parked(self, rid, destination, notify_id):
         if rid != "parked":
@@ -83,7 +83,7 @@ async def test_a_parked_stream_ends_with_the_kv_and_the_tokens_not_yet_sent():
     # had read it, then the KV of every token but the last
     made = engine.streamed[2:] + list(engine.unsent)
     assert last == {"token_ids": made, "drained": True,
-                    "kv": {"request_id": "r1", "tokens": len(PROMPT) + 2 + len(made) - 1}}
+                    "kv": {"request_id": "r1#kv", "tokens": len(PROMPT) + 2 + len(made) - 1}}
     assert moves.announcing == 0 and outcome(moves, "parked") == 1
 
 
