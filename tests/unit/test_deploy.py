@@ -90,3 +90,7 @@ def test_worker_pods_get_their_whole_drain_before_kubernetes_kills_them(name, co
         grace = deployments[worker]["spec"]["template"]["spec"][
             "terminationGracePeriodSeconds"]
         assert grace >= need + 10, (worker, grace, need)
+    # the frontend leaves the Service before SIGTERM, then finishes its streams
+    front = deployments["frontend"]["spec"]["template"]["spec"]
+    pre = front["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre[0] == "sleep" and front["terminationGracePeriodSeconds"] > int(pre[1]) + 30
