@@ -405,8 +405,11 @@ class Supervisor:
         """How long a replica of ``comp`` removed by a scale-down may take to stop before
         it is killed: the graph's shutdown deadline, or the component's own drain plus
         ``DRAIN_MARGIN_S`` when that is longer, so a drain that would finish is never cut
-        (what the drain leaves is resumed elsewhere by the frontend)."""
+        (what the drain leaves is resumed elsewhere by the frontend).  A replica with live
+        KV moves also gets the time it keeps parked KV for the replicas that read it."""
         drain = getattr(comp.config, "drain_timeout_s", None)
+        if drain is not None and getattr(comp.config, "kv_moves", False):
+            drain += comp.config.kv_move_hold_s
         base = self.plan.common.shutdown_timeout_s
         return base if drain is None else max(base, drain + DRAIN_MARGIN_S)
 
