@@ -139,6 +139,17 @@ def worker_request(*, model: str, token_ids: list[int], max_tokens: int,
     return req
 
 
+def chunk_data(item: Any) -> Any:
+    """The payload of a response item from Dynamo's client (annotated or plain)."""
+    data = getattr(item, "data", item)
+    return data() if callable(data) else data
+
+
+KV_SOURCE = "kv_source"
+"""The request meta field that names a drained worker's parked KV
+(``RequestMeta.kv_source``)."""
+
+
 DRAINED = "drained"
 """Key of the last chunk a worker sends for a request its drain did not finish: no
 finish reason, the frontend resumes the request elsewhere (a planned move, not a

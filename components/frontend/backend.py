@@ -40,6 +40,7 @@ from splitserve.components.protocol import (
     RouteCall,
     RouteReply,
     RouterStatus,
+    chunk_data,
     output_chunk,
 )
 
@@ -66,12 +67,6 @@ class StreamMeta:
     route_reason: str = ""
     router_id: int | None = None
     """Instance id of the router replica that placed the request: its release goes there."""
-
-
-def chunk_data(item: Any) -> dict[str, Any]:
-    """The payload of a response item from Dynamo's client (annotated or plain)."""
-    data = getattr(item, "data", item)
-    return data() if callable(data) else data
 
 
 class BackendMetrics:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from splitserve.components.protocol import KV_SOURCE
+
 if TYPE_CHECKING:
     from .backend import BackendMetrics, WorkerUnreachable
 
 log = logging.getLogger(__name__)
 
-# The request field that names a drained worker's parked KV (RequestMeta.kv_source).
-KV_SOURCE = "kv_source"
 # Moves a request may make beyond ``migration_limit`` when its worker hands it back at a
 # drain deadline (scale-downs, role moves, restarts one after another).
 DRAINED_MOVES = 4

@@ -50,7 +50,7 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
     from dynamo.runtime.logging import configure_dynamo_logging
 
     configure_dynamo_logging()
-    from splitserve.components.protocol import RouteCall, RouteReply
+    from splitserve.components.protocol import RouteCall, RouteReply, chunk_data
     from splitserve.serve.component import endpoint_path, make_runtime
 
     rt = make_runtime(asyncio.get_running_loop(), "tcp")
@@ -65,7 +65,7 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
                          explain=True, record=False)
         reply = None
         async for item in await client.round_robin(call.model_dump(mode="json")):
-            reply = RouteReply.model_validate(_data(item)).model_dump()
+            reply = RouteReply.model_validate(chunk_data(item)).model_dump()
         if reply is None:
             raise RuntimeError("router returned nothing")
         reply["offload"] = await _offload(rt, reply, token_ids, priority)
@@ -90,15 +90,12 @@ async def _first_serving(clients: list, timeout_s: float):
     return ready[0]
 
 
-def _data(item):
-    data = getattr(item, "data", item)
-    return data() if callable(data) else data
-
-
 async def _offload(rt, reply: dict, token_ids: list[int], priority: str) -> dict | None:
     """Ask the chosen decode worker how it would prefill (only disaggregated graphs)."""
     if reply.get("worker_id") is None or not reply.get("endpoint"):
         return None
+    from splitserve.components.protocol import chunk_data
+
     path = reply["endpoint"].rsplit(".", 1)[0] + ".explain"
     client = await rt.endpoint(path).client()
     try:
@@ -108,7 +105,7 @@ async def _offload(rt, reply: dict, token_ids: list[int], priority: str) -> dict
     try:
         async for item in await client.direct({"token_ids": token_ids, "priority": priority},
                                               reply["worker_id"]):
-            return _data(item)
+            return chunk_data(item)
     except Exception:  # noqa: BLE001 - the decision is extra information
         return None
     return None

@@ -139,11 +139,6 @@ class ParkedKv:
     block_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
 
-    @property
-    def num_tokens(self) -> int:
-        """Tokens whose KV the blocks hold."""
-        return len(self.token_ids) - 1
-
 
 class SeqStatus(enum.Enum):
     WAITING = "waiting"

@@ -31,7 +31,7 @@
 
 vLLM loads this module in its own worker process (``kv_connector_module_path``) and
 looks the class up by the ``kv_connector`` name, so it keeps the name ``NixlConnector``
-(vLLM's own checks for NIXL go by that name too).  The two switches travel in
+(vLLM's own checks for NIXL go by that name too).  Its switches travel in
 ``kv_connector_extra_config`` under the keys ``config.py`` defines.  Nothing happens at
 import time.
 """
