@@ -16,12 +16,12 @@ import uuid
 from collections.abc import AsyncIterator
 
 from splitserve.components.engines.interface import Engine, TokenDelta
-from splitserve.components.protocol import WorkerRequest, drained_chunk, output_chunk
+from splitserve.components.protocol import WorkerRequest, output_chunk
 from splitserve.serve.component import ComponentContext, serve_until_stopped
 
 from . import registry
 from .cancel import until_stopped
-from .kv_moves import KvMoves, ParkOnCut, start_kv_moves
+from .kv_moves import DrainCut, KvMoves, start_kv_moves
 from .metrics import WorkerMetrics
 from .shell import cancel_all, report_ready, serve_or_die, start_load_reports
 from .wire import delta_chunk, params_from_wire
@@ -30,31 +30,29 @@ log = logging.getLogger("splitserve.worker")
 
 
 async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetrics,
-                        context=None, cut: asyncio.Event | None = None,
-                        parking: ParkOnCut | None = None) -> AsyncIterator[dict]:
+                        context=None, drain: DrainCut | None = None) -> AsyncIterator[dict]:
     """Wire chunks for one request; closing this or stopping ``context`` (client gone)
-    closes ``deltas``, which aborts the request in the engine.  ``cut`` set (the drain
-    deadline passed) ends it the same way, with a ``drained`` chunk; with ``parking``
-    (live KV moves) the request is parked first and its drained chunk names the KV."""
+    closes ``deltas``, which aborts the request in the engine.  The drain cut (``drain``)
+    ends it the same way, with a ``drained`` chunk (naming the KV when it was parked)."""
     produced = 0
     try:
-        async for d in until_stopped(deltas, context, parking.stop if parking else cut):
+        async for d in until_stopped(deltas, context, drain.stop if drain else None):
             produced += len(d.token_ids)
             if d.finished:
                 metrics.requests.labels(d.finish_reason or "stop").inc()
             yield delta_chunk(d, produced)
             if d.finished:
                 return
-        if cut is not None and cut.is_set():
+        if drain is not None and drain.came:
             metrics.requests.labels("drained").inc()
-            yield parking.drained_chunk(produced) if parking else drained_chunk()
+            yield drain.drained_chunk(produced)
     except Exception as exc:  # noqa: BLE001 - the engine failed this request
         log.info("request failed in the engine: %s", exc)
         metrics.requests.labels("error").inc()
         yield output_chunk([], "error", error=str(exc))
     finally:
-        if parking is not None:
-            parking.close()
+        if drain is not None:
+            drain.close()
         try:
             await deltas.aclose()
         except Exception as exc:  # noqa: BLE001 - the request is over either way
@@ -85,9 +83,8 @@ def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | No
             metrics.requests.labels("rejected").inc()
             yield output_chunk([], "error", error=f"request refused: {exc}")
             return
-        parking = (ParkOnCut(moves, rid, cut, len(params.token_ids))
-                   if moves is not None and cut is not None else None)
-        async for chunk in stream_chunks(deltas, metrics, context, cut, parking):
+        drain = DrainCut(cut, moves, rid, len(params.token_ids))
+        async for chunk in stream_chunks(deltas, metrics, context, drain):
             yield chunk
 
     return generate

@@ -42,10 +42,10 @@ from splitserve.components.engines.interface import (
     TorchBlocksHandoff,
 )
 from splitserve.components.prefill_queue import EnqueueRejected, PrefillRequest
-from splitserve.components.protocol import WorkerRequest, drained_chunk, output_chunk
+from splitserve.components.protocol import WorkerRequest, output_chunk
 
 from .cancel import until_stopped
-from .kv_moves import KvMoves, ParkOnCut
+from .kv_moves import DrainCut, KvMoves
 from .disagg_metrics import DisaggMetrics
 from .handoff import HandoffInbox
 from .offload import OffloadPlan, plan_after_remote_failure, plan_offload
@@ -190,20 +190,18 @@ class EngineDecodeCoordinator:
         else:
             deltas = self.serve(rid, params, meta.priority,
                                 prefill_locally=meta.prefill_locally)
-        parking = (ParkOnCut(moves, lambda: self._engine_ids.get(rid, rid), self.cut,
-                             len(params.token_ids))
-                   if moves is not None and self.cut is not None else None)
+        drain = DrainCut(self.cut, moves, lambda: self._engine_ids.get(rid, rid),
+                         len(params.token_ids))
         try:
-            async with contextlib.aclosing(until_stopped(
-                    deltas, context, parking.stop if parking else self.cut)) as s:
+            async with contextlib.aclosing(until_stopped(deltas, context, drain.stop)) as s:
                 async for d in s:
                     produced += len(d.token_ids)
                     if d.finished:
                         outcome = d.finish_reason or "stop"
                     yield delta_chunk(d, produced)
-            if outcome == "cancelled" and self.cut is not None and self.cut.is_set():
+            if outcome == "cancelled" and drain.came:
                 outcome = "drained"
-                yield parking.drained_chunk(produced) if parking else drained_chunk()
+                yield drain.drained_chunk(produced)
         except Rejected as exc:
             outcome = "rejected"
             chunk = output_chunk([], "error", error=f"overloaded: {exc.reason}")
@@ -215,8 +213,7 @@ class EngineDecodeCoordinator:
                         exc)
             yield output_chunk([], "error", error=f"{self.engine.info.name} engine: {exc}")
         finally:
-            if parking is not None:
-                parking.close()
+            drain.close()
             self._count(outcome)
 
     async def _counted(self, deltas: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDelta]:

@@ -31,7 +31,7 @@ from splitserve.components.engines.interface import (
     TokenDelta,
     TorchBlocksHandoff,
 )
-from splitserve.components.protocol import KvSource, drained_chunk
+from splitserve.components.protocol import KvSource, chunk_data, drained_chunk
 
 log = logging.getLogger("splitserve.worker")
 
@@ -65,11 +65,6 @@ class KvMoveMetrics:
             "a request's KV until it was written here",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=registry)
-
-
-def _data(item: Any) -> Any:
-    data = getattr(item, "data", item)
-    return data() if callable(data) else data
 
 
 class KvMoves:
@@ -154,24 +149,34 @@ class KvMoves:
     async def _ask(self, payload: dict, worker_id: int) -> Any:
         stream = await self.client.direct(payload, worker_id)
         async for item in stream:
-            return _data(item)
+            return chunk_data(item)
         return None
 
 
-class ParkOnCut:
-    """The stop signal of one request's stream on a replica with live KV moves: when the
-    drain cut comes, the request is parked first, then its stream stops; the drained
-    chunk then names the KV and carries the output the engine made but the stream had
-    not sent (its tokens after ``prompt_tokens`` and the ``produced`` ones)."""
+class DrainCut:
+    """One request's view of its replica's drain cut (``ComponentContext.drain_cut``):
+    ``stop`` is what its stream stops on, and ``drained_chunk`` the chunk that ends it
+    once the cut came (``came``).  With live KV moves the request is parked first: its
+    stream stops once that is done, and the drained chunk names the KV and carries the
+    output the engine made but the stream had not sent (its tokens after
+    ``prompt_tokens`` and the ``produced`` ones).  Without a cut nothing stops it."""
 
-    def __init__(self, moves: KvMoves, request_id: str | Callable[[], str],
-                 cut: asyncio.Event, prompt_tokens: int) -> None:
+    def __init__(self, cut: asyncio.Event | None, moves: KvMoves | None = None,
+                 request_id: str | Callable[[], str] = "", prompt_tokens: int = 0) -> None:
+        self.cut = cut
         self.moves = moves
         self.prompt_tokens = prompt_tokens
-        self.stop = asyncio.Event()
         self.parked: tuple[tuple[int, ...], dict] | None = None
         self._announced = False
-        self._task = asyncio.ensure_future(self._park_on(cut, request_id))
+        self._task: asyncio.Future | None = None
+        self.stop = cut
+        if cut is not None and moves is not None:
+            self.stop = asyncio.Event()
+            self._task = asyncio.ensure_future(self._park_on(cut, request_id))
+
+    @property
+    def came(self) -> bool:
+        return self.cut is not None and self.cut.is_set()
 
     async def _park_on(self, cut: asyncio.Event, request_id: str | Callable[[], str]
                        ) -> None:
@@ -194,7 +199,8 @@ class ParkOnCut:
         return drained_chunk(list(tokens[self.prompt_tokens + produced:]), kv)
 
     def close(self) -> None:
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
         if self._announced:
             self._announced = False
             self.moves.announcing -= 1

@@ -11,6 +11,7 @@ import pytest
 from splitserve.components.engines.interface import TokenDelta
 from splitserve.components.worker.agg import stream_chunks
 from splitserve.components.worker.cancel import until_stopped
+from splitserve.components.worker.kv_moves import DrainCut
 from splitserve.components.worker.metrics import WorkerMetrics
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
@@ -127,7 +128,7 @@ async def test_a_drain_cut_ends_the_stream_with_a_drained_chunk_and_aborts():
     chunks: list[dict] = []
 
     async def consume():
-        async for c in stream_chunks(engine.stream(), metrics, ctx, cut):
+        async for c in stream_chunks(engine.stream(), metrics, ctx, DrainCut(cut)):
             chunks.append(c)
 
     task = asyncio.create_task(consume())

@@ -13,7 +13,7 @@ import pytest
 from splitserve.components.engines.interface import GenerateParams, TokenDelta
 from splitserve.components.protocol import KvSource
 from splitserve.components.worker.agg import stream_chunks
-from splitserve.components.worker.kv_moves import KvMoves, ParkOnCut
+from splitserve.components.worker.kv_moves import DrainCut, KvMoves
 from splitserve.components.worker.metrics import WorkerMetrics
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
@@ -64,10 +64,10 @@ def outcome(moves: KvMoves, name: str) -> float:
 async def drained_after_two(engine: Engine) -> tuple[list[dict], KvMoves]:
     moves = moves_for(engine)
     cut = asyncio.Event()
-    parking = ParkOnCut(moves, "r1", cut, len(PROMPT))
+    drain = DrainCut(cut, moves, "r1", len(PROMPT))
     chunks = []
     async for c in stream_chunks(engine.generate("r1", GenerateParams(PROMPT)),
-                                 WorkerMetrics(), None, cut, parking):
+                                 WorkerMetrics(), None, drain):
         chunks.append(c)
         if len(chunks) == 2:
             cut.set()
