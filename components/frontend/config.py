@@ -26,6 +26,11 @@ class FrontendConfig(ComponentConfig):
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = a free port).")
     model_dir: str | None = Field(None, description="HF-style directory with the tokenizer "
                                   "and config.json; default: the bundled SmolLM2 export.")
+    tokenizer: Literal["auto", "fastokens", "huggingface"] = Field(
+        "auto", description="Prompt encoder: `fastokens` (the BPE encoder Dynamo's frontend "
+        "uses, far faster on long prompts), `huggingface` (the `tokenizers` library), or "
+        "`auto`: fastokens when it encodes a set of probes exactly as tokenizers does, else "
+        "tokenizers. Naming fastokens makes a model it cannot read fail the start.")
     max_inflight: int = Field(4096, ge=1, description="Concurrent requests before new ones "
                               "are rejected at once with 503 and Retry-After: a memory "
                               "backstop, set above what the fleet can hold (requests that "

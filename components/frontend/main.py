@@ -19,7 +19,7 @@ from .config import FrontendConfig
 from .http_server import HttpLimits, server_config
 from .inproc import InProcessBackend
 from .metrics import FrontendMetrics
-from .textcodec import TextCodec
+from .textcodec import TextCodec, TokenizerBackend
 
 log = logging.getLogger("splitserve.frontend")
 
@@ -95,7 +95,9 @@ async def main(ctx: ComponentContext) -> None:
     url = f"http://{cfg.host}:{port}"
     ctx.report("loading", endpoint=url, detail="loading tokenizer")
     state.codec = await asyncio.to_thread(_load_codec, cfg.model_dir,
-                                          ctx.run.common.effective_context_length())
+                                          ctx.run.common.effective_context_length(),
+                                          cfg.tokenizer)
+    log.info("tokenising with %s", state.codec.encoder)
     ctx.report("ready", endpoint=url)
     log.info("serving %s at %s (links: %s)", state.model_name, url, ", ".join(links))
     await ctx.stopping.wait()
@@ -125,14 +127,15 @@ async def _in_process_backend(ctx: ComponentContext, cfg: FrontendConfig,
     return backend, routing
 
 
-def _load_codec(model_dir: str | None, context_length: int) -> TextCodec:
+def _load_codec(model_dir: str | None, context_length: int,
+                encoder: TokenizerBackend = "auto") -> TextCodec:
     if model_dir:
-        return TextCodec.from_dir(Path(model_dir), context_length)
+        return TextCodec.from_dir(Path(model_dir), context_length, encoder)
     from splitserve.common.cache import model_cache_dir
     from splitserve.components.engines.model_dir import export_model_dir, served_model_name
 
     return TextCodec.from_dir(export_model_dir(model_cache_dir(served_model_name())),
-                              context_length)
+                              context_length, encoder)
 
 
 if __name__ == "__main__":

@@ -166,8 +166,9 @@ def test_oversized_body_sent_whole_still_reads_the_413(server):
 
 
 def test_live_answers_while_a_large_prompt_is_tokenised(codec):
-    # A context window big enough that the prompt really is tokenised (seconds).
-    big = TextCodec(codec.tok, context_length=10**7)
+    # A context window big enough that the prompt really is tokenised, by the slower
+    # encoder (seconds; fastokens would finish before /live is asked).
+    big = TextCodec(codec.tok, context_length=10**7, encoder="huggingface")
     state = FrontendState(model_name=MODEL, codec=big, backend=ScriptedBackend(codec),
                           max_body_bytes=8 * 1024 * 1024)
     body = json.dumps({"model": MODEL, "prompt": "word " * 600_000, "max_tokens": 1}).encode()
