@@ -165,7 +165,7 @@ def deployment(name: str, case: Case, args):
         slo = rp.parse_slo(case.slo)
         mode = ["--Frontend.router.qos.mode=shadow"] if name == SHADOW else []
         with GraphRun("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
-                      [*fleet, *one_line_default(slo), *mode],
+                      [*fleet, *one_line_default(slo), *mode, *args.ours_set],
                       startup_timeout_s=args.startup_timeout_s) as g:
             wait_serving(g.url, 60, 2 * case.workers)
             yield g.url, f"{g.url}/metrics"
@@ -297,6 +297,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keep-requests", action="store_true")
     p.add_argument("--capacity-rps", type=float, default=None,
                    help="override the cases' capacity (to find a fleet's knee)")
+    p.add_argument("--ours-set", nargs="*", default=[], metavar="--SECTION.FIELD=VALUE",
+                   help="extra overrides for this project's configurations (experiments; "
+                   "the results page uses none)")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/heldout.json"))
     args = p.parse_args(argv)
     t0 = time.monotonic()
@@ -319,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
               "machine": machine(), "versions": versions(),
               "cases": {c: vars(CASES[c]) for c in args.cases}, "workloads": workloads,
               "dynamo_flags": {k: v for k, v in DYNAMO.items() if k in args.configs},
+              "ours_set": args.ours_set,
               "points": points, "ratios": rows, "markdown": md,
               "total_wall_s": round(time.monotonic() - t0)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

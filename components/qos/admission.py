@@ -9,11 +9,12 @@ Rules, first match wins (reason in quotes)::
       (batch-aware: the TTFT fit; a TPOT fit at warm-up only skips the TPOT rule)
     estimate stale (age_s > estimate_max_age_s)         admit   'stale-estimate'
     est_ttft_ms > limit_ms                              reject  'ttft-slo-risk'
-    batch-aware estimate and est_tpot_ms > tpot_limit   reject  'tpot-slo-risk'
+    batch-aware estimate and judged_tpot > tpot_limit   reject  'tpot-slo-risk'
     otherwise                                           admit   'within-slo'
 
     limit_ms    = max(class.ttft_ms, est.unloaded_ttft_ms) + low_priority_threshold_ms
     tpot_limit  = max(class.tpot_ms, est.unloaded_tpot_ms)
+    judged_tpot = est_tpot_ms + estimator.tpot_margin_sd x est.tpot_spread_ms
 
 In shadow mode (``QosConfig.mode``) a refusal becomes an admission with
 ``would_reject`` set and the refusal's reason, and no degradation: the rules run and are
@@ -99,7 +100,8 @@ def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfi
         if estimate.est_ttft_ms > limit:
             refusal = ("ttft-slo-risk", retry_after_s(estimate.est_ttft_ms, limit))
         elif (estimate.tpot_batch > 0 and estimate.decode_source != "warmup"
-              and estimate.est_tpot_ms > judged["tpot_limit_ms"]):
+              and estimate.est_tpot_ms + config.estimator.tpot_margin_sd
+              * estimate.tpot_spread_ms > judged["tpot_limit_ms"]):
             refusal = ("tpot-slo-risk", RETRY_AFTER_MIN_S)
         if refusal is not None:
             if config.mode == "shadow":

@@ -73,6 +73,10 @@ class EstimatorParams(StrictModel):
     warmup_prefill_tokens: float = Field(
         default=512.0, gt=0, description="Mean prompt tokens per queued prefill assumed "
         "before any observation (turns a request count into tokens).")
+    tpot_margin_sd: float = Field(
+        default=0.0, ge=0, le=5, description="Standard deviations of a request's predicted "
+        "TPOT spread (the prefill stalls its own decode may meet) added to its predicted "
+        "TPOT before the TPOT rule judges it; 0 judges the mean.")
 
 
 @dataclass

@@ -79,6 +79,7 @@ MAX_TICKETS = 100_000  # placed requests remembered until their release (bounds 
 EXTRAPOLATION = 2.0  # a TTFT fit judges x up to this times the largest x it has seen
 BUSY_WINDOW_S = 0.5  # time constant of the prefill-busy share
 MAX_BUSY = 0.9  # a worker busier than this predicts (and teaches) as if 0.9
+STALL_SMOOTHING = 0.1  # EMA weight of the newest placed prompt's prefill time
 
 
 @dataclass
@@ -129,6 +130,7 @@ class _Worker:
     tpot: _Bins = field(default_factory=_Bins)
     busy_area: float = 0.0  # integral of [prompt work ahead] over time, seconds
     busy: float = 0.0  # its recent share (EMA over BUSY_WINDOW_S)
+    stall_ms: float = 0.0  # EMA of the predicted prefill time of prompts placed here
 
     def advance(self, now: float) -> None:
         if now > self.at:
@@ -238,10 +240,12 @@ class LatencyPredictor:
         return per_token, one
 
     def predict(self, worker: str, own_tokens: int, now: float,
-                held_ms: float = 0.0) -> Estimate:
+                held_ms: float = 0.0, output_tokens: int = 0) -> Estimate:
         """Predict a request with ``own_tokens`` uncached prompt tokens placed on
         ``worker`` now; called by admission for each candidate worker.  ``held_ms``: the
-        time it will wait before being placed (an admission queue ahead of it)."""
+        time it will wait before being placed (an admission queue ahead of it);
+        ``output_tokens``: the answer's length it asks for (its ``max_tokens``), which sets
+        how many other prompts its decode may meet (``tpot_spread_ms``)."""
         own = max(0, own_tokens)
         fixed, per_token, ttft_source = self.ttft_line(worker, now)
         base, slope, tpot_source = self.tpot_line(worker, now)
@@ -254,13 +258,17 @@ class LatencyPredictor:
         own_ms = fixed + own * per_token
         busy = min(MAX_BUSY, w.busy) if self.first_tokens_reported else 0.0
         tpot = max(1e-3, base + slope * batch) / (1.0 - busy)
+        spread = 0.0
+        if output_tokens >= 2 and busy > 0 and w.stall_ms > 0:
+            spread = math.sqrt(busy * tpot * w.stall_ms / (output_tokens - 1))
         return Estimate(
             est_ttft_ms=queue_ms + own_ms, est_tpot_ms=tpot, queue_wait_ms=queue_ms,
             unloaded_ttft_ms=own_ms, prefill_per_token_ms=per_token, prefill_fixed_ms=fixed,
             decode_per_token_ms=tpot, prefill_source=ttft_source, decode_source=tpot_source,
             request_tokens=own, prefill_queued_tokens=ahead, prefill_tokens_assumed=False,
             prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
-            stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope))
+            stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
+            tpot_spread_ms=spread)
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,
               class_name: str, would_reject: bool = False) -> None:
@@ -268,6 +276,9 @@ class LatencyPredictor:
         ``predict`` at the same ``now``): it joins the batch and the prefill queue."""
         w = self._worker(worker, now)
         w.running += 1
+        stall = estimate.request_tokens * estimate.prefill_per_token_ms
+        w.stall_ms = stall if w.stall_ms == 0 else \
+            STALL_SMOOTHING * stall + (1.0 - STALL_SMOOTHING) * w.stall_ms
         w.inflight_tokens += estimate.request_tokens
         w.pending_tokens += estimate.request_tokens
         self.tickets[request_id] = Ticket(

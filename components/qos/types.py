@@ -90,6 +90,10 @@ class Estimate(FrozenModel):
                             "then never justifies a refusal).")
     unloaded_tpot_ms: float = Field(default=0.0, ge=0, description="Predicted TPOT alone on "
                                     "the worker (batch of one); 0 when not batch-aware.")
+    tpot_spread_ms: float = Field(default=0.0, ge=0, description="Standard deviation of the "
+                                  "TPOT from the prompts other requests bring to the worker "
+                                  "during this one's decode (a short answer meets few, so "
+                                  "its TPOT varies most); 0 when unknown.")
 
     @property
     def observed(self) -> bool:

@@ -126,7 +126,7 @@ class QosGate:
         """The prediction for ``call`` on worker ``wid``, which holds ``cached_tokens``
         of its prompt (only the rest is prefilled)."""
         return self.predictor.predict(f"{wid:x}", len(call.token_ids) - cached_tokens,
-                                      now, held_ms)
+                                      now, held_ms, output_tokens=call.max_tokens)
 
     def _judge(self, call: RouteCall, class_name: str, worker: WorkerState | None,
                wid: int, cached_tokens: int, now: float, depth: int,

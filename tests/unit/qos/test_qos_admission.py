@@ -185,3 +185,16 @@ def test_the_one_line_admission_form_validates_with_defaults():
     (cls,) = cfg.classes
     assert (cls.may_reject, cls.may_degrade) == (True, False)
     assert cfg.mode == "enforce" and cfg.queue.max_inflight_per_worker == 0
+
+
+def test_the_tpot_margin_judges_the_spread_of_a_short_answer():
+    """With ``estimator.tpot_margin_sd`` the TPOT rule judges the mean plus that many
+    standard deviations of the stalls the request's own decode may meet."""
+    est = estimate(ttft=500, tpot=40, batch=4).model_copy(update={"tpot_spread_ms": 8.0})
+    assert admit(request("default", max_tokens=20), est, AT_TARGETS).admit  # mean: 40 < 50
+    margin = AT_TARGETS.model_copy(update={"estimator": AT_TARGETS.estimator.model_copy(
+        update={"tpot_margin_sd": 1.5})})
+    refused = admit(request("default", max_tokens=20), est, margin)
+    assert (refused.admit, refused.reason) == (False, "tpot-slo-risk")  # 40 + 12 > 50
+    calm = est.model_copy(update={"tpot_spread_ms": 6.0})
+    assert admit(request("default", max_tokens=20), calm, margin).admit  # 40 + 9 < 50

@@ -210,6 +210,32 @@ def test_a_worker_busy_with_prompts_predicts_and_teaches_stalled_decodes():
     assert p.tpot_line("a", now)[0] == pytest.approx(20.0, rel=0.6)
 
 
+def test_a_short_answer_on_a_busy_worker_has_the_widest_tpot_spread():
+    """Prompts reach a busy worker as random events of the typical prefill time ``P`` at
+    rate busy / P; over a decode of k - 1 steps the TPOT's standard deviation is
+    sqrt(busy x TPOT x P / (k - 1)): largest for short answers, 0 on an idle worker."""
+    p = LatencyPredictor()
+    t = teach(p, "a")
+    idle = p.predict("a", 100, t, output_tokens=20)
+    assert idle.tpot_spread_ms == 0.0
+    p.first_token("x", t)  # first tokens are reported (busy is measured)
+    for k in range(20):  # a 2,000-token prompt always ahead for 2 s
+        now = t + 0.1 * k
+        p.place(f"p{k}", "a", p.predict("a", 2000, now), now, class_name="default")
+        p.first_token(f"p{k}", now + 0.1)
+    now = t + 2.0
+    w = p.workers["a"]
+    # the typical prefill: an EMA of the placed prompts' predicted prefill times (the
+    # taught ones of 100-2,000 tokens, then these at 0.1 ms per token)
+    assert w.busy > 0.9 and 10 < w.stall_ms < 2000 * 0.1
+    short, long_ = (p.predict("a", 100, now, output_tokens=n) for n in (5, 401))
+    busy = min(0.9, w.busy)
+    assert short.tpot_spread_ms == pytest.approx(
+        (busy * short.est_tpot_ms * w.stall_ms / 4) ** 0.5)
+    assert long_.tpot_spread_ms == pytest.approx(short.tpot_spread_ms / 10)
+    assert p.predict("a", 100, now, output_tokens=1).tpot_spread_ms == 0.0
+
+
 def test_without_first_token_reports_busy_is_not_used():
     """A router process learns of a first token only at the release: prompts look ahead
     all the time there, so the busy share would always read 1 and is not used."""
