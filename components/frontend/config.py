@@ -27,8 +27,8 @@ class FrontendConfig(ComponentConfig):
     model_dir: str | None = Field(None, description="HF-style directory with the tokenizer "
                                   "and config.json; default: the bundled SmolLM2 export.")
     tokenizer: Literal["auto", "fastokens", "huggingface"] = Field(
-        "auto", description="Prompt encoder: `fastokens` (the BPE encoder Dynamo's frontend "
-        "uses, far faster on long prompts), `huggingface` (the `tokenizers` library), or "
+        "auto", description="Prompt encoder: `fastokens` (a BPE encoder whose crate Dynamo's "
+        "runtime also links, far faster on long prompts), `huggingface` (the `tokenizers` library), or "
         "`auto`: fastokens when it encodes a set of probes exactly as tokenizers does, else "
         "tokenizers. Naming fastokens makes a model it cannot read fail the start.")
     max_inflight: int = Field(4096, ge=1, description="Concurrent requests before new ones "

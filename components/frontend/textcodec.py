@@ -6,11 +6,11 @@ token ids a worker streams into text deltas, holding back bytes of an unfinished
 character and any tail that could still become a stop string.
 
 Encoding is thread-safe and releases the GIL (the frontend tokenises in worker threads so
-a long prompt never stalls the event loop).  It runs on ``fastokens`` (the BPE encoder
-Dynamo's own frontend uses, tens of times faster than ``tokenizers`` on long prompts) when
-it loads the model's ``tokenizer.json`` and encodes a set of probes exactly as
-``tokenizers`` does; otherwise, or with ``tokenizer: huggingface``, on ``tokenizers``.  Chat message content is encoded as plain
-text: a control token such as ``<|im_end|>`` typed by a user becomes ordinary text tokens,
+a long prompt never stalls the event loop).  It runs on ``fastokens`` (a BPE encoder
+whose crate Dynamo's runtime library also links, tens of times faster than
+``tokenizers`` on long prompts) when it loads the model's ``tokenizer.json`` and encodes
+a set of probes exactly as ``tokenizers`` does; otherwise, or with ``tokenizer:
+huggingface``, on ``tokenizers``.  Chat message content is encoded as plain text: a control token such as ``<|im_end|>`` typed by a user becomes ordinary text tokens,
 and only the markers the chat template itself writes are special tokens.
 """
 
@@ -53,8 +53,9 @@ class TextCodec:
         from tokenizers import Tokenizer
 
         backend = tokenizer.backend_tokenizer
-        self._special = Tokenizer.from_str(backend.to_str())
-        self._plain = Tokenizer.from_str(backend.to_str())
+        spec = backend.to_str()
+        self._special = Tokenizer.from_str(spec)
+        self._plain = Tokenizer.from_str(spec)
         self._special.encode_special_tokens = False
         self._plain.encode_special_tokens = True
         self.special_tokens = sorted(tokenizer.all_special_tokens)
@@ -64,22 +65,21 @@ class TextCodec:
         # without tokenising megabytes.
         self.max_token_chars = (max(map(len, backend.get_vocab())) if
                                 backend.normalizer is None else None)
-        self._fast = None if encoder == "huggingface" else self._load_fast(encoder)
+        self._fast = None if encoder == "huggingface" else self._load_fast(spec, encoder)
         self.encoder: TokenizerBackend = "fastokens" if self._fast is not None else "huggingface"
 
-    def _load_fast(self, wanted: TokenizerBackend):
-        """The ``fastokens`` encoder of this model when it encodes every probe (and the
-        special tokens, parsed and as text) exactly as ``tokenizers``; else None, or an
-        error when ``fastokens`` was asked for by name."""
+    def _load_fast(self, spec: str, wanted: TokenizerBackend):
+        """The ``fastokens`` encoder of this model (``spec``: its ``tokenizer.json``) when
+        it encodes every probe (and the special tokens, parsed and as text) exactly as
+        ``tokenizers``; else None, or an error when ``fastokens`` was asked for by name."""
         try:
             import fastokens
 
-            fast = fastokens.Tokenizer.from_json_str(self.tok.backend_tokenizer.to_str())
+            fast = fastokens.Tokenizer.from_json_str(spec)
             probes = [*PROBES, " ".join(self.special_tokens),
                       "".join(f"{t}x{t} " for t in self.special_tokens)]
             for specials in (True, False):
-                mine = [e.ids for e in fast.encode_batch(probes, split_special_tokens=not specials)]
-                if mine != self._encode_hf(specials, probes):
+                if _fast_ids(fast, specials, probes) != self._encode_hf(specials, probes):
                     raise ValueError("it encodes the probes differently from tokenizers")
         except Exception as exc:  # not installed, or a model it does not read the same
             if wanted == "fastokens":
@@ -108,7 +108,7 @@ class TextCodec:
     def _encode(self, specials: bool, texts: list[str]) -> list[list[int]]:
         """Token ids of ``texts``, control tokens parsed (``specials``) or read as text."""
         if self._fast is not None:
-            return [e.ids for e in self._fast.encode_batch(texts, split_special_tokens=not specials)]
+            return _fast_ids(self._fast, specials, texts)
         return self._encode_hf(specials, texts)
 
     def _encode_hf(self, specials: bool, texts: list[str]) -> list[list[int]]:
@@ -181,6 +181,12 @@ class TextCodec:
 
     def detokenizer(self, stop: list[str]) -> Detokenizer:
         return Detokenizer(self, list(stop))
+
+
+def _fast_ids(fast, specials: bool, texts: list[str]) -> list[list[int]]:
+    """Token ids of ``texts`` from a ``fastokens`` encoder, control tokens parsed
+    (``specials``) or read as text."""
+    return [e.ids for e in fast.encode_batch(texts, split_special_tokens=not specials)]
 
 
 @dataclass
