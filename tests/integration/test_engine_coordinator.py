@@ -25,7 +25,7 @@ from splitserve.components.engines.trtllm.config import TrtllmEngineArgs
 from splitserve.components.engines.trtllm.engine import TrtllmEngine
 from splitserve.components.worker.handoff import HandoffInbox, handoff_subject
 from splitserve.components.prefill_queue import PrefillQueue, PrefillQueueConfig
-from splitserve.components.protocol import worker_request
+from splitserve.components.protocol import chunk_data, worker_request
 from splitserve.components.worker.coordinator import (
     CoordinatorSettings,
     EngineDecodeCoordinator,
@@ -357,8 +357,7 @@ async def test_worker_processes_serve_through_dynamo(infra, monkeypatch, tmp_pat
                              temperature=0.0, top_p=None, seed=None, eos_token_ids=[],
                              request_id="p1", priority="default")
         stream = await client.round_robin(req)
-        chunks = [c.data() if callable(getattr(c, "data", None)) else c.data
-                  async for c in stream]
+        chunks = [chunk_data(c) async for c in stream]
         assert [t for c in chunks for t in c["token_ids"]] == EXPECTED, chunks
         assert states == {}
         assert [c["disaggregated_params"].request_type
