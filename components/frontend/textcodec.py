@@ -95,9 +95,9 @@ class TextCodec:
         """Load from a directory holding tokenizer.json/tokenizer_config.json (+ config)."""
         import json
 
-        from transformers import AutoTokenizer
+        from splitserve.components.engines.model_dir import load_tokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        tok = load_tokenizer(model_dir)
         cfg_path = Path(model_dir) / "config.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
         if context_length is None:

@@ -135,10 +135,11 @@ def load_smollm2(progress: ProgressFn | None = None, keep_hf_model: bool = False
         lambda stage, frac: log.info("loading model: %s (%.0f%%)", stage, frac * 100)
     )
     from safetensors.torch import load_file, save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from splitserve.common.cache import model_cache_dir
-    from splitserve.components.engines.model_dir import export_model_dir, served_model_name
+    from splitserve.components.engines.model_dir import (export_model_dir, load_tokenizer,
+                                                        served_model_name)
 
     report("locating weights", 0.0)
     directory, name = smollm2_location()
@@ -146,7 +147,7 @@ def load_smollm2(progress: ProgressFn | None = None, keep_hf_model: bool = False
     # Converting the GGUF's tokenizer takes ~20 s; the exported model directory caches
     # that conversion once per machine (shared with the frontend).
     model_dir = export_model_dir(model_cache_dir(served_model_name()))
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = load_tokenizer(model_dir)
     if not tokenizer.chat_template:
         tokenizer.chat_template = CHATML_TEMPLATE
     cached = _cached_state_dict(model_dir)
