@@ -6,14 +6,23 @@ Pure parts (no NIXL, no etcd): ``config``, ``descriptors``, ``layout``, ``messag
 NIXL; creating an agent does.
 """
 
-from .agent import KvTransferAgent, WriteResult
-from .config import KvTransferConfig
-from .descriptors import BlockRun, merge_runs, run_descs, staged_runs
-from .directory import AgentDirectory, MetadataCache
-from .errors import LayoutMismatch, PeerNotFound, StagingFull, TransferError, TransferTimeout
-from .inbox import Arrival
-from .layout import PoolLayout, TransformPlan, needed_src_ranks, plan_transform, same_layout
-from .messages import AgentRecord, agent_key
+from splitserve.common.lazy import lazy_exports
+
+# Imported on first use: config sections import ``config`` from this package in every
+# process that validates a config, and ``agent`` (through the layout kernels) imports
+# torch.
+__getattr__ = lazy_exports(__name__, globals(), {
+    ".agent": ("KvTransferAgent", "WriteResult"),
+    ".config": ("KvTransferConfig",),
+    ".descriptors": ("BlockRun", "merge_runs", "run_descs", "staged_runs"),
+    ".directory": ("AgentDirectory", "MetadataCache"),
+    ".errors": ("LayoutMismatch", "PeerNotFound", "StagingFull", "TransferError",
+                "TransferTimeout"),
+    ".inbox": ("Arrival",),
+    ".layout": ("PoolLayout", "TransformPlan", "needed_src_ranks", "plan_transform",
+                "same_layout"),
+    ".messages": ("AgentRecord", "agent_key"),
+})
 
 __all__ = [
     "AgentDirectory", "AgentRecord", "Arrival", "BlockRun", "KvTransferAgent",

@@ -5,19 +5,22 @@ continuous batching with chunked prefill and preemption, KV events for the
 router, and hooks for disaggregated prefill/decode.
 """
 
-from .config import EngineConfig, ModelConfig
-from .engine import EngineCore
-from .kv_cache import KVCacheManager
-from splitserve.components.engines.block_events import BlockRemoved, BlockStored, KvEvent, hash_block
-from .loader import (
-    CHATML_TEMPLATE,
-    LoadedModel,
-    chat_prompt_ids,
-    configure_threads,
-    default_num_threads,
-    load_smollm2,
-)
-from .request import EngineStats, FinishReason, RemoteKvAllocation, Request, RequestOutput
+from splitserve.common.lazy import lazy_exports
+
+# Imported on first use: the engine registry reads ``sections`` from this package in
+# every process that validates a config (the supervisor, the CLI), and the modules below
+# import torch (about 1.4 CPU-seconds).
+__getattr__ = lazy_exports(__name__, globals(), {
+    ".config": ("EngineConfig", "ModelConfig"),
+    ".engine": ("EngineCore",),
+    ".kv_cache": ("KVCacheManager",),
+    ".loader": ("CHATML_TEMPLATE", "LoadedModel", "chat_prompt_ids", "configure_threads",
+                "default_num_threads", "load_smollm2"),
+    ".request": ("EngineStats", "FinishReason", "RemoteKvAllocation", "Request",
+                 "RequestOutput"),
+    "splitserve.components.engines.block_events": ("BlockRemoved", "BlockStored", "KvEvent",
+                                                    "hash_block"),
+})
 
 __all__ = [
     "CHATML_TEMPLATE",
