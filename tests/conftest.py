@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.graphs import GraphPool
 from tests.triton_mode import import_triton_interpreted
 
 REPO = Path(__file__).resolve().parent.parent
+
+pytest_plugins = ["tests.parallel"]  # module order and the lock for parallel workers
 
 
 def _has_gpu() -> bool:
@@ -50,3 +53,11 @@ def smollm2_dir() -> Path:
     from splitserve.components.engines.model_dir import export_model_dir, served_model_name
 
     return export_model_dir(model_cache_dir(served_model_name()))
+
+
+@pytest.fixture(scope="session")
+def graph_pool(tmp_path_factory):
+    """Graphs shared by the live tests that do not change them (tests/graphs.py)."""
+    pool = GraphPool(tmp_path_factory.mktemp("graph-pool"))
+    yield pool
+    pool.close()

@@ -12,10 +12,10 @@ import time
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import by_label, one, percentile
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 # Exactly what a user writes to turn admission on (block 64 as the hold-out fleet).
 ONE_LINE = (

@@ -18,10 +18,10 @@ import time
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import one, percentile, scrape
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 MODEL = "SmolLM2-135M-Instruct"
 CONFIG = "configs/mocker_agg_router.yaml"

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import by_label, dynamo, one
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 # The one-line admission form, in shadow mode, with a TTFT target the overload misses.
 SHADOW = (

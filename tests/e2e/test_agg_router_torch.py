@@ -7,7 +7,7 @@ import time
 import openai
 import pytest
 
-from tests.e2e.conftest import route_explain, start_graph
+from tests.graphs import route_explain, start_graph
 from tests.e2e.helpers import metric, scrape
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import start_graph
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +38,7 @@ def _wait_serving(url: str, timeout_s: float = 30) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_bench_run_smoke(tmp_path):
+def test_bench_run_smoke(tmp_path, mocker_graph):
     trace = TRACE
     if not trace.exists():
         trace = tmp_path / "synthetic.jsonl"
@@ -47,24 +46,19 @@ def test_bench_run_smoke(tmp_path):
             {"timestamp": 100 * i, "input_length": 512 * (2 + i % 3), "output_length": 64,
              "hash_ids": [0, 1 + i % 2, *range(100 + 10 * i, 100 + 10 * i + i % 3)]}) + "\n"
             for i in range(20)))
-    run, url = start_graph(tmp_path, "graphs.agg_router:Frontend", "configs/mocker_agg_router.yaml",
-                           "--Worker.replicas=2", "--Worker.engine_args.speedup_ratio=10",
-                           timeout_s=60)
-    try:
-        _wait_serving(url)
-        out, plots = tmp_path / "bench.json", tmp_path / "plots"
-        t0 = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-m", "splitserve.cli.main", "bench", "run", "--url", url,
-             "--trace", str(trace), "--max-requests", "20", "--time-scale", "0.1",
-             "--token-scale", "16", "--output-scale", "16", "--slo", "ttft=5000,tpot=1000",
-             "--request-timeout", "20", "--deadline-s", "30", "--progress-s", "1",
-             "--out", str(out), "--plots", str(plots)],
-            check=False, cwd=REPO, capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        assert time.monotonic() - t0 < 60
-    finally:
-        run.stop()
+    _, url = mocker_graph
+    _wait_serving(url)
+    out, plots = tmp_path / "bench.json", tmp_path / "plots"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "splitserve.cli.main", "bench", "run", "--url", url,
+         "--trace", str(trace), "--max-requests", "20", "--time-scale", "0.1",
+         "--token-scale", "16", "--output-scale", "16", "--slo", "ttft=5000,tpot=1000",
+         "--request-timeout", "20", "--deadline-s", "30", "--progress-s", "1",
+         "--out", str(out), "--plots", str(plots)],
+        check=False, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 60
     data = json.loads(out.read_text())
     s = data["summary"]
     assert s["requests"] == len(data["requests"]) == 20

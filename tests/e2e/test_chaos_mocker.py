@@ -22,7 +22,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import metric
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import descendants, http_post_json, wait_until

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import kill_replica, metric, ready, scale, story
 from tests.e2e.prompts import FORCED
 from tests.integration.serve_helpers import wait_until

@@ -15,7 +15,7 @@ import time
 import openai
 import pytest
 
-from tests.e2e.conftest import route_explain, start_graph
+from tests.graphs import route_explain, start_graph
 from tests.e2e.helpers import fleet
 from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS, SHARED
 from tests.integration.serve_helpers import wait_until

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import route_explain, start_graph
+from tests.graphs import route_explain, start_graph
 from tests.e2e.helpers import by_label, dynamo, metric, scrape
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import wait_until

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import metric, ready, scale, story
 from tests.integration.serve_helpers import wait_until
 

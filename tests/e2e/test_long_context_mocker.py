@@ -8,7 +8,7 @@ import random
 import httpx
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

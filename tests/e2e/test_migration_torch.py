@@ -14,7 +14,7 @@ import signal
 import openai
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import metric, scrape
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import wait_until

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from splitserve.infra.procs import pid_alive
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import metric
 
 pytestmark = pytest.mark.e2e

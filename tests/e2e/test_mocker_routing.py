@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import route_explain, start_graph
+from tests.graphs import route_explain, start_graph
 from tests.e2e.helpers import metric
 from tests.integration.serve_helpers import wait_until
 

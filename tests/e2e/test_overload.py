@@ -15,10 +15,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import one as shared_one
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 MODEL = "SmolLM2-135M-Instruct"
 CONFIG = str(Path(__file__).resolve().parents[1] / "fixtures" / "qos_overload.yaml")

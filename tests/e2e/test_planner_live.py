@@ -12,9 +12,9 @@ import time
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 MODEL = "SmolLM2-135M-Instruct"
 PROMPT_TOKENS = 2000

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.e2e.helpers import by_label, dynamo
+from tests.graphs import MOCKER_FLEET, start_graph
 from tests.integration.serve_helpers import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -23,8 +24,16 @@ def profiles(run) -> dict[str, float]:
     return by_label(url, "splitserve_router_decisions_total", "profile")
 
 
-def test_apply_and_rollback_under_load(tmp_path, mocker_graph):
-    run, url = mocker_graph
+@pytest.fixture
+def fleet_graph(tmp_path):
+    """Its own mocker fleet: applying policies changes the graph for whoever comes next."""
+    run, url = start_graph(tmp_path / "graph", *MOCKER_FLEET)
+    yield run, url
+    assert run.stop() == 0, run.output()[-3000:]
+
+
+def test_apply_and_rollback_under_load(tmp_path, fleet_graph):
+    run, url = fleet_graph
     failures: list[str] = []
     done = 0
     stop = threading.Event()

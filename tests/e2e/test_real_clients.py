@@ -24,7 +24,6 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.e2e.conftest import start_graph
 
 pytestmark = pytest.mark.e2e
 
@@ -43,11 +42,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory):
-    run, base = start_graph(tmp_path_factory.mktemp("real-clients"), "graphs.agg:Frontend",
-                            "configs/agg.yaml", "--Frontend.tool_call_parser=hermes")
-    yield base
-    assert run.stop() == 0, run.output()[-3000:]
+def url(graph_pool):
+    return graph_pool.get("graphs.agg:Frontend", "configs/agg.yaml",
+                          "--Frontend.tool_call_parser=hermes")[1]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import metric
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import metric
 
 pytestmark = pytest.mark.e2e

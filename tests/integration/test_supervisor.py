@@ -24,7 +24,7 @@ from tests.integration.serve_helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
 
 GRAPH = "tests.fixtures.echo_graph:EchoFront"
 

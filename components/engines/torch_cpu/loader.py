@@ -129,7 +129,7 @@ def load_smollm2(progress: ProgressFn | None = None, keep_hf_model: bool = False
     bit-identical to the de-quantised ones); later loads read that file (~1 s).
     ``progress`` receives each stage (the worker turns it into readiness); by default
     stages are logged. With ``keep_hf_model`` the transformers model is returned too, as
-    a reference for tests and benchmarks (always through the GGUF path).
+    a reference for tests and benchmarks, built from the same cached values.
     """
     report = progress or (
         lambda stage, frac: log.info("loading model: %s (%.0f%%)", stage, frac * 100)
@@ -152,10 +152,12 @@ def load_smollm2(progress: ProgressFn | None = None, keep_hf_model: bool = False
         tokenizer.chat_template = CHATML_TEMPLATE
     cached = _cached_state_dict(model_dir)
     hf = None
-    if cached.exists() and not keep_hf_model:
+    if cached.exists():
         report("reading cached weights", 0.35)
         hf_config = AutoConfig.from_pretrained(str(model_dir))
         state = load_file(str(cached))
+        if keep_hf_model:
+            hf = _hf_model_from_state(hf_config, state)
     else:
         report("de-quantising weights", 0.35)
         hf = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
@@ -177,6 +179,21 @@ def load_smollm2(progress: ProgressFn | None = None, keep_hf_model: bool = False
     weights = LlamaWeights.from_state_dict(state, cfg)
     report("ready", 1.0)
     return LoadedModel(weights, cfg, tokenizer, hf if keep_hf_model else None)
+
+
+def _hf_model_from_state(hf_config: Any, state: dict[str, torch.Tensor]) -> Any:
+    """The transformers model over the cached de-quantised weights (the values the GGUF
+    path gives, without de-quantising again)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if hf_config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"cached weights do not fit the model: missing {missing}, "
+                         f"unexpected {unexpected}")
+    hf.tie_weights()
+    return hf.eval()
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
