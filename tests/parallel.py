@@ -22,8 +22,8 @@ the scheduler below also keeps the vLLM modules together on one worker, one afte
 other, so their package-scoped aggregated vLLM graph starts once.
 ``--no-loadscope-reorder`` keeps the order set here: exclusive modules first, each
 followed by a share of the light ones so the other workers have something to run while
-it holds the lock, then the heavy modules in collection order (the long end-to-end
-modules first).  Without xdist none of this changes anything but the order.
+it holds the lock, then the heavy modules, those marked ``slow`` first (so no long
+module starts last).  Without xdist none of this changes anything but the order.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ def ordered(items: list[pytest.Item]) -> list[pytest.Item]:
             head.extend(light[i * share:(i + 1) * share])
     used = {id(m) for m in head}
     head.extend(m for m in light if id(m) not in used)
-    return [item for module_items in head + by_kind[HEAVY] for item in module_items]
+    # the long heavy modules (marked slow) first, so none of them starts last
+    heavy = sorted(by_kind[HEAVY], key=lambda m: m[0].get_closest_marker("slow") is None)
+    return [item for module_items in head + heavy for item in module_items]
 
 
 class Gate:

@@ -25,7 +25,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MODEL = "SmolLM2-135M-Instruct"
 DATA = Path(__file__).parent / "data" / "lm_eval"
