@@ -47,8 +47,10 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
                      stack: contextlib.AsyncExitStack, factory=None) -> Hosted:
     """The registry's host for ``engine: torch``: model, runner thread, KV events (agg and
     decode) and, for the disaggregated roles, the NIXL agent."""
+    from .loader import default_num_threads
+
     args = cfg.engine_args
-    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, cfg.replicas))
+    threads = args.threads or default_num_threads(cfg.replicas)
     ctx.report("loading", detail="loading model")
 
     def progress(stage: str, fraction: float) -> None:

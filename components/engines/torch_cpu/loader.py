@@ -49,13 +49,19 @@ class LoadedModel:
     hf_model: Any | None = None  # the transformers model, only when asked for (tests, benchmarks)
 
 
-def default_num_threads() -> int:
-    """Return the CPU cores this process may run on; a sensible ``torch.set_num_threads``."""
-    return len(os.sched_getaffinity(0))
+def default_num_threads(replicas: int = 1) -> int:
+    """torch intra-op threads for one of ``replicas`` processes on this machine:
+    ``OMP_NUM_THREADS`` when it is set (the convention torch and OpenMP follow), else
+    the cores this process may run on, divided among the replicas."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, len(os.sched_getaffinity(0)) // max(1, replicas))
 
 
 def configure_threads(num_threads: int | None = None) -> int:
-    """Set torch's intra-op threads (default: all usable cores) and return the value.
+    """Set torch's intra-op threads (default: ``default_num_threads()``) and return the
+    value.
 
     Left to the caller (the worker process) so that libraries never change it behind
     its back.

@@ -36,7 +36,8 @@ class TorchEngineArgs(StrictModel):
                                          "step for other prompts and keeps running decodes "
                                          "moving.")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: "
-                                "all cores divided among this component's replicas.")
+                                "OMP_NUM_THREADS when set, else the usable cores divided "
+                                "among this component's replicas.")
 
 
 class KvMovesFields(StrictModel):
