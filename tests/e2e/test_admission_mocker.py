@@ -21,7 +21,7 @@ import pytest
 from tests.graphs import start_graph
 from tests.e2e.helpers import one, percentile, scrape
 
-pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.quiet]
 
 MODEL = "SmolLM2-135M-Instruct"
 CONFIG = "configs/mocker_agg_router.yaml"

@@ -13,7 +13,7 @@ import pytest
 from tests.graphs import start_graph
 from tests.e2e.helpers import by_label, dynamo, one
 
-pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.quiet]
 
 # The one-line admission form, in shadow mode, with a TTFT target the overload misses.
 SHADOW = (

@@ -18,7 +18,7 @@ import pytest
 from tests.graphs import start_graph
 from tests.e2e.helpers import one as shared_one
 
-pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.quiet]
 
 MODEL = "SmolLM2-135M-Instruct"
 CONFIG = str(Path(__file__).resolve().parents[1] / "fixtures" / "qos_overload.yaml")

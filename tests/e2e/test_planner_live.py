@@ -14,7 +14,7 @@ import pytest
 
 from tests.graphs import start_graph
 
-pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.quiet]
 
 MODEL = "SmolLM2-135M-Instruct"
 PROMPT_TOKENS = 2000

@@ -41,7 +41,8 @@ from tests.fixtures.engine_doubles import (
     tokens_for,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(30), pytest.mark.exclusive]
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(30),
+              pytest.mark.quiet]
 
 MODEL = "org/model"
 PROMPT = (5, 6, 7, 8, 9)

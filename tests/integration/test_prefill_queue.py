@@ -19,7 +19,7 @@ from splitserve.components.prefill_queue import (
 )
 from splitserve.infra.embedded import EmbeddedInfra
 
-pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
 MODEL = "org/Model-1.5B.Instruct"  # needs sanitising: '/' and '.'
 

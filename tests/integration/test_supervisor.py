@@ -24,7 +24,7 @@ from tests.integration.serve_helpers import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
 GRAPH = "tests.fixtures.echo_graph:EchoFront"
 

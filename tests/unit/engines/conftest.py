@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from splitserve.components.engines.torch_cpu import (
@@ -16,7 +18,8 @@ from splitserve.components.engines.torch_cpu import (
 @pytest.fixture(scope="session")
 def smollm2() -> LoadedModel:
     """SmolLM2-135M-Instruct with the transformers model kept as the reference."""
-    configure_threads()
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # under xdist: one thread (tests/parallel.py)
+        configure_threads()
     return load_smollm2(keep_hf_model=True)
 
 
