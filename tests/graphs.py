@@ -61,12 +61,16 @@ class GraphPool:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.runs: dict[Key, tuple[ServeRun, str]] = {}
+        self.started = 0  # names each graph's folder: never reused after a stop
 
     def get(self, graph: str, config: str, *overrides: str, timeout_s: float = 180
             ) -> tuple[ServeRun, str]:
         key = (graph, config, tuple(overrides))
         if key not in self.runs:
-            tmp = self.root / f"graph-{len(self.runs)}"
+            # A folder of its own: a graph started in a stopped one's folder shares its
+            # state dir, and `dynamo route explain --state-dir` could read the old run.
+            tmp = self.root / f"graph-{self.started}"
+            self.started += 1
             self.runs[key] = start_graph(tmp, graph, config, *overrides, timeout_s=timeout_s)
         run, url = self.runs[key]
         code = run.proc.poll()
