@@ -77,11 +77,16 @@ def module_key(item: pytest.Item) -> str:
     return str(item.path)
 
 
+def shared_scope(path) -> str | None:
+    """The shared scope a test module (by path or node id) belongs to, if any."""
+    return SHARED_SCOPES.get(Path(str(path)).name)
+
+
 def hold_key(item: pytest.Item) -> str:
     """What a worker holds its place in the table for: the module, or the whole shared
     scope it belongs to (the vLLM modules are one hold, so no other module starts between
     them and makes the next one wait for it to finish)."""
-    return SHARED_SCOPES.get(Path(str(item.path)).name) or module_key(item)
+    return shared_scope(item.path) or module_key(item)
 
 
 def _interleave(leads: list, followers: list, skip=lambda m: False) -> list:
@@ -110,7 +115,7 @@ def ordered(items: list[pytest.Item]) -> list[pytest.Item]:
         by_kind[kind(module_items[0])].append(module_items)
 
     def scope(m: list[pytest.Item]) -> str | None:
-        return SHARED_SCOPES.get(Path(str(m[0].path)).name)
+        return shared_scope(m[0].path)
 
     # modules of one shared scope follow each other, so the worker never leaves their
     # package in between (which would stop and restart its package-scoped graph)
@@ -267,6 +272,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class ModuleScopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return SHARED_SCOPES.get(Path(module).name, module)
+            return shared_scope(module) or module
 
     return ModuleScopes(config, log)
