@@ -166,18 +166,18 @@ def fetch_json(url: str) -> dict:
 
 
 def scrape(url: str) -> dict[str, float]:
-    """Flat ``name{labels}`` → value of one Prometheus endpoint."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """Flat ``name{labels}`` → value of one Prometheus endpoint (histogram buckets left out)."""
+    from splitserve.contracts import prometheus
 
     with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
+        samples = prometheus.parse(r.read().decode())
     out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "le")
-            if "le" in s.labels:
+    for name, series in samples.items():
+        for key, value in series.items():
+            if any(k == "le" for k, _ in key):
                 continue
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+            labels = ",".join(f"{k}={v}" for k, v in key)
+            out[f"{name}{{{labels}}}" if labels else name] = value
     return out
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from splitserve.common.metrics import PREFIX
+from splitserve.contracts import prometheus
 
 from .connectors.base import DEFAULT_COMPONENTS
 from .model import Observation, PoolObservation
@@ -34,11 +34,7 @@ FRONTEND_SERIES = {"requests": F + "requests_total", "prompt_tokens": F + "promp
 
 def parse_metrics(text: str) -> dict[str, float]:
     """Sum every sample of a Prometheus text exposition by sample name (labels dropped)."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
-    return out
+    return prometheus.totals(prometheus.parse(text))
 
 
 @dataclass(frozen=True)

@@ -35,12 +35,12 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
+from splitserve.contracts import prometheus
+from splitserve.contracts.prometheus import Samples
 from splitserve.infra.procs import pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA_ENV = ("ETCD_ENDPOINTS", "NATS_SERVER")
-
-Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 
 
 def dynamo_cmd() -> list[str]:
@@ -48,20 +48,13 @@ def dynamo_cmd() -> list[str]:
     return [sys.executable, "-m", "splitserve.cli.main"]
 
 
-def parse_prometheus(text: str) -> Samples:
-    """Prometheus text format -> ``{sample name: {sorted label pairs: value}}``."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: Samples = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
+parse_prometheus = prometheus.parse  # the name benchmarks import
 
 
 def scrape(url: str, timeout_s: float = 10) -> Samples:
+    """One ``/metrics`` URL, read by ``splitserve.contracts.prometheus.parse``."""
     with urllib.request.urlopen(url, timeout=timeout_s) as r:
-        return parse_prometheus(r.read().decode())
+        return prometheus.parse(r.read().decode())
 
 
 def children(pid: int) -> set[int]:
@@ -283,20 +276,20 @@ class GraphRun:
         plan = self.status()["plan"]["components"]
         return next(c["config"] for c in plan if c["name"] == component)
 
-    def _samples(self, component: str, name: str):
+    def _scrapes(self, component: str):
         for rep in self.replicas(component):
             if rep.get("metrics"):
-                yield from scrape(rep["metrics"]).get(name, {}).items()
+                yield scrape(rep["metrics"])
 
     def metric_by_labels(self, component: str, name: str, label: str) -> dict[str, float]:
         """One metric summed over ``component``'s replicas, grouped by one label's value."""
         out: dict[str, float] = {}
-        for labels, value in self._samples(component, name):
-            key = dict(labels).get(label, "")
-            out[key] = out.get(key, 0.0) + value
+        for samples in self._scrapes(component):
+            for key, value in prometheus.by_label(samples, name, label).items():
+                out[key] = out.get(key, 0.0) + value
         return out
 
     def metric_total(self, component: str, name: str, **labels: str) -> float:
         """One metric summed over ``component``'s replicas, samples matching ``labels``."""
-        return sum(value for lab, value in self._samples(component, name)
-                   if all(dict(lab).get(k) == v for k, v in labels.items()))
+        return sum((prometheus.value(samples, name, **labels)
+                    for samples in self._scrapes(component)), 0.0)

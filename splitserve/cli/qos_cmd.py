@@ -16,13 +16,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import typer
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
 from splitserve.cli.paths import state_root
 from splitserve.cli.status_cmd import local_supervisors
 from splitserve.common.metrics import PREFIX
+from splitserve.contracts import prometheus
 from splitserve.serve.control import supervisor_status
 
 app = typer.Typer(help="Inspect QoS admission of a running graph.", no_args_is_help=True)
@@ -44,25 +44,25 @@ class Calibration:
 
     def add(self, text: str) -> None:
         """Add one process's /metrics text."""
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == f"{PREFIX}_qos_confusion_total":
-                    self.confusion[s.labels["outcome"]] += s.value
-                elif s.name == f"{PREFIX}_qos_admissions_total":
-                    if s.labels.get("outcome") == "rejected":
-                        self.refusals[s.labels["reason"]] += s.value
-                    elif s.labels.get("outcome") == "shadow-rejected":
-                        self.would_refuse[s.labels["reason"]] += s.value
-                elif s.name == f"{PREFIX}_qos_prediction_log2_ratio_bucket":
-                    self.buckets[s.labels["kind"]][float(s.labels["le"])] += s.value
+        samples = prometheus.parse(text)
+        confusion = f"{PREFIX}_qos_confusion_total"
+        admissions = f"{PREFIX}_qos_admissions_total"
+        for outcome, n in prometheus.by_label(samples, confusion, "outcome").items():
+            self.confusion[outcome] += n
+        for reason, n in prometheus.by_label(samples, admissions, "reason",
+                                             outcome="rejected").items():
+            self.refusals[reason] += n
+        for reason, n in prometheus.by_label(samples, admissions, "reason",
+                                             outcome="shadow-rejected").items():
+            self.would_refuse[reason] += n
+        error = f"{PREFIX}_qos_prediction_log2_ratio"
+        for kind in prometheus.by_label(samples, f"{error}_bucket", "kind"):
+            for le, n in prometheus.histogram(samples, error, kind=kind).buckets.items():
+                self.buckets[kind][le] += n
 
     def quantile(self, kind: str, q: float) -> float | None:
         """The bucket bound below which a fraction ``q`` of the log2 errors lie."""
-        cum = sorted(self.buckets.get(kind, {}).items())
-        total = cum[-1][1] if cum else 0.0
-        if total <= 0:
-            return None
-        return next(le for le, n in cum if n >= q * total)
+        return prometheus.bucket_quantile(self.buckets.get(kind, {}), q)
 
     def within(self, kind: str, bound: float) -> float | None:
         """Share of predictions with |log2 error| <= ``bound`` (a bucket bound)."""

@@ -12,51 +12,32 @@ import time
 import aiohttp
 import httpx
 import openai
-from prometheus_client.parser import text_string_to_metric_families
 
+from splitserve.contracts import prometheus
+from splitserve.contracts.prometheus import Labels, Samples
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import REPO, descendants, http_post_json
 
 
-Labels = tuple[tuple[str, str], ...]
-"""A sample's labels as sorted (name, value) pairs: ``(("outcome", "done"),)``."""
-
-
-def scrape(source: str) -> dict[str, dict[Labels, float]]:
+def scrape(source: str) -> Samples:
     """Every sample of a Prometheus text exposition, by sample name then labels.
 
-    ``source`` is a ``/metrics`` URL (fetched) or the text itself.  Names are the
-    samples' own, as written: a counter's ``foo_total``, a histogram's ``foo_bucket``
-    (its ``le`` among the labels), ``foo_sum`` and ``foo_count``."""
+    ``source`` is a ``/metrics`` URL (fetched) or the text itself; the reading is
+    ``splitserve.contracts.prometheus.parse`` (names as written: a counter's
+    ``foo_total``, a histogram's ``foo_bucket`` with its ``le``, ``foo_sum``, ``foo_count``)."""
     if source.startswith(("http://", "https://")):
         source = httpx.get(source, timeout=10).text
-    # The parser names the samples of a counter typed without "_total" ("# TYPE foo
-    # counter", "foo 1") foo_total; such counters keep their written name here.
-    bare = {parts[2] for parts in (line.split() for line in source.splitlines())
-            if parts[:2] == ["#", "TYPE"] and parts[3:] == ["counter"]
-            and not parts[2].endswith("_total")}
-    out: dict[str, dict[Labels, float]] = {}
-    for family in text_string_to_metric_families(source):
-        for sample in family.samples:
-            name = family.name if family.name in bare else sample.name
-            out.setdefault(name, {})[tuple(sorted(sample.labels.items()))] = sample.value
-    return out
+    return prometheus.parse(source)
 
 
 def metric(source: str, name: str, **labels: str) -> float:
     """The sum of the samples named ``name`` whose labels include ``labels`` (0 if none)."""
-    want = set(labels.items())
-    return sum((v for key, v in scrape(source).get(name, {}).items() if want <= set(key)),
-               0.0)
+    return prometheus.value(scrape(source), name, **labels)
 
 
 def by_label(source: str, name: str, label: str) -> dict[str, float]:
     """The samples named ``name`` summed by the value of one of their labels."""
-    out: dict[str, float] = {}
-    for key, value in scrape(source).get(name, {}).items():
-        group = dict(key)[label]
-        out[group] = out.get(group, 0.0) + value
-    return out
+    return prometheus.by_label(scrape(source), name, label)
 
 
 def fleet(run, component: str, name: str) -> dict[Labels, float]:
