@@ -69,8 +69,8 @@ WORKER_METRICS = {
 
 # ---- prompts -------------------------------------------------------------------------
 def load_codec():
-    from splitserve.common.cache import model_cache_dir
-    from splitserve.components.engines.model_dir import export_model_dir
+    from splitserve.contracts.kit.cache import model_cache_dir
+    from splitserve.contracts.kit.model_dir import export_model_dir
     from splitserve.components.frontend.textcodec import TextCodec
 
     return TextCodec.from_dir(export_model_dir(model_cache_dir(MODEL)))

@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from splitserve.components.engines.interface import GenerateParams  # noqa: E402
+from splitserve.contracts.engine import GenerateParams  # noqa: E402
 from splitserve.components.engines.torch_cpu import (  # noqa: E402
     EngineConfig,
     EngineCore,

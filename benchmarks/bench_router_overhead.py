@@ -104,13 +104,13 @@ async def measure(args, url: str, etcd: str, nats: str) -> list[dict]:
 
     os.environ["ETCD_ENDPOINTS"], os.environ["NATS_SERVER"] = etcd, nats
     os.environ.setdefault("DYN_TCP_RPC_HOST", "127.0.0.1")
-    from splitserve.serve.component import make_runtime
+    from splitserve.contracts.kit.component import make_runtime
 
     rt = make_runtime(asyncio.get_running_loop(), "tcp")
     client = await rt.endpoint("dynamo.worker.generate").client()
     worker_ids = await client.wait_for_instances()
-    from splitserve.common.cache import model_cache_dir
-    from splitserve.components.engines.model_dir import export_model_dir
+    from splitserve.contracts.kit.cache import model_cache_dir
+    from splitserve.contracts.kit.model_dir import export_model_dir
     from splitserve.components.frontend.textcodec import TextCodec
 
     codec = TextCodec.from_dir(export_model_dir(model_cache_dir(MODEL)))

@@ -77,7 +77,7 @@ def torch_run(loaded, batch: list[list[int]], new_tokens: int) -> tuple[float, f
 async def vllm_run(engine, batch: list[list[int]], new_tokens: int, tag: str
                    ) -> tuple[float, float]:
     """The same measure on a started VllmEngine (requests submitted together)."""
-    from splitserve.components.engines.interface import GenerateParams
+    from splitserve.contracts.engine import GenerateParams
 
     t0 = time.perf_counter()
     firsts: list[float] = []
@@ -102,7 +102,7 @@ async def vllm_run(engine, batch: list[list[int]], new_tokens: int, tag: str
 
 
 async def vllm_measure(chats, long, new_tokens: int, repeats: int) -> dict:
-    from splitserve.components.engines.model_dir import served_model_name
+    from splitserve.contracts.kit.model_dir import served_model_name
     from splitserve.components.engines.vllm.config import VllmEngineArgs
     from splitserve.components.engines.vllm.engine import VllmEngine
 

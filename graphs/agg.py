@@ -3,6 +3,6 @@
     dynamo serve graphs.agg:Frontend -f configs/agg.yaml
 """
 
-from splitserve.components.catalog import Frontend, Worker
+from splitserve.serve.catalog import Frontend, Worker
 
 graph = Frontend.link(Worker)

@@ -3,6 +3,6 @@
     dynamo serve graphs.agg_router:Frontend -f configs/agg_router.yaml
 """
 
-from splitserve.components.catalog import Frontend, Router, Worker
+from splitserve.serve.catalog import Frontend, Router, Worker
 
 graph = Frontend.link(Router).link(Worker)

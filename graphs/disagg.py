@@ -3,6 +3,6 @@
     dynamo serve graphs.disagg:Frontend -f configs/disagg.yaml
 """
 
-from splitserve.components.catalog import DecodeWorker, Frontend, PrefillWorker, Router
+from splitserve.serve.catalog import DecodeWorker, Frontend, PrefillWorker, Router
 
 graph = Frontend.link(Router).link(DecodeWorker).link(PrefillWorker)

@@ -5,6 +5,6 @@ a DecodeWorker itself.
     dynamo serve graphs.disagg_inproc:Frontend -f configs/mocker_disagg_inproc.yaml
 """
 
-from splitserve.components.catalog import DecodeWorker, Frontend, PrefillWorker
+from splitserve.serve.catalog import DecodeWorker, Frontend, PrefillWorker
 
 graph = Frontend.link(DecodeWorker).link(PrefillWorker)

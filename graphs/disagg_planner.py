@@ -3,7 +3,7 @@
     dynamo serve graphs.disagg_planner:Frontend -f configs/disagg_planner.yaml
 """
 
-from splitserve.components.catalog import DecodeWorker, Frontend, Planner, PrefillWorker, Router
+from splitserve.serve.catalog import DecodeWorker, Frontend, Planner, PrefillWorker, Router
 
 serving = Frontend.link(Router).link(DecodeWorker).link(PrefillWorker)
 planning = Frontend.link(Planner)

@@ -4,6 +4,6 @@ graphs.disagg; its configs use the KV-aware policies and several decode workers)
     dynamo serve graphs.disagg_router:Frontend -f configs/disagg_router.yaml
 """
 
-from splitserve.components.catalog import DecodeWorker, Frontend, PrefillWorker, Router
+from splitserve.serve.catalog import DecodeWorker, Frontend, PrefillWorker, Router
 
 graph = Frontend.link(Router).link(DecodeWorker).link(PrefillWorker)

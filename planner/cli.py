@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from splitserve.policy.decode import DocumentError, decode_document
-from splitserve.policy.schema import PolicyError, error_lines
+from splitserve.components.policy.decode import DocumentError, decode_document
+from splitserve.components.policy.schema import PolicyError, error_lines
 
 from .config import SCHEMA_FILE, PlannerPolicy, load_planner_policy, planner_schema
 from .fleet import FleetModel

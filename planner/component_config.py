@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from splitserve.components.prefill_queue.config import PrefillQueueConfig
-from splitserve.serve.config import ComponentConfig
+from splitserve.contracts.prefill_queue import PrefillQueueConfig
+from splitserve.contracts.config import ComponentConfig
 
 
 class PlannerComponentConfig(ComponentConfig):

@@ -1,6 +1,6 @@
 """The planner's policy: the seed's ``autoscale`` section plus an optional ``planner`` block.
 
-``autoscale`` is the policy file's own section model (``splitserve.policy.sections``),
+``autoscale`` is the policy file's own section model (``splitserve.components.policy.sections``),
 loaded unchanged; the ``planner`` block adds the knobs the seed leaves implicit (how
 often to decide, cooldowns, hysteresis, step limits, a GPU budget, the oscillation guard
 and SLA mode).  Every knob has a default, so a file with only the seed's ``autoscale``
@@ -16,10 +16,10 @@ from typing import Any, Literal, Self
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails
 
-from splitserve.policy.base import PolicyModel, check, problem
-from splitserve.policy.decode import DocumentError, decode_document
-from splitserve.policy.schema import PolicyError, error_lines, parse_policy
-from splitserve.policy.sections import Autoscale
+from splitserve.components.policy.base import PolicyModel, check, problem
+from splitserve.components.policy.decode import DocumentError, decode_document
+from splitserve.components.policy.schema import PolicyError, error_lines, parse_policy
+from splitserve.components.policy.sections import Autoscale
 
 Predictor = Literal["constant", "moving-average", "linear-trend"]
 PLANNER_KEYS = frozenset({"autoscale", "planner"})

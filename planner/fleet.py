@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
-from splitserve.policy.base import PolicyModel
+from splitserve.components.policy.base import PolicyModel
 
 from .model import Action, Move, Observation, PoolObservation, Scale
 from .traces import TraceRequest

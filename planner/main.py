@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from splitserve.serve.component import ComponentContext, run
+from splitserve.contracts.kit.component import ComponentContext, run
 
 from .component_config import PlannerComponentConfig
 from .config import load_planner_policy, parse_planner_policy
@@ -38,7 +38,7 @@ async def main(ctx: ComponentContext) -> None:
     policy = (parse_planner_policy(cfg.policy, "Planner.policy") if isinstance(cfg.policy, dict)
               else load_planner_policy(cfg.policy))
     control_url = os.environ["SPLITSERVE_CONTROL_URL"]
-    from splitserve.serve.credentials import read_secret
+    from splitserve.contracts.kit.credentials import read_secret
 
     token = read_secret(os.environ["SPLITSERVE_CONTROL_TOKEN_FILE"])
     from splitserve.components.prefill_queue import PrefillQueue
@@ -58,7 +58,7 @@ async def main(ctx: ComponentContext) -> None:
         if doc.autoscale is not None:
             planner.set_policy(planner.policy.model_copy(update={"autoscale": doc.autoscale}))
 
-    from splitserve.policy.component import follow_policy
+    from splitserve.components.policy.component import follow_policy
 
     watcher = await follow_policy(ctx.namespace, "Planner", f"{os.getpid():x}", apply_policy)
     ctx.report("ready", detail=f"{cfg.connector} connector, every "

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from splitserve.policy.sections import PoolAutoscale
+from splitserve.components.policy.sections import PoolAutoscale
 
 from . import sla as sla_math
 from .config import PlannerSettings

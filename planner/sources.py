@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from splitserve.common.metrics import PREFIX
 from splitserve.contracts import prometheus
+from splitserve.contracts.metrics import PREFIX
 
 from .connectors.base import DEFAULT_COMPONENTS
 from .model import Observation, PoolObservation

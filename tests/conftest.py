@@ -49,8 +49,8 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The exported, weight-less SmolLM2 directory (tokenizer + config), cached per user."""
-    from splitserve.common.cache import model_cache_dir
-    from splitserve.components.engines.model_dir import export_model_dir, served_model_name
+    from splitserve.contracts.kit.cache import model_cache_dir
+    from splitserve.contracts.kit.model_dir import export_model_dir, served_model_name
 
     return export_model_dir(model_cache_dir(served_model_name()))
 

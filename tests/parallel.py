@@ -51,7 +51,7 @@ from typing import IO
 
 import pytest
 
-from splitserve.infra.procs import pid_alive
+from splitserve.contracts.kit.procs import pid_alive
 
 RUN_ID_ENV = "PYTEST_XDIST_TESTRUNUID"
 EXCLUSIVE, QUIET, MODEL, HEAVY, LIGHT = "exclusive", "quiet", "model", "heavy", "light"

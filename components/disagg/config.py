@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from splitserve.components.router.validation import issue, raise_if_any, retitled
+from splitserve.contracts.validation import issue, raise_if_any, retitled
 
 from .registry import DeciderRegistry, default_decider_registry
 from .types import Decider, OffloadDecision, OffloadRequest, OffloadSnapshot

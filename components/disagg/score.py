@@ -34,7 +34,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from .metrics import FRACTION_METRICS, NUMERIC_METRICS, Metric, metric_value
 from .types import OffloadDecision, OffloadRequest, OffloadSnapshot

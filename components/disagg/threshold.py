@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from .types import OffloadDecision, OffloadRequest, OffloadSnapshot
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from splitserve.infra.procs import free_port
-from splitserve.components.engines.block_events import BlockRemoved, BlockStored, KvEvent
+from splitserve.contracts.kit.procs import free_port
+from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent
 
 LOOPBACK_PREFIX = "tcp://127.0.0.1:"
 

@@ -20,7 +20,7 @@ from .responses_api import new_id, response_object, response_usage, status_of
 from .responses_stream import ResponseEvents, output_items
 
 if TYPE_CHECKING:
-    from .app import FrontendState, Prepared
+    from .state import FrontendState, Prepared
 
 
 def answer_body(state: FrontendState, p: Prepared, shapes: list[ChoiceShape],

@@ -11,10 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -22,13 +19,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from splitserve.components.protocol import chunk_logprobs, chunk_prompt_logprobs
+from splitserve.contracts.wire import chunk_logprobs, chunk_prompt_logprobs
 
-from .backend import Backend, StreamMeta
-from .backlog import TokenizeBacklog
-from .errors import APIError, bad_request, overloaded, service_unavailable, upstream_error
+from .backend import StreamMeta
+from .errors import APIError, bad_request, overloaded, upstream_error
 from .intake import check_content_type, read_body
-from .metrics import FrontendMetrics
 from .chat_input import chat_history, output_plan, parse_request
 from .chat_output import OutputPlan
 from .choices import (
@@ -41,6 +36,7 @@ from .answers import answer_body, chat_chunks, event_data, response_events, sse_
 from .responses import Event
 from .responses_api import new_id
 from .responses_stream import ResponseEvents
+from .state import FrontendState, Prepared
 from .textcodec import TextCodec
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -48,76 +44,8 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 ENDPOINTS = {"chat": "chat", "completion": "completions", "responses": "responses"}
 
 
-@dataclass
-class FrontendState:
-    """Everything a request handler needs; built once per process."""
-
-    model_name: str
-    codec: TextCodec | None
-    backend: Backend
-    metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
-    max_inflight: int = 256
-    default_max_tokens: int = 512
-    first_token_timeout_s: float = 120.0
-    inter_token_timeout_s: float = 30.0
-    priority_header: str = "x-priority"
-    context_factory: Any = None
-    max_body_bytes: int = 4 * 1024 * 1024
-    body_timeout_s: float = 30.0
-    max_pending_prepares: int = 1024
-    # The tokenizer pool's queue is bounded by the wait it implies (backlog.py).
-    max_tokenization_wait_s: float = 2.0
-    # Parsing and tokenising run here, never on the event loop: a multi-megabyte prompt
-    # takes seconds to tokenise and would stall every other connection meanwhile.
-    prepare_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        2, thread_name_prefix="frontend-tokenize"))
-    inflight: int = 0
-    backlog: TokenizeBacklog = field(init=False)
-    loading_detail: str = "loading tokenizer"
-    engines: tuple[str, ...] = ()
-    """The engines of the graph's workers: parameters one of them does not honour are
-    refused by name (empty: only those no engine honours)."""
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-
-    # Names of the graph's dependencies (etcd, NATS) unreachable now; set by main.
-    dependencies_down: Callable[[], list[str]] = field(default=list)
-
-    def __post_init__(self) -> None:
-        self.backlog = TokenizeBacklog(self.prepare_pool._max_workers,
-                                       self.max_tokenization_wait_s, self.max_pending_prepares)
-
-    def is_ready(self) -> bool:
-        return self.codec is not None and self.backend.ready() and not self.dependencies_down()
-
-    def outage(self, err: APIError) -> APIError:
-        """A 503 answered while etcd or NATS is down says so (service_unavailable)."""
-        down = self.dependencies_down() if err.status == 503 else []
-        if not down:
-            return err
-        return service_unavailable(f"the service is unavailable: {', '.join(down)} is down "
-                                   f"({err.message}); retry later",
-                                   retry_after_s=max(2.0, err.retry_after_s or 0))
-
-
 def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
-
-
-@dataclass
-class Prepared:
-    """A validated request, tokenised and ready to send."""
-
-    kind: str  # "chat" or "completion"
-    req: Any
-    token_ids: list[int]
-    max_tokens: int
-    request_id: str
-    priority: str
-    plan: OutputPlan = field(default_factory=OutputPlan)
-    """How the answer's text splits into reasoning, content and tool calls."""
-    responses: Any = None
-    """A Responses API request (kind "responses"): the request as the client sent it."""
 
 
 def prepare(state: FrontendState, kind: str, raw: bytes, priority: str) -> Prepared:

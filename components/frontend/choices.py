@@ -13,14 +13,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from splitserve.components.protocol import worker_request
+from splitserve.contracts.wire import worker_request
 
 from .backend import StreamMeta
 from .chat_output import ChoiceOutput, Delta, finish_reason, fold
 from .responses import Event, LogprobShaper, merge_completion, usage
 
 if TYPE_CHECKING:
-    from .app import FrontendState, Prepared
+    from .state import FrontendState, Prepared
 
 
 def choice_request(state: FrontendState, p: Prepared, index: int, request_id: str

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from splitserve.components.router.service_config import RouterComponentConfig
-from splitserve.serve.config import ComponentConfig
+from splitserve.contracts.config import ComponentConfig
 
 from .reasoning_parsers import check_reasoning_parser
 from .tool_parsers import check_tool_parser

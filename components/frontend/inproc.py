@@ -19,7 +19,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from splitserve.components.protocol import ReleaseCall, RouteCall, RouteReply
+from splitserve.contracts.wire import ReleaseCall, RouteCall, RouteReply
 
 from .backend import BackendMetrics, RoutedBackend, StreamMeta
 from .errors import APIError, upstream_error

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import uvicorn
 
-from splitserve.serve.component import ComponentContext, run
+from splitserve.contracts.kit.component import ComponentContext, run
 
 from .app import FrontendState, build_app
 from .backend import BackendMetrics, DirectBackend, RoutedBackend
@@ -131,8 +131,8 @@ def _load_codec(model_dir: str | None, context_length: int,
                 encoder: TokenizerBackend = "auto") -> TextCodec:
     if model_dir:
         return TextCodec.from_dir(Path(model_dir), context_length, encoder)
-    from splitserve.common.cache import model_cache_dir
-    from splitserve.components.engines.model_dir import export_model_dir, served_model_name
+    from splitserve.contracts.kit.cache import model_cache_dir
+    from splitserve.contracts.kit.model_dir import export_model_dir, served_model_name
 
     return TextCodec.from_dir(export_model_dir(model_cache_dir(served_model_name())),
                               context_length, encoder)

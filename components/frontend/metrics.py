@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from splitserve.common.metrics import PREFIX, latency_buckets
+from splitserve.contracts.metrics import PREFIX, latency_buckets
 
 
 class FrontendMetrics:

@@ -8,18 +8,65 @@ for every failure of a worker's stream.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
-from splitserve.components.protocol import KV_SOURCE
+from prometheus_client import CollectorRegistry, Counter
 
-if TYPE_CHECKING:
-    from .backend import BackendMetrics, WorkerUnreachable
+from splitserve.contracts.metrics import PREFIX
+from splitserve.contracts.wire import KV_SOURCE
 
 log = logging.getLogger(__name__)
 
 # Moves a request may make beyond ``migration_limit`` when its worker hands it back at a
 # drain deadline (scale-downs, role moves, restarts one after another).
 DRAINED_MOVES = 4
+
+
+class BackendMetrics:
+    """Worker failures seen by the frontend and the migrations they caused."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.retries = Counter(f"{PREFIX}_frontend_request_retries_total",
+                               "Requests sent to another worker because theirs failed "
+                               "before producing output", registry=r)
+        self.migrations = Counter(f"{PREFIX}_frontend_migrations_total",
+                                  "Requests moved to another worker, by reason: "
+                                  "worker-failed-before-output (resent whole), "
+                                  "worker-failed-mid-stream (resumed after the tokens "
+                                  "already streamed) or worker-drained (handed back at "
+                                  "its drain deadline; resumed)", ["reason"], registry=r)
+        self.worker_failures = Counter(f"{PREFIX}_frontend_worker_failures_total",
+                                       "Worker connections or streams that failed, by "
+                                       "whether output had been streamed already",
+                                       ["stage"], registry=r)
+
+    def migrated(self, mid_stream: bool, drained: bool = False) -> None:
+        """Count one move of a request to another worker."""
+        if drained:
+            self.migrations.labels("worker-drained").inc()
+        elif mid_stream:
+            self.migrations.labels("worker-failed-mid-stream").inc()
+        else:
+            self.retries.inc()
+            self.migrations.labels("worker-failed-before-output").inc()
+
+    def failed(self, exc: WorkerUnreachable) -> None:
+        self.worker_failures.labels("after_output" if exc.produced else "before_output").inc()
+
+
+class WorkerUnreachable(Exception):
+    """The worker could not be reached or its stream broke; ``produced``: output had
+    already gone to the client (so the request must not be resent)."""
+
+    def __init__(self, worker_id: int, cause: object, produced: bool = False,
+                 drained: bool = False, kv_source: dict | None = None) -> None:
+        super().__init__(f"worker {worker_id:x} failed: {cause}")
+        self.worker_id = worker_id
+        self.produced = produced
+        self.drained = drained
+        """The worker handed the request back at its drain deadline (a planned move)."""
+        self.kv_source = kv_source
+        """Where that worker parked the request's KV (live KV moves), if it did."""
 
 
 class Resumable:

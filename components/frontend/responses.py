@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitserve.components.protocol import NO_LOGPROB, TokenLogprobs
+from splitserve.contracts.wire import NO_LOGPROB, TokenLogprobs
 
 from .textcodec import TextCodec
 

@@ -95,7 +95,7 @@ class TextCodec:
         """Load from a directory holding tokenizer.json/tokenizer_config.json (+ config)."""
         import json
 
-        from splitserve.components.engines.model_dir import load_tokenizer
+        from splitserve.contracts.kit.model_dir import load_tokenizer
 
         tok = load_tokenizer(model_dir)
         cfg_path = Path(model_dir) / "config.json"

@@ -6,7 +6,7 @@ Pure parts (no NIXL, no etcd): ``config``, ``descriptors``, ``layout``, ``messag
 NIXL; creating an agent does.
 """
 
-from splitserve.common.lazy import lazy_exports
+from splitserve.contracts.kit.lazy import lazy_exports
 
 # Imported on first use: config sections import ``config`` from this package in every
 # process that validates a config, and ``agent`` (through the layout kernels) imports

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from splitserve.common.etcd import etcd_client
+from splitserve.contracts.kit.etcd import etcd_client
 
 from .errors import PeerNotFound
 from .messages import AgentRecord, agent_key

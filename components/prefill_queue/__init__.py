@@ -6,11 +6,11 @@ highest priority first, and ack each only after its KV reached the decode worker
 Pure parts (names, message model, triage, priority levels) have no NATS import.
 """
 
-from .config import PrefillQueueConfig
+from splitserve.contracts.prefill_queue import PrefillQueueConfig
 from .depth import QueueDepth, QueueDepthMonitor
 from .enqueue import Enqueued, EnqueueRejected, QueueFull, QueueUnavailable
 from .job import PrefillJob
-from .messages import WIRE_VERSION, PrefillRequest, Triage, priority_level, triage
+from splitserve.contracts.prefill_job import WIRE_VERSION, PrefillRequest, Triage, priority_level, triage
 from .naming import QueueNames, queue_names, sanitise_token
 from .nats_queue import PrefillQueue
 from .stats import PrefillQueueStats

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .messages import PrefillRequest
+from splitserve.contracts.prefill_job import PrefillRequest
 from .stats import PrefillQueueStats
 
 

@@ -26,11 +26,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api
 
-from .config import PrefillQueueConfig
+from splitserve.contracts.prefill_queue import PrefillQueueConfig
 from .depth import QueueDepth, QueueDepthMonitor
 from .enqueue import Enqueued, QueueFull, QueueUnavailable
 from .job import PrefillJob
-from .messages import PrefillRequest, priority_level, triage
+from splitserve.contracts.prefill_job import PrefillRequest, priority_level, triage
 from .naming import QueueNames, queue_names
 from .stats import PrefillQueueStats
 
@@ -72,7 +72,7 @@ class PrefillQueue:
                       client_name: str | None = None) -> PrefillQueue:
         """Open a NATS connection the queue owns (``close()`` closes it) and ``ensure()``."""
         cfg = config or PrefillQueueConfig()
-        from splitserve.common.connect import connect_nats
+        from splitserve.contracts.kit.connect import connect_nats
 
         nc = await connect_nats(url, name=client_name,
                                 connect_timeout=max(1, int(cfg.request_timeout_s * 2)))

@@ -30,8 +30,8 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import InitErrorDetails
 
-from splitserve.common.models import StrictModel
-from splitserve.components.router.validation import issue, raise_if_any
+from splitserve.contracts.models import StrictModel
+from splitserve.contracts.validation import issue, raise_if_any
 
 from .degrade_config import DegradationConfig
 from .estimator import EstimatorParams, LatencyEstimator

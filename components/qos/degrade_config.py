@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 
 class _Step(StrictModel):

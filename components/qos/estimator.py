@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from pydantic import ConfigDict, Field
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from .types import Backlog, Estimate, RateSource
 

@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 from pydantic import Field
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 T = TypeVar("T")
 

@@ -29,11 +29,11 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_core import InitErrorDetails
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from .protocols import PluginKind
 from .registry import PluginRegistry
-from .validation import Loc, issue, raise_if_any, rebased, retitled
+from splitserve.contracts.validation import Loc, issue, raise_if_any, rebased, retitled
 
 DEFAULT_WEIGHT = 1.0
 

@@ -7,7 +7,7 @@ both observe the fleet the same way:
 - discovery: the worker client's instance ids (read on every decision);
 - KV events: ``KvEventIndex`` over NATS, for prefix overlap (``use_kv_events``);
 - load reports: ``watch_loads`` on the workers' load subject;
-- policy versions: ``follow_policy`` (router and QoS sections of `dynamo policy apply`).
+- policy versions: ``ComponentContext.follow_policy`` (router and QoS sections of `dynamo policy apply`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from splitserve.components.protocol import load_subject
+from splitserve.contracts.wire import load_subject
 
 from .seed_policy import SeedRouting
-from .service import RouterMetrics, RouterService, load_policy, watch_loads
+from .service import RouterMetrics, RouterService, watch_loads
+from .service_config import load_policy
 from .service_config import RouterComponentConfig
 
 log = logging.getLogger("splitserve.router")
@@ -54,7 +55,8 @@ class RouterFeeds:
         stop serving the endpoints in ``serving``."""
         for task in self.serving:
             task.cancel()
-        await self.watcher.stop()
+        if self.watcher is not None:
+            await self.watcher.stop()
         try:
             await asyncio.wait_for(self.loads, 5)
         except (TimeoutError, Exception) as exc:  # noqa: BLE001 - shutting down anyway
@@ -109,10 +111,7 @@ async def start_routing(ctx, cfg: RouterComponentConfig, instance: str,
     loads = asyncio.create_task(watch_loads(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, component), service,
         ctx.stopping))
-    from splitserve.policy.component import follow_policy
-
-    watcher = await follow_policy(ctx.namespace, "Router", instance,
-                                  policy_applier(service, cfg))
+    watcher = await ctx.follow_policy("Router", instance, policy_applier(service, cfg))
     log.info("routing to %s.%s with profiles %s", ctx.namespace, component.lower(),
              router.profile_names)
     return RouterFeeds(service=service, component=component, worker_client=client,

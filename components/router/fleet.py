@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from splitserve.components.protocol import WorkerLoad
+from splitserve.contracts.wire import WorkerLoad
 
 from .types import Snapshot, WorkerState
 

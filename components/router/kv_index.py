@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from splitserve.common.connect import close_nats
-from splitserve.components.kv_events import KV_EVENTS, apply_kv_events, decode_envelope, event_subject
+from splitserve.contracts.kit.connect import close_nats
+from splitserve.contracts.kv_events import KV_EVENTS, apply_kv_events, decode_envelope, event_subject
 
 log = logging.getLogger("splitserve.router")
 
@@ -30,7 +30,7 @@ class KvEventIndex:
 
     async def start(self, nats_url: str) -> None:
         """Subscribe to the workers' KV events (call once at startup)."""
-        from splitserve.common.connect import connect_nats
+        from splitserve.contracts.kit.connect import connect_nats
 
         self._nc = await connect_nats(nats_url, name="splitserve-router-kv",
                                       max_reconnect_attempts=-1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from splitserve.serve.component import ComponentContext, run
+from splitserve.contracts.kit.component import ComponentContext, run
 
 from .feeds import start_routing
 from .service_config import RouterComponentConfig

@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from splitserve.common.metrics import PREFIX
-from splitserve.components.protocol import ReleaseCall, RouteCall
+from splitserve.contracts.metrics import PREFIX
+from splitserve.contracts.wire import ReleaseCall, RouteCall
 from splitserve.components.qos import (
     AdmissionRequest,
     ClassResolution,

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, create_model
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from .builtin import BUILTIN_CONFIGS
 from .config import RouterConfig

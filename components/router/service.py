@@ -14,13 +14,12 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from splitserve.common.metrics import PREFIX, latency_buckets
-from splitserve.components.protocol import (
+from splitserve.contracts.metrics import PREFIX, latency_buckets
+from splitserve.contracts.wire import (
     ReleaseCall,
     RouteCall,
     RouteReply,
@@ -30,32 +29,14 @@ from splitserve.components.protocol import (
 from splitserve.components.qos import Verdict
 
 from .admission_queue import AdmissionQueue
-from .builtin import BUILTIN_CONFIGS, builtin_config
-from .config import RouterConfig, load_router_config_file, parse_router_config
-from .core import Router, build_router
+from .core import Router
 from .fleet import FleetState
 from .qos_gate import QosGate
-from .registry import default_registry
 from .service_config import RouterComponentConfig
 from .tracker import RecentPrefixTracker
 from .types import RouteRequest
 
 log = logging.getLogger("splitserve.router")
-
-
-def load_policy(cfg: RouterComponentConfig) -> Router:
-    """Build the Router core from a built-in name, a YAML file path, an inline dict, or an
-    already parsed RouterConfig (a policy version's `router` section)."""
-    registry = default_registry()
-    if isinstance(cfg.policy, RouterConfig):
-        rc = cfg.policy
-    elif isinstance(cfg.policy, dict):
-        rc = parse_router_config(cfg.policy, registry, source="Router.policy")
-    elif cfg.policy in BUILTIN_CONFIGS:
-        rc = builtin_config(cfg.policy, registry)
-    else:
-        rc = load_router_config_file(Path(cfg.policy), registry)
-    return build_router(rc, registry)
 
 
 class RouterMetrics:
@@ -299,7 +280,7 @@ class RouterService:
 async def watch_loads(nats_url: str, subject: str, service: RouterService,
                       stopping: asyncio.Event) -> None:
     """Subscribe to WorkerLoad reports until stopping; reconnects are nats-py's job."""
-    from splitserve.common.connect import close_nats, connect_nats
+    from splitserve.contracts.kit.connect import close_nats, connect_nats
 
     nc = await connect_nats(nats_url, name="splitserve-router", max_reconnect_attempts=-1)
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 from splitserve.components.qos import QosConfig
-from splitserve.serve.config import ComponentConfig
+from splitserve.contracts.config import ComponentConfig
+
+from .builtin import BUILTIN_CONFIGS, builtin_config
+from .config import RouterConfig, load_router_config_file, parse_router_config
+from .core import Router, build_router
+from .registry import default_registry
 
 
 class RouterComponentConfig(ComponentConfig):
@@ -38,8 +44,6 @@ class RouterComponentConfig(ComponentConfig):
     def preflight(self) -> list[str]:
         """Build the routing policy once (reading a policy file it names), so a missing or
         invalid file fails `dynamo serve` validation instead of crash-looping the router."""
-        from splitserve.components.router.service import load_policy
-
         try:
             load_policy(self)
         except FileNotFoundError:
@@ -48,3 +52,18 @@ class RouterComponentConfig(ComponentConfig):
         except Exception as exc:  # noqa: BLE001 - any failure to build is a config error
             return [f"policy: {' '.join(str(exc).split())}"]
         return []
+
+
+def load_policy(cfg: RouterComponentConfig) -> Router:
+    """Build the Router core from a built-in name, a YAML file path, an inline dict, or an
+    already parsed RouterConfig (a policy version's `router` section)."""
+    registry = default_registry()
+    if isinstance(cfg.policy, RouterConfig):
+        rc = cfg.policy
+    elif isinstance(cfg.policy, dict):
+        rc = parse_router_config(cfg.policy, registry, source="Router.policy")
+    elif cfg.policy in BUILTIN_CONFIGS:
+        rc = builtin_config(cfg.policy, registry)
+    else:
+        rc = load_router_config_file(Path(cfg.policy), registry)
+    return build_router(rc, registry)

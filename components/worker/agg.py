@@ -15,14 +15,14 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 
-from splitserve.components.engines.interface import Engine, TokenDelta
-from splitserve.components.protocol import WorkerRequest, output_chunk
-from splitserve.serve.component import ComponentContext, serve_until_stopped
+from splitserve.contracts.engine import Engine, TokenDelta
+from splitserve.contracts.wire import WorkerRequest, output_chunk
+from splitserve.contracts.kit.component import ComponentContext, serve_until_stopped
 
 from . import registry
 from .cancel import until_stopped
 from .kv_moves import DrainCut, KvMoves, start_kv_moves
-from .metrics import WorkerMetrics
+from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 from .shell import cancel_all, report_ready, serve_or_die, start_load_reports
 from .wire import delta_chunk, params_from_wire
 

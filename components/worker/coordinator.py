@@ -1,6 +1,6 @@
 """The decode coordinator: one per decode worker replica, for every engine.
 
-It reaches the engine only through ``splitserve.components.engines.interface.Engine``
+It reaches the engine only through ``splitserve.contracts.engine.Engine``
 (and ``RemoteKvTarget`` for engines whose prefill side pushes KV: torch).  Per request:
 the disaggregated router's decider gives a verdict (with this engine's prefix hit where
 it can tell), ``plan_offload`` turns it into a step the engine can honour (a decode-mode
@@ -32,9 +32,9 @@ from collections.abc import AsyncIterator, Callable
 
 from pydantic import Field, TypeAdapter
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 from splitserve.components.disagg import OffloadDecision, OffloadRequest, OffloadSnapshot
-from splitserve.components.engines.interface import (
+from splitserve.contracts.engine import (
     Engine,
     EngineHandoff,
     GenerateParams,
@@ -42,7 +42,7 @@ from splitserve.components.engines.interface import (
     TorchBlocksHandoff,
 )
 from splitserve.components.prefill_queue import EnqueueRejected, PrefillRequest
-from splitserve.components.protocol import WorkerRequest, output_chunk
+from splitserve.contracts.wire import WorkerRequest, output_chunk
 
 from .cancel import until_stopped
 from .kv_moves import DrainCut, KvMoves

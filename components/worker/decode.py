@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 
-from splitserve.serve.component import ComponentContext, serve_until_stopped
+from splitserve.contracts.kit.component import ComponentContext, serve_until_stopped
 
 from . import registry
 from .coordinator import CoordinatorSettings, EngineDecodeCoordinator
@@ -33,10 +33,9 @@ def coordinator_settings(cfg) -> CoordinatorSettings:
 async def run_decode(ctx: ComponentContext, cfg) -> None:
     """Component main of a DecodeWorker replica: the engine, its decode coordinator, the
     prefill queue, the handoff subscription, load reports and policy updates."""
-    from splitserve.common.connect import connect_nats
+    from splitserve.contracts.kit.connect import connect_nats
     from splitserve.components.disagg import build_decider
     from splitserve.components.prefill_queue import PrefillQueue
-    from splitserve.policy.component import follow_policy
 
     ns, component, nats_url = ctx.namespace, ctx.run.component, os.environ["NATS_SERVER"]
     decider = build_decider(cfg.disaggregated_router)
@@ -67,8 +66,9 @@ async def run_decode(ctx: ComponentContext, cfg) -> None:
             if policy.disaggregated_router is not None:
                 coord.decider = build_decider(policy.disaggregated_router)
 
-        watcher = await follow_policy(ns, component, f"{h.worker_id:x}", apply_policy)
-        stack.push_async_callback(bounded, watcher.stop)
+        watcher = await ctx.follow_policy(component, f"{h.worker_id:x}", apply_policy)
+        if watcher is not None:
+            stack.push_async_callback(bounded, watcher.stop)
         tasks: list[asyncio.Future] = []
         stack.push_async_callback(cancel_all, tasks)
         reporter = start_load_reports(ctx, h, cfg.load_report_interval_s,

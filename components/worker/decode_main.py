@@ -1,7 +1,7 @@
 """DecodeWorker process: `python -m splitserve.components.worker.decode_main --config FILE`:
 the decode shell (``decode.py``) around the section's engine."""
 
-from splitserve.serve.component import run
+from splitserve.contracts.kit.component import run
 
 from .entry import role_main
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from splitserve.common.metrics import PREFIX, latency_buckets
+from splitserve.contracts.metrics import PREFIX, latency_buckets
 
 
 class DisaggMetrics:

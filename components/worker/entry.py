@@ -7,10 +7,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable
 
-from splitserve.serve.component import ComponentContext
+from splitserve.contracts.kit.component import ComponentContext
 
 from . import registry
-from .hosting import Role
+from splitserve.contracts.kit.hosting import Role
 
 SHELLS: dict[str, tuple[str, str]] = {"agg": ("agg", "run_aggregated"),
                                       "decode": ("decode", "run_decode"),

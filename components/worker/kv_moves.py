@@ -24,14 +24,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from splitserve.common.metrics import PREFIX
-from splitserve.common.waiting import poll_until
-from splitserve.components.engines.interface import (
+from splitserve.contracts.metrics import PREFIX
+from splitserve.contracts.kit.waiting import poll_until
+from splitserve.contracts.engine import (
     GenerateParams,
     TokenDelta,
     TorchBlocksHandoff,
 )
-from splitserve.components.protocol import KvSource, chunk_data, drained_chunk
+from splitserve.contracts.wire import KvSource, chunk_data, drained_chunk
 
 log = logging.getLogger("splitserve.worker")
 

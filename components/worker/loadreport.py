@@ -7,8 +7,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from splitserve.common.connect import close_nats
-from splitserve.components.protocol import WorkerLoad
+from splitserve.contracts.kit.connect import close_nats
+from splitserve.contracts.wire import WorkerLoad
 
 log = logging.getLogger("splitserve.worker")
 
@@ -37,7 +37,7 @@ async def publish_load(nats_url: str, subject: str, sample: Callable[[], WorkerL
 
     A report that cannot be sampled or sent goes to ``failures`` (logged and counted by
     default) and the next one is tried on time."""
-    from splitserve.common.connect import connect_nats
+    from splitserve.contracts.kit.connect import connect_nats
 
     failed = failures or ReportFailures()
     nc = await connect_nats(nats_url, name="splitserve-worker-load",

@@ -1,7 +1,7 @@
 """Worker process: `python -m splitserve.components.worker.main --config FILE`: the
 aggregated shell (``agg.py``) around the section's engine."""
 
-from splitserve.serve.component import run
+from splitserve.contracts.kit.component import run
 
 from .entry import role_main
 

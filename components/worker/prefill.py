@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 
-from splitserve.serve.component import ComponentContext, serve_until_stopped
+from splitserve.contracts.kit.component import ComponentContext, serve_until_stopped
 
 from . import registry
 from .disagg_metrics import PrefillMetrics
@@ -33,7 +33,7 @@ def loop_settings(cfg) -> PrefillLoopSettings:
 async def run_prefill(ctx: ComponentContext, cfg) -> None:
     """Component main of a PrefillWorker replica; exits non-zero when its pull loop
     fails or its engine dies."""
-    from splitserve.common.connect import connect_nats
+    from splitserve.contracts.kit.connect import connect_nats
     from splitserve.components.prefill_queue import PrefillQueue
 
     ns, nats_url = ctx.namespace, os.environ["NATS_SERVER"]

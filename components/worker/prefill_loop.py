@@ -1,6 +1,6 @@
 """The prefill loop: one per prefill worker replica, for every engine.
 
-It reaches the engine only through ``splitserve.components.engines.interface.Engine``
+It reaches the engine only through ``splitserve.contracts.engine.Engine``
 (plus SGLang's ``begin_prefill`` where ``info.extras["handoff_before_prefill"]`` says
 the handoff exists before the prefill runs).  Per job, the engine request id is
 ``<job id>@<delivery>`` so a redelivered job never collides with an earlier attempt
@@ -29,8 +29,8 @@ import time
 
 from pydantic import Field
 
-from splitserve.common.models import StrictModel
-from splitserve.components.engines.interface import (
+from splitserve.contracts.models import StrictModel
+from splitserve.contracts.engine import (
     Engine,
     GenerateParams,
     TorchBlocksHandoff,

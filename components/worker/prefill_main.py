@@ -1,7 +1,7 @@
 """PrefillWorker process: `python -m splitserve.components.worker.prefill_main --config FILE`:
 the prefill shell (``prefill.py``) around the section's engine."""
 
-from splitserve.serve.component import run
+from splitserve.contracts.kit.component import run
 
 from .entry import role_main
 

@@ -22,10 +22,10 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from .hosting import Hosted, Role
+from splitserve.contracts.kit.hosting import Hosted, Role
 
 ENGINES_PKG = "splitserve.components.engines"
-IN_PROCESS_HOST = "splitserve.components.worker.hosting:host_in_process"
+IN_PROCESS_HOST = "splitserve.contracts.kit.hosting:host_in_process"
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,25 @@ def section(engine: str, role: Role) -> type:
 def section_choices(role: Role) -> dict[str, type]:
     """Engine name -> section model for ``role``, every engine (the catalog's selector)."""
     return {name: section(name, role) for name in ENGINES}
+
+
+def check_section(role: Role, cfg: Any) -> None:
+    """What a role's section needs beyond its engine's model, checked when the graph's
+    config is loaded: a decode worker's offload policy, validated by the decider plugins.
+    Raises ``ValidationError`` with the field path."""
+    if role != "decode":
+        return
+    from pydantic import ValidationError
+
+    from splitserve.components.disagg import parse_disaggregated_router
+
+    try:
+        parse_disaggregated_router(cfg.disaggregated_router)  # the value stays as written
+    except ValidationError as exc:
+        raise ValidationError.from_exception_data(exc.title, [
+            {"type": e["type"], "loc": ("disaggregated_router", *e["loc"]),
+             "input": e["input"], **({"ctx": e["ctx"]} if "ctx" in e else {})}
+            for e in exc.errors()]) from None
 
 
 def engine_of(raw_section: dict[str, Any]) -> str:

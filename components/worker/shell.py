@@ -9,10 +9,10 @@ import logging
 import os
 from collections.abc import Callable
 
-from splitserve.components.protocol import WorkerLoad, load_subject
-from splitserve.serve.component import ComponentContext
+from splitserve.contracts.wire import WorkerLoad, load_subject
+from splitserve.contracts.kit.component import ComponentContext
 
-from .hosting import Hosted
+from splitserve.contracts.kit.hosting import Hosted
 from .loadreport import ReportFailures, publish_load
 from .readiness import report_ready_when_registered
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 
-from splitserve.components.engines.interface import GenerateParams, TokenDelta
-from splitserve.components.protocol import FinishReason, WorkerRequest, output_chunk
+from splitserve.contracts.engine import GenerateParams, TokenDelta
+from splitserve.contracts.wire import FinishReason, WorkerRequest, output_chunk
 
 PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
 """Wire priority name -> the rank engines schedule by (unknown names rank as normal)."""

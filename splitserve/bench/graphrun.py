@@ -37,7 +37,7 @@ from typing import Self
 
 from splitserve.contracts import prometheus
 from splitserve.contracts.prometheus import Samples
-from splitserve.infra.procs import pid_alive
+from splitserve.contracts.kit.procs import pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA_ENV = ("ETCD_ENDPOINTS", "NATS_SERVER")

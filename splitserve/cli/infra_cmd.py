@@ -11,7 +11,7 @@ from rich.table import Table
 
 from splitserve.cli.paths import dev_infra_dir, state_root
 from splitserve.infra.embedded import EmbeddedInfra, InfraEndpoints, InfraStartError, check_health
-from splitserve.infra.procs import kill_pid, pid_alive
+from splitserve.contracts.kit.procs import kill_pid, pid_alive
 
 app = typer.Typer(help="Embedded etcd and NATS (JetStream) on 127.0.0.1 for development.",
                   no_args_is_help=True)

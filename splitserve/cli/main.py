@@ -15,7 +15,7 @@ from splitserve.cli import (
     status_cmd,
 )
 from splitserve.planner import cli as planner_cli
-from splitserve.policy import cli as policy_cli
+from splitserve.cli import policy_cmd as policy_cli
 
 app = typer.Typer(
     name="dynamo",

@@ -21,8 +21,8 @@ from rich.table import Table
 
 from splitserve.cli.paths import state_root
 from splitserve.cli.status_cmd import local_supervisors
-from splitserve.common.metrics import PREFIX
 from splitserve.contracts import prometheus
+from splitserve.contracts.metrics import PREFIX
 from splitserve.serve.control import supervisor_status
 
 app = typer.Typer(help="Inspect QoS admission of a running graph.", no_args_is_help=True)

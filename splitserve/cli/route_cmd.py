@@ -12,7 +12,7 @@ from rich.console import Console
 
 from splitserve.cli.paths import state_root
 from splitserve.cli.status_cmd import local_supervisors
-from splitserve.common.connect import EtcdAccess, NatsAccess, split_credentials
+from splitserve.contracts.kit.connect import EtcdAccess, NatsAccess, split_credentials
 
 app = typer.Typer(help="Inspect routing decisions of a running graph.", no_args_is_help=True)
 
@@ -50,8 +50,8 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
     from dynamo.runtime.logging import configure_dynamo_logging
 
     configure_dynamo_logging()
-    from splitserve.components.protocol import RouteCall, RouteReply, chunk_data
-    from splitserve.serve.component import endpoint_path, make_runtime
+    from splitserve.contracts.wire import RouteCall, RouteReply, chunk_data
+    from splitserve.contracts.kit.component import endpoint_path, make_runtime
 
     rt = make_runtime(asyncio.get_running_loop(), "tcp")
     try:
@@ -94,7 +94,7 @@ async def _offload(rt, reply: dict, token_ids: list[int], priority: str) -> dict
     """Ask the chosen decode worker how it would prefill (only disaggregated graphs)."""
     if reply.get("worker_id") is None or not reply.get("endpoint"):
         return None
-    from splitserve.components.protocol import chunk_data
+    from splitserve.contracts.wire import chunk_data
 
     path = reply["endpoint"].rsplit(".", 1)[0] + ".explain"
     client = await rt.endpoint(path).client()
@@ -153,8 +153,8 @@ def explain(
     from splitserve.components.frontend.textcodec import TextCodec
 
     if model_dir is None:
-        from splitserve.common.cache import model_cache_dir
-        from splitserve.components.engines.model_dir import export_model_dir, served_model_name
+        from splitserve.contracts.kit.cache import model_cache_dir
+        from splitserve.contracts.kit.model_dir import export_model_dir, served_model_name
 
         model_dir = export_model_dir(model_cache_dir(served_model_name()))
     codec = TextCodec.from_dir(model_dir)

@@ -15,7 +15,7 @@ from rich.console import Console
 from splitserve.cli.paths import state_root
 from splitserve.cli.status_cmd import local_supervisors
 from splitserve.serve.control import control_request
-from splitserve.serve.credentials import read_secret
+from splitserve.contracts.kit.credentials import read_secret
 
 
 def scale(

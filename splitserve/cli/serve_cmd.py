@@ -11,10 +11,10 @@ import typer
 from rich.console import Console
 
 from splitserve.cli.paths import new_run_dir, registry_dir, state_root
-from splitserve.common.connect import EtcdAccess, NatsAccess
+from splitserve.contracts.kit.connect import EtcdAccess, NatsAccess
 from splitserve.infra.embedded import resolve_endpoints
-from splitserve.serve.config import ConfigError
-from splitserve.serve.credentials import read_secret
+from splitserve.contracts.config import ConfigError
+from splitserve.contracts.kit.credentials import read_secret
 from splitserve.serve.graph import GraphError, load_graph
 from splitserve.serve.plan import ServePlan, load_plan
 

@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from splitserve.cli.paths import dev_infra_dir, registry_dir, state_root
-from splitserve.common.connect import split_credentials
-from splitserve.common.etcd import get_prefix
-from splitserve.infra.health import probe
-from splitserve.infra.procs import pid_alive
+from splitserve.contracts.kit.connect import split_credentials
+from splitserve.contracts.kit.etcd import get_prefix
+from splitserve.contracts.kit.health import probe
+from splitserve.contracts.kit.procs import pid_alive
 from splitserve.serve.control import supervisor_status
 
 INSTANCES = "v1/instances/"

@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from splitserve.infra.procs import find_binary, free_port, spawn, terminate
+from splitserve.contracts.kit.procs import find_binary, free_port, spawn, terminate
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +220,6 @@ class EmbeddedInfra:
 
 def check_health(endpoints: InfraEndpoints, timeout_s: float = 1.0) -> dict[str, bool]:
     """Probe etcd's /health and the NATS server's greeting; used by status commands."""
-    from splitserve.infra.health import probe
+    from splitserve.contracts.kit.health import probe
 
     return probe(endpoints.etcd, endpoints.nats, timeout_s)

@@ -182,7 +182,7 @@ def supervisor_status(info: dict, timeout_s: float = 2.0) -> dict | None:
     cannot be reached or its token cannot be read (another user's graph)."""
     from urllib.parse import urlsplit
 
-    from splitserve.serve.credentials import read_secret
+    from splitserve.contracts.kit.credentials import read_secret
 
     try:
         if urlsplit(info["control"]).hostname not in ("127.0.0.1", "::1"):

@@ -19,7 +19,7 @@ import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from splitserve.serve.config import ComponentConfig
+from splitserve.contracts.config import ComponentConfig
 
 
 @dataclass(frozen=True)
@@ -176,11 +176,14 @@ def import_graph_module(module: str) -> ModuleType:
 
 
 def _is_ours(folder: str) -> bool:
+    """Whether ``folder`` is this distribution's own graphs package (found by name, not
+    imported: the graphs stand above this loader)."""
+    import importlib.util
     import os
 
-    import splitserve.graphs as ours
-
-    return os.path.realpath(os.path.dirname(ours.__file__)) == os.path.realpath(folder)
+    spec = importlib.util.find_spec("splitserve.graphs")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return any(os.path.realpath(loc) == os.path.realpath(folder) for loc in locations)
 
 
 def load_graph(ref: str) -> Graph:

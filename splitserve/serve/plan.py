@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from splitserve.common.models import StrictModel
-from splitserve.serve.config import (
+from splitserve.contracts.config import (
     CommonConfig,
+    ComponentRunConfig,
     ComponentConfig,
     ConfigError,
     apply_overrides,
@@ -26,20 +26,9 @@ from splitserve.serve.config import (
 )
 from splitserve.serve.graph import Graph
 
-
-class ComponentRunConfig(StrictModel):
-    """What one component process receives in its ``--config`` file."""
-
-    version: int = 1
-    component: str
-    replica: int
-    common: CommonConfig
-    config: dict[str, Any]
-    links: list[str]
-    status_file: str
-    engines: list[str] = []
-    """The engines of the graph's worker sections (the frontend refuses request
-    parameters one of them does not honour)."""
+POLICY_FOLLOWER = "splitserve.components.policy.component:follow_policy"
+"""What each component process calls to follow live policy versions (the components
+stand below the policy store, so the supervisor names it for them)."""
 
 
 @dataclass
@@ -80,7 +69,8 @@ class ServePlan:
         return ComponentRunConfig(
             component=comp.name, replica=replica, common=self.common,
             config=comp.config.model_dump(mode="json"), links=comp.links,
-            status_file=str(status_file), engines=self.engines())
+            status_file=str(status_file), engines=self.engines(),
+            policy_follower=POLICY_FOLLOWER)
 
     def engines(self) -> list[str]:
         """Engine names of the sections that have one (``engine: torch`` ...), sorted."""

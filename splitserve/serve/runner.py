@@ -16,13 +16,13 @@ from rich.table import Table
 
 from splitserve.infra.embedded import EmbeddedInfra, InfraEndpoints
 from splitserve.serve.control import ControlServer, supervisor_handler
-from splitserve.serve.credentials import (
+from splitserve.contracts.kit.credentials import (
     CONTROL_TOKEN_FILE,
     POLICY_KEY_FILE,
     read_secret,
     write_secret,
 )
-from splitserve.serve.listeners import listener_env
+from splitserve.contracts.kit.listeners import listener_env
 from splitserve.serve.plan import ServePlan
 from splitserve.serve.supervisor import Supervisor
 

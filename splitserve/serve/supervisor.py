@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from splitserve.infra.health import DependencyTracker, probe
-from splitserve.infra.procs import with_parent_death
+from splitserve.contracts.kit.health import DependencyTracker, probe
+from splitserve.contracts.kit.procs import with_parent_death
 from splitserve.serve.plan import ComponentPlan, ServePlan
 
 log = logging.getLogger("splitserve.supervisor")

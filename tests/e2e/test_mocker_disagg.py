@@ -8,7 +8,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from splitserve.infra.procs import pid_alive
+from splitserve.contracts.kit.procs import pid_alive
 from tests.graphs import start_graph
 from tests.e2e.helpers import metric
 

@@ -99,8 +99,8 @@ def token_ids(text: str) -> list[int]:
     """The served tokenizer's ids for ``text`` (the frontend's own model directory)."""
     from transformers import AutoTokenizer
 
-    from splitserve.common.cache import model_cache_dir
-    from splitserve.components.engines.model_dir import export_model_dir, served_model_name
+    from splitserve.contracts.kit.cache import model_cache_dir
+    from splitserve.contracts.kit.model_dir import export_model_dir, served_model_name
 
     tok = AutoTokenizer.from_pretrained(str(export_model_dir(model_cache_dir(
         served_model_name()))))

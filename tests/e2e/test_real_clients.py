@@ -55,8 +55,8 @@ def c(url):
 
 
 def model_dir() -> str:
-    from splitserve.common.cache import model_cache_dir
-    from splitserve.components.engines.model_dir import export_model_dir, served_model_name
+    from splitserve.contracts.kit.cache import model_cache_dir
+    from splitserve.contracts.kit.model_dir import export_model_dir, served_model_name
 
     return str(export_model_dir(model_cache_dir(served_model_name())))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from splitserve.infra.procs import pid_alive
+from splitserve.contracts.kit.procs import pid_alive
 from tests.graphs import start_graph
 from tests.e2e.helpers import fleet
 from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS

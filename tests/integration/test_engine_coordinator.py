@@ -16,16 +16,16 @@ import nats
 import pytest
 from prometheus_client import CollectorRegistry
 
-from splitserve.common.metrics import PREFIX
+from splitserve.contracts.metrics import PREFIX
 from splitserve.components.disagg.forced import ForcedDecider, Params
-from splitserve.components.engines.interface import GenerateParams
+from splitserve.contracts.engine import GenerateParams
 from splitserve.components.engines.sglang.config import SglangEngineArgs
 from splitserve.components.engines.sglang.engine import SglangEngine
 from splitserve.components.engines.trtllm.config import TrtllmEngineArgs
 from splitserve.components.engines.trtllm.engine import TrtllmEngine
 from splitserve.components.worker.handoff import HandoffInbox, handoff_subject
 from splitserve.components.prefill_queue import PrefillQueue, PrefillQueueConfig
-from splitserve.components.protocol import chunk_data, worker_request
+from splitserve.contracts.wire import chunk_data, worker_request
 from splitserve.components.worker.coordinator import (
     CoordinatorSettings,
     EngineDecodeCoordinator,
@@ -275,7 +275,7 @@ async def test_remote_timeout_falls_back_per_engine(nats_url: str) -> None:
 
 
 async def test_job_carries_a_typed_handoff_and_old_jobs_still_parse() -> None:
-    from splitserve.components.engines.interface import SglangBootstrapHandoff
+    from splitserve.contracts.engine import SglangBootstrapHandoff
     from splitserve.components.prefill_queue import PrefillRequest, triage
 
     old = {"version": 1, "request_id": "o", "token_ids": [1, 2], "decode_worker_id": "d",
@@ -315,9 +315,9 @@ async def test_worker_processes_serve_through_dynamo(infra, monkeypatch, tmp_pat
     (etcd discovery, TCP request plane), with TensorRT-LLM doubles as their engines."""
     from splitserve.components.engines.trtllm import engine as trtllm_engine
     from splitserve.components.worker import decode_main, prefill_main
-    from splitserve.serve.component import ComponentContext, make_runtime
-    from splitserve.serve.config import CommonConfig
-    from splitserve.serve.plan import ComponentRunConfig
+    from splitserve.contracts.kit.component import ComponentContext, make_runtime
+    from splitserve.contracts.config import CommonConfig
+    from splitserve.contracts.config import ComponentRunConfig
 
     monkeypatch.setenv("ETCD_ENDPOINTS", infra.etcd)
     monkeypatch.setenv("NATS_SERVER", infra.nats)

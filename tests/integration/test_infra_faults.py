@@ -23,7 +23,7 @@ from typing import Self
 import pytest
 
 from splitserve.infra.embedded import EmbeddedInfra
-from splitserve.infra.procs import free_port
+from splitserve.contracts.kit.procs import free_port
 from tests.integration.serve_helpers import REPO, ServeRun, dynamo_cmd, http_get_json, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -249,7 +249,7 @@ def test_embedded_restart_reaps_and_keeps_ports_and_data(tmp_path):
 
     import nats
 
-    from splitserve.common.etcd import etcd_client, get_prefix
+    from splitserve.contracts.kit.etcd import etcd_client, get_prefix
 
     infra = EmbeddedInfra(tmp_path / "infra")
     with infra as ep:

@@ -19,17 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from splitserve.common.etcd import get_prefix
-from splitserve.components.kv_events import (
+from splitserve.contracts.kit.etcd import get_prefix
+from splitserve.contracts.kv_events import (
     KV_EVENTS,
     apply_kv_events,
     decode_envelope,
     event_subject,
 )
 from splitserve.infra.embedded import EmbeddedInfra
-from splitserve.infra.procs import kill_pid, pid_alive
-from splitserve.serve.config import CommonConfig
-from splitserve.serve.plan import ComponentRunConfig
+from splitserve.contracts.kit.procs import kill_pid, pid_alive
+from splitserve.contracts.config import CommonConfig
+from splitserve.contracts.config import ComponentRunConfig
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from splitserve.cli.main import app
 from splitserve.infra.embedded import EmbeddedInfra
-from splitserve.policy import (
+from splitserve.components.policy import (
     PolicyConflict,
     PolicyError,
     PolicyKey,
@@ -28,7 +28,7 @@ from splitserve.policy import (
     PolicyWatcher,
     parse_policy,
 )
-from splitserve.serve.credentials import write_secret
+from splitserve.contracts.kit.credentials import write_secret
 from tests.unit.policy.policy_factories import CONFIGS, edited, seed
 
 pytestmark = pytest.mark.integration

@@ -46,9 +46,9 @@ async def _run(nats_url: str) -> None:
     from sglang.srt.disaggregation.kv_events import ZmqEventPublisher
 
     from splitserve.components.engines.sglang.kv_relay import free_loopback_port, relay
-    from splitserve.components.worker.hosting import publish_kv_events
+    from splitserve.contracts.kit.hosting import publish_kv_events
     from splitserve.components.router.kv_index import KvEventIndex
-    from splitserve.serve.component import make_runtime
+    from splitserve.contracts.kit.component import make_runtime
 
     runtime = make_runtime(asyncio.get_running_loop(), "tcp")
     endpoint = runtime.endpoint(f"{NS}.worker.generate")

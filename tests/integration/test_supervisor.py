@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from splitserve.common.etcd import get_prefix
+from splitserve.contracts.kit.etcd import get_prefix
 from splitserve.infra.embedded import EmbeddedInfra
-from splitserve.infra.procs import pid_alive
+from splitserve.contracts.kit.procs import pid_alive
 from tests.fixtures.echo_front import ECHO_TOKEN
 from tests.integration.serve_helpers import (
     REPO,

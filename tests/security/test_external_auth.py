@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from splitserve.common.connect import connect_nats
-from splitserve.common.etcd import get_prefix
-from splitserve.infra.procs import find_binary, free_port, kill_pid
+from splitserve.contracts.kit.connect import connect_nats
+from splitserve.contracts.kit.etcd import get_prefix
+from splitserve.contracts.kit.procs import find_binary, free_port, kill_pid
 from tests.fixtures.echo_front import ECHO_TOKEN
 from tests.integration.serve_helpers import ServeRun, http_get_json
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from splitserve.cli.main import app
 from splitserve.infra.embedded import EmbeddedInfra
-from splitserve.policy import PolicyKey, PolicyStore, PolicyWatcher
+from splitserve.components.policy import PolicyKey, PolicyStore, PolicyWatcher
 from tests.unit.policy.policy_factories import CONFIGS, edited, seed
 
 pytestmark = [pytest.mark.security, pytest.mark.integration]

@@ -77,7 +77,7 @@ def test_worker_pods_get_their_whole_drain_before_kubernetes_kills_them(name, co
     """A worker pod's grace period covers its drain, the hand-back after the cut and the
     time it keeps parked KV for live moves; a shorter one would SIGKILL streams the drain
     was about to finish or hand back."""
-    from splitserve.serve.component import DRAIN_CUT_GRACE_S
+    from splitserve.contracts.kit.component import DRAIN_CUT_GRACE_S
 
     docs = list(yaml.safe_load_all((ROOT / f"deploy/kubernetes/{name}.yaml").read_text()))
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}

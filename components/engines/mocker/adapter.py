@@ -17,8 +17,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from splitserve.common.waiting import poll_until
-from splitserve.components.engines.interface import (
+from splitserve.contracts.kit.waiting import poll_until
+from splitserve.contracts.engine import (
     EngineHandoff,
     EngineInfo,
     GenerateParams,

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from splitserve.components.engines.model_dir import export_model_dir
+from splitserve.contracts.kit.model_dir import export_model_dir
 from splitserve.components.engines.mocker.config import MockerEngineArgs
 from splitserve.components.engines.mocker.process import (
     ENDPOINT,
@@ -27,8 +27,8 @@ from splitserve.components.engines.mocker.process import (
     model_dir_for,
     wait_registered,
 )
-from splitserve.infra.procs import spawn, terminate
-from splitserve.serve.component import ComponentContext, endpoint_path
+from splitserve.contracts.kit.procs import spawn, terminate
+from splitserve.contracts.kit.component import ComponentContext, endpoint_path
 
 log = logging.getLogger("splitserve.mocker_disagg")
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 # Block sizes the real engines use by default; the mocker picks the same when unset
 # (vLLM 64, SGLang 1, TRT-LLM 32).  We always pass one explicitly so routers and

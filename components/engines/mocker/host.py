@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from splitserve.components.worker.hosting import Hosted, Role
-from splitserve.components.worker.metrics import WorkerMetrics
-from splitserve.serve.component import ComponentContext
+from splitserve.contracts.kit.hosting import Hosted, Role
+from splitserve.contracts.kit.worker_metrics import WorkerMetrics
+from splitserve.contracts.kit.component import ComponentContext
 
 from .adapter import MockerEngine
 from .children import ENGINE_STOP_GRACE_S, first_exit, start_engines, stop_engines

@@ -23,12 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-from splitserve.common.etcd import get_prefix
-from splitserve.common.waiting import poll_until
-from splitserve.components.engines.model_dir import export_model_dir
+from splitserve.contracts.kit.etcd import get_prefix
+from splitserve.contracts.kit.waiting import poll_until
+from splitserve.contracts.kit.model_dir import export_model_dir
 from splitserve.components.engines.mocker.config import MockerEngineArgs
-from splitserve.infra.procs import spawn, terminate
-from splitserve.serve.component import ComponentContext, endpoint_path
+from splitserve.contracts.kit.procs import spawn, terminate
+from splitserve.contracts.kit.component import ComponentContext, endpoint_path
 
 log = logging.getLogger("splitserve.mocker")
 

@@ -1,7 +1,7 @@
 """Config sections with ``engine: mocker``: Worker, DecodeWorker and PrefillWorker.
 
 The policy, queue and timing fields come from the sections every engine shares
-(``components/worker/config.py``); ``SECTIONS`` is what the engine registry reads.
+(``contracts/sections.py``); ``SECTIONS`` is what the engine registry reads.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from splitserve.components.worker.config import (
+from splitserve.contracts.sections import (
     EngineDecodeSection,
     EnginePrefillSection,
     WorkerCommon,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 Role = Literal["agg", "prefill", "decode"]
 ROLE_MODE = {"agg": "null", "prefill": "prefill", "decode": "decode"}

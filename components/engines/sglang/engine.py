@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from splitserve.components.engines.interface import (
+from splitserve.contracts.engine import (
     EngineHandoff,
     EngineInfo,
     GenerateParams,
@@ -88,7 +88,7 @@ class SchemaNeedsGrammar(ValueError):
 
 
 class SglangEngine:
-    """One SGLang engine; implements ``splitserve.components.engines.interface.Engine``.
+    """One SGLang engine; implements ``splitserve.contracts.engine.Engine``.
 
     ``factory`` builds the engine from ServerArgs keywords (tests pass a double).
     """

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from splitserve.components.engines.block_events import KvEvent
+from splitserve.contracts.block_events import KvEvent
 from splitserve.components.engines.zmq_relay import (
     free_loopback_port,
     relay_batches,

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from typing import Any
 
-from splitserve.components.engines.interface import LoadSample
+from splitserve.contracts.engine import LoadSample
 
 log = logging.getLogger("splitserve.sglang")
 

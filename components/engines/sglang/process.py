@@ -24,7 +24,7 @@ import logging
 import signal
 from typing import Any
 
-from splitserve.infra.procs import free_port
+from splitserve.contracts.kit.procs import free_port
 
 log = logging.getLogger("splitserve.sglang")
 

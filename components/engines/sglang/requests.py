@@ -14,12 +14,12 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from splitserve.components.engines.interface import (
+from splitserve.contracts.engine import (
     GenerateParams,
     SglangBootstrapHandoff,
     TokenDelta,
 )
-from splitserve.components.protocol import TokenLogprobs
+from splitserve.contracts.wire import TokenLogprobs
 
 # SGLang finish types -> the interface's
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}

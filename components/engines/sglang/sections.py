@@ -6,11 +6,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from splitserve.components.worker.config import (
+from splitserve.contracts.sections import (
     EngineDecodeSection,
     EnginePrefillSection,
 )
-from splitserve.components.worker.config import WorkerCommon, router_block_size
+from splitserve.contracts.sections import WorkerCommon, router_block_size
 
 from .config import SglangEngineArgs, decode_radix_cache
 

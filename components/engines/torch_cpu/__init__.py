@@ -5,7 +5,7 @@ continuous batching with chunked prefill and preemption, KV events for the
 router, and hooks for disaggregated prefill/decode.
 """
 
-from splitserve.common.lazy import lazy_exports
+from splitserve.contracts.kit.lazy import lazy_exports
 
 # Imported on first use: the engine registry reads ``sections`` from this package in
 # every process that validates a config (the supervisor, the CLI), and the modules below
@@ -18,7 +18,7 @@ __getattr__ = lazy_exports(__name__, globals(), {
                 "default_num_threads", "load_smollm2"),
     ".request": ("EngineStats", "FinishReason", "RemoteKvAllocation", "Request",
                  "RequestOutput"),
-    "splitserve.components.engines.block_events": ("BlockRemoved", "BlockStored", "KvEvent",
+    "splitserve.contracts.block_events": ("BlockRemoved", "BlockStored", "KvEvent",
                                                     "hash_block"),
 })
 

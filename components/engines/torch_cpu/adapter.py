@@ -33,8 +33,8 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from splitserve.common.waiting import poll_until
-from splitserve.components.engines.interface import (
+from splitserve.contracts.kit.waiting import poll_until
+from splitserve.contracts.engine import (
     EngineHandoff,
     EngineInfo,
     GenerateParams,
@@ -45,7 +45,7 @@ from splitserve.components.engines.interface import (
     TorchBlocksHandoff,
 )
 
-from splitserve.components.protocol import NO_LOGPROB, TokenLogprobs
+from splitserve.contracts.wire import NO_LOGPROB, TokenLogprobs
 
 from .runner import EngineRunner
 

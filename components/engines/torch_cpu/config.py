@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pydantic import Field, model_validator
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from .attention import decode_mask, prefill_mask
 from .config import EngineConfig, ModelConfig
 from .grammar import JsonGrammars
 from .kv_cache import KVCacheManager
-from splitserve.components.engines.block_events import KvEvent
+from splitserve.contracts.block_events import KvEvent
 from .model import ForwardBatch, LlamaWeights, PrefillSpan, forward
 from .request import (
     EngineStats,

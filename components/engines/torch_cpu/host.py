@@ -14,16 +14,16 @@ import asyncio
 import contextlib
 import os
 
-from splitserve.components.worker.fatal import leave_after_engine_failure
-from splitserve.components.worker.hosting import (
+from splitserve.contracts.kit.fatal import leave_after_engine_failure
+from splitserve.contracts.kit.hosting import (
     PUBLISHES_KV,
     Hosted,
     Role,
     never,
     publish_kv_events,
 )
-from splitserve.components.worker.metrics import WorkerMetrics
-from splitserve.serve.component import ComponentContext
+from splitserve.contracts.kit.worker_metrics import WorkerMetrics
+from splitserve.contracts.kit.component import ComponentContext
 
 from .adapter import TorchEngine
 from .runner import EngineRunner

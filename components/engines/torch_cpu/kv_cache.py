@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from splitserve.components.engines.block_events import BlockRemoved, BlockStored, KvEvent, hash_block
+from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent, hash_block
 
 
 @dataclass

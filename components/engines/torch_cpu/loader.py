@@ -122,11 +122,6 @@ def model_config_from_hf(hf_config: Any, tokenizer: Any) -> ModelConfig:
     )
 
 
-def _cached_state_dict(model_dir: Path) -> Path:
-    """Where the de-quantised fp32 weights are cached, beside the exported model dir."""
-    return model_dir / "weights-fp32.safetensors"
-
-
 def load_smollm2(progress: ProgressFn | None = None, keep_hf_model: bool = False) -> LoadedModel:
     """Load SmolLM2-135M-Instruct; called once per process at startup.
 
@@ -140,15 +135,15 @@ def load_smollm2(progress: ProgressFn | None = None, keep_hf_model: bool = False
     report = progress or (
         lambda stage, frac: log.info("loading model: %s (%.0f%%)", stage, frac * 100)
     )
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
 
-    from splitserve.common.cache import model_cache_dir
-    from splitserve.components.engines.model_dir import (export_model_dir, load_tokenizer,
-                                                        served_model_name)
+    from splitserve.contracts.kit.cache import model_cache_dir
+    from splitserve.contracts.kit.model_dir import (export_model_dir, fp32_weights,
+                                                    load_tokenizer, served_model_name)
 
     report("locating weights", 0.0)
-    directory, name = smollm2_location()
+    smollm2_location()  # a clear error when the package is missing
     report("loading tokenizer", 0.05)
     # Converting the GGUF's tokenizer takes ~20 s; the exported model directory caches
     # that conversion once per machine (shared with the frontend).
@@ -156,28 +151,12 @@ def load_smollm2(progress: ProgressFn | None = None, keep_hf_model: bool = False
     tokenizer = load_tokenizer(model_dir)
     if not tokenizer.chat_template:
         tokenizer.chat_template = CHATML_TEMPLATE
-    cached = _cached_state_dict(model_dir)
-    hf = None
-    if cached.exists():
-        report("reading cached weights", 0.35)
-        hf_config = AutoConfig.from_pretrained(str(model_dir))
-        state = load_file(str(cached))
-        if keep_hf_model:
-            hf = _hf_model_from_state(hf_config, state)
-    else:
-        report("de-quantising weights", 0.35)
-        hf = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-        hf.eval()
-        hf_config = hf.config
-        state = {k: v.contiguous() for k, v in hf.state_dict().items()}
-        if not cached.exists():
-            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-            # Tied weights share storage; safetensors refuses shared tensors, so the
-            # lm_head copy is dropped when it is the embedding itself.
-            unique = {k: v for k, v in state.items()
-                      if not (k == "lm_head.weight" and hf_config.tie_word_embeddings)}
-            save_file(unique, str(tmp))
-            tmp.replace(cached)
+    report("de-quantising weights", 0.2)  # only the first load on a machine does
+    cached = fp32_weights(model_dir)
+    report("reading cached weights", 0.35)
+    hf_config = AutoConfig.from_pretrained(str(model_dir))
+    state = load_file(str(cached))
+    hf = _hf_model_from_state(hf_config, state) if keep_hf_model else None
     report("packing weights", 0.85)
     cfg = model_config_from_hf(hf_config, tokenizer)
     if "lm_head.weight" not in state and cfg.tie_word_embeddings:

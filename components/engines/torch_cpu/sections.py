@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 from splitserve.components.kv_transfer.config import KvTransferConfig
-from splitserve.components.worker.config import (
+from splitserve.contracts.sections import (
     EngineDecodeSection,
     EnginePrefillSection,
     WorkerCommon,

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 Role = Literal["agg", "prefill", "decode"]
 

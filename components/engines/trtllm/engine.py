@@ -29,7 +29,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from splitserve.components.engines.interface import (
+from splitserve.contracts.engine import (
     EngineHandoff,
     EngineInfo,
     GenerateParams,
@@ -106,7 +106,7 @@ class NotServedHere(ValueError):
 
 
 class TrtllmEngine:
-    """One TensorRT-LLM engine; implements ``splitserve.components.engines.interface.Engine``."""
+    """One TensorRT-LLM engine; implements ``splitserve.contracts.engine.Engine``."""
 
     def __init__(self, args: TrtllmEngineArgs, served_name: str, role: Role = "agg", *,
                  api_factory: Callable[[], Any] = LlmApi,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from splitserve.components.engines.interface import LoadSample
-from splitserve.components.engines.block_events import BlockRemoved, BlockStored, KvEvent
+from splitserve.contracts.engine import LoadSample
+from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent
 from splitserve.components.engines.zmq_relay import block_hash
 
 

@@ -14,8 +14,8 @@ import base64
 import dataclasses
 from typing import Any, Literal
 
-from splitserve.components.engines.interface import GenerateParams, OpaqueHandoff, TokenDelta
-from splitserve.components.protocol import TokenLogprobs
+from splitserve.contracts.engine import GenerateParams, OpaqueHandoff, TokenDelta
+from splitserve.contracts.wire import TokenLogprobs
 
 RequestType = Literal["context_only", "generation_only", "context_and_generation"]
 

@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from splitserve.common.models import StrictModel
-from splitserve.components.worker.config import WorkerCommon, router_block_size
+from splitserve.contracts.models import StrictModel
+from splitserve.contracts.sections import WorkerCommon, router_block_size
 
 # The project's NixlConnector (vLLM loads it by this path in its worker process) and the
 # kv_connector_extra_config keys it reads; importing that module needs vLLM.

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Literal
 
-from splitserve.common.waiting import poll_until
-from splitserve.components.engines.interface import (
+from splitserve.contracts.kit.waiting import poll_until
+from splitserve.contracts.engine import (
     EngineHandoff,
     EngineInfo,
     GenerateParams,
@@ -73,7 +73,7 @@ STOP_TIMEOUT_S = 15.0
 
 
 class VllmEngine:
-    """One vLLM engine; implements ``splitserve.components.engines.interface.Engine``.
+    """One vLLM engine; implements ``splitserve.contracts.engine.Engine``.
 
     ``role`` "prefill" or "decode" (with ``kv_transfer``) makes it one half of a
     disaggregated pair over vLLM's NixlConnector; a decode engine also prefills locally

@@ -2,7 +2,7 @@
 
 vLLM loads ``config.json``, the tokenizer files and ``*.safetensors`` from one
 directory.  The project's exported (weight-less) directory already holds the first two,
-and the torch engine caches the de-quantised fp32 weights beside them under Hugging
+and ``fp32_weights`` (the hosting kit's model files) caches the de-quantised fp32 weights beside them under Hugging
 Face Llama key names; this module links both into a sibling directory whose weights
 file is named ``model.safetensors``, so no tensor is copied.
 """
@@ -17,16 +17,6 @@ WEIGHTS_NAME = "model.safetensors"
 # same ones plus the weights.
 _LINKED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
            "special_tokens_map.json", "chat_template.jinja")
-
-
-def _ensure_fp32_weights(model_dir: Path) -> Path:
-    """The torch engine's fp32 weight cache, created by its loader on first use."""
-    from splitserve.components.engines.torch_cpu.loader import _cached_state_dict, load_smollm2
-
-    cached = _cached_state_dict(model_dir)
-    if not cached.exists():
-        load_smollm2()  # de-quantises the GGUF once (~15 s) and writes the cache
-    return cached
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -45,11 +35,12 @@ def vllm_model_dir() -> Path:
     Called by the vLLM engine before it starts; the first call may take ~15 s (the
     weights are de-quantised once per machine), later calls only check links.
     """
-    from splitserve.common.cache import model_cache_dir
-    from splitserve.components.engines.model_dir import export_model_dir, served_model_name
+    from splitserve.contracts.kit.cache import model_cache_dir
+    from splitserve.contracts.kit.model_dir import (export_model_dir, fp32_weights,
+                                                    served_model_name)
 
     src = export_model_dir(model_cache_dir(served_model_name()))
-    weights = _ensure_fp32_weights(src)
+    weights = fp32_weights(src)
     dst = model_cache_dir(served_model_name() + "-vllm")
     dst.mkdir(parents=True, exist_ok=True)
     for name in _LINKED:

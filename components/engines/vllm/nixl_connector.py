@@ -49,7 +49,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
     NixlConnector as _VllmNixlConnector,
 )
 
-from splitserve.infra.procs import free_port
+from splitserve.contracts.kit.procs import free_port
 
 from .config import KEEP_MODEL_CORES, PROGRESS_THREAD, REPICK_SIDE_CHANNEL_PORT
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from splitserve.components.engines.interface import GenerateParams, TokenDelta
-from splitserve.components.protocol import TokenLogprobs
+from splitserve.contracts.engine import GenerateParams, TokenDelta
+from splitserve.contracts.wire import TokenLogprobs
 
 # vLLM finish reasons -> the interface's
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from splitserve.components.worker.config import (
+from splitserve.contracts.sections import (
     EngineDecodeSection,
     EnginePrefillSection,
     router_block_size,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from ..protocols import PluginKind
 from ..types import RouteRequest, Snapshot, WorkerId, WorkerState

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from ..protocols import PluginKind
 from ..types import WorkerId

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from ..protocols import FilterResult, PluginKind
 from ..types import RouteRequest, Snapshot, WorkerId, WorkerState

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from pydantic import Field
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from ..protocols import PluginKind
 from ..types import WorkerId

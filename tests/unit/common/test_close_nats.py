@@ -6,7 +6,7 @@ import logging
 import pytest
 from nats.errors import ConnectionReconnectingError
 
-from splitserve.common.connect import close_nats
+from splitserve.contracts.kit.connect import close_nats
 
 pytestmark = pytest.mark.unit
 

@@ -18,9 +18,9 @@ from splitserve.components.disagg import (
     parse_disaggregated_router,
 )
 from splitserve.components.disagg.schema import disaggregated_router_schema
-from splitserve.components.router.validation import error_paths
+from splitserve.contracts.validation import error_paths
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from .disagg_factories import offload_request, offload_snapshot, rule
 

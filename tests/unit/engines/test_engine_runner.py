@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from splitserve.components.worker.fatal import ENGINE_FAILED_EXIT, leave_after_engine_failure
+from splitserve.contracts.kit.fatal import ENGINE_FAILED_EXIT, leave_after_engine_failure
 from splitserve.components.engines.torch_cpu.runner import EngineRunner
 
 pytestmark = pytest.mark.unit

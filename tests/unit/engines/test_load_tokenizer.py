@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from splitserve.components.engines.model_dir import load_tokenizer
+from splitserve.contracts.kit.model_dir import load_tokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|>"}]
 TEXT = "Hello <|im_end|> world\n\t  ünïcode 123 def f(x): return x"
@@ -44,7 +44,7 @@ def test_unknown_or_missing_class_goes_through_auto_tokenizer(smollm2_dir, tmp_p
 
 
 def test_loading_the_tokenizer_does_not_import_torch(smollm2_dir):
-    code = ("import sys; from splitserve.components.engines.model_dir import load_tokenizer; "
+    code = ("import sys; from splitserve.contracts.kit.model_dir import load_tokenizer; "
             f"load_tokenizer({str(smollm2_dir)!r}); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)

@@ -76,9 +76,16 @@ def test_own_fields_are_strict():
 
 
 def test_disaggregated_sections_validate_the_offload_policy():
+    # The offload policy is checked by the decider plugins when a graph's config is
+    # loaded (the catalog's DecodeWorker model), not by the engine's section alone.
+    from splitserve.serve.catalog import DecodeWorker
+
     SglangDecodeWorkerConfig(disaggregated_router={"enable": True})
+    DecodeWorker.config_model.model_validate(
+        {"engine": "sglang", "disaggregated_router": {"enable": True}})
     with pytest.raises(ValidationError):
-        SglangDecodeWorkerConfig(disaggregated_router={"enable": True, "bogus": 1})
+        DecodeWorker.config_model.model_validate(
+            {"engine": "sglang", "disaggregated_router": {"enable": True, "bogus": 1}})
     assert SglangDecodeWorkerConfig().local_prefill_engine is False
     assert SglangPrefillWorkerConfig().engine_args.bootstrap_port == 8998
 

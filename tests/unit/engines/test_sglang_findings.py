@@ -16,7 +16,7 @@ import types
 import pytest
 from pydantic import ValidationError
 
-from splitserve.components.engines.interface import GenerateParams, SglangBootstrapHandoff
+from splitserve.contracts.engine import GenerateParams, SglangBootstrapHandoff
 from splitserve.components.engines.sglang import process
 from splitserve.components.engines.sglang.config import (
     SGLANG_TIMEOUT_S,

@@ -7,7 +7,7 @@ import time
 import msgspec
 import pytest
 
-from splitserve.components.engines.block_events import BlockRemoved, BlockStored
+from splitserve.contracts.block_events import BlockRemoved, BlockStored
 from splitserve.components.engines.sglang.kv_relay import convert_batch
 from splitserve.components.engines.sglang.metrics import LoadTracker
 from tests.unit.engines.upstream import sglang_module, sglang_source

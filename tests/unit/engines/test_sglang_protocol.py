@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from splitserve.components.engines.interface import (
+from splitserve.contracts.engine import (
     GenerateParams,
     OpaqueHandoff,
     SglangBootstrapHandoff,

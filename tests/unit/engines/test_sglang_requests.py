@@ -12,7 +12,7 @@ import inspect
 
 import pytest
 
-from splitserve.components.engines.interface import GenerateParams, SglangBootstrapHandoff
+from splitserve.contracts.engine import GenerateParams, SglangBootstrapHandoff
 from splitserve.components.engines.sglang.requests import (
     generate_kwargs,
     new_bootstrap_room,

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from splitserve.components.engines.interface import GenerateParams, SglangBootstrapHandoff
+from splitserve.contracts.engine import GenerateParams, SglangBootstrapHandoff
 from splitserve.components.engines.sglang.config import SglangEngineArgs
 from splitserve.components.engines.sglang.engine import SchemaNeedsGrammar, SglangEngine
 from splitserve.components.engines.sglang.requests import (

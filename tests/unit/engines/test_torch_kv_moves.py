@@ -16,7 +16,7 @@ import json
 import pytest
 import pytest_asyncio
 
-from splitserve.components.engines.interface import GenerateParams
+from splitserve.contracts.engine import GenerateParams
 from splitserve.components.engines.torch_cpu.adapter import MOVE_SUFFIX, TorchEngine
 from splitserve.components.engines.torch_cpu.runner import EngineRunner
 

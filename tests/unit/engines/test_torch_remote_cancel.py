@@ -17,13 +17,13 @@ import pytest_asyncio
 from splitserve.components.disagg import build_decider
 from splitserve.components.worker.handoff import HandoffInbox, PrefillHandoff
 from splitserve.components.prefill_queue import QueueFull
-from splitserve.components.protocol import worker_request
+from splitserve.contracts.wire import worker_request
 from splitserve.components.worker.coordinator import (
     CoordinatorSettings,
     EngineDecodeCoordinator,
 )
 from splitserve.components.worker.disagg_metrics import DisaggMetrics
-from splitserve.components.worker.metrics import WorkerMetrics
+from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 from splitserve.components.engines.torch_cpu.runner import EngineRunner
 from splitserve.components.engines.torch_cpu.adapter import TorchEngine
 

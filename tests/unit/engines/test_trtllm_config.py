@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from splitserve.components.engines.trtllm.config import TrtllmEngineArgs, llm_kwargs
-from splitserve.components.catalog import DecodeWorker, PrefillWorker
+from splitserve.serve.catalog import DecodeWorker, PrefillWorker
 
 DecodeWorkerConfig, PrefillWorkerConfig = DecodeWorker.config_model, PrefillWorker.config_model
 

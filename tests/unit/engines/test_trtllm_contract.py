@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 
-from splitserve.components.engines.interface import GenerateParams, OpaqueHandoff
+from splitserve.contracts.engine import GenerateParams, OpaqueHandoff
 from splitserve.components.engines.trtllm.config import TrtllmEngineArgs, llm_kwargs
 from splitserve.components.engines.trtllm.engine import TrtllmEngine
 from splitserve.components.engines.trtllm.events import convert_event, load_from_stats

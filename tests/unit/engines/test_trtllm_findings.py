@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from splitserve.components.engines.interface import GenerateParams
+from splitserve.contracts.engine import GenerateParams
 from splitserve.components.engines.trtllm.config import (
     TESTED_VERSION,
     TrtllmEngineArgs,
@@ -243,7 +243,7 @@ def test_a_dead_executor_ends_the_serving_worker_with_its_error():
     """T9 through the worker shell: the failure watcher every worker runs beside its
     serving loop turns the dead executor into the error that ends the replica (the
     supervisor restarts it), while serving itself never returns."""
-    from splitserve.components.worker.hosting import watch_failure
+    from splitserve.contracts.kit.hosting import watch_failure
     from splitserve.components.worker.shell import serve_or_die
 
     async def go():

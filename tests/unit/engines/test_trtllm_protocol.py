@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from splitserve.components.engines.interface import (
+from splitserve.contracts.engine import (
     GenerateParams,
     OpaqueHandoff,
     PrefillResult,
@@ -112,7 +112,7 @@ async def test_kv_events_and_stats_become_project_types():
 
 
 async def test_both_adapters_implement_the_engine_protocol():
-    from splitserve.components.engines.interface import Engine
+    from splitserve.contracts.engine import Engine
     from splitserve.components.engines.sglang.config import SglangEngineArgs
     from splitserve.components.engines.sglang.engine import SglangEngine
 

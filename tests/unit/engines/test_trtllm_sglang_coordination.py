@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from splitserve.components.engines.interface import GenerateParams
+from splitserve.contracts.engine import GenerateParams
 from splitserve.components.engines.sglang.config import SglangEngineArgs
 from splitserve.components.engines.sglang.engine import SglangEngine
 from splitserve.components.worker.offload import (
@@ -106,7 +106,7 @@ async def test_sglang_decode_timeout_ends_in_503_and_aborts():
 
     class SilentPrefill(SglangEngine):  # hands out a room but never submits a prefill
         async def begin_prefill(self, request_id, params):
-            from splitserve.components.engines.interface import SglangBootstrapHandoff
+            from splitserve.contracts.engine import SglangBootstrapHandoff
             from splitserve.components.engines.sglang.engine import PrefillTicket
 
             return PrefillTicket(SglangBootstrapHandoff(bootstrap_host="127.0.0.1",

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from splitserve.components.engines.interface import GenerateParams
+from splitserve.contracts.engine import GenerateParams
 from splitserve.components.engines.trtllm.config import TrtllmEngineArgs, llm_kwargs
 from splitserve.components.engines.trtllm.engine import NotServedHere
 from splitserve.components.engines.trtllm.requests import guided_kwargs, sampling_kwargs

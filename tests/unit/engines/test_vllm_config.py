@@ -81,7 +81,7 @@ def test_kv_cache_space_goes_to_the_cpu_backend_environment():
 
 
 def test_worker_section_selects_vllm():
-    from splitserve.components.catalog import Worker
+    from splitserve.serve.catalog import Worker
     from splitserve.components.engines.vllm.config import VllmWorkerSection
 
     model = Worker.config_model
@@ -92,7 +92,7 @@ def test_worker_section_selects_vllm():
 
 
 def test_router_block_size_must_equal_vllms(tmp_path):
-    from splitserve.serve.config import ConfigError
+    from splitserve.contracts.config import ConfigError
     from splitserve.serve.graph import load_graph
     from splitserve.serve.plan import load_plan
 

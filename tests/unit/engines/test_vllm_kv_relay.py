@@ -8,7 +8,7 @@ import time
 import msgspec
 import pytest
 
-from splitserve.components.engines.block_events import BlockRemoved, BlockStored
+from splitserve.contracts.block_events import BlockRemoved, BlockStored
 from splitserve.components.engines.vllm.kv_relay import (
     block_hash,
     convert_batch,

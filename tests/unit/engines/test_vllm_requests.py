@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from splitserve.components.engines.interface import (
+from splitserve.contracts.engine import (
     EngineHandoff,
     GenerateParams,
     OpaqueHandoff,
@@ -21,7 +21,7 @@ from splitserve.components.engines.vllm.requests import (
     to_delta,
 )
 from splitserve.components.worker.wire import params_from_wire as generate_params
-from splitserve.components.protocol import WorkerRequest, worker_request
+from splitserve.contracts.wire import WorkerRequest, worker_request
 
 pytestmark = pytest.mark.unit
 
@@ -93,7 +93,7 @@ def test_handoffs_round_trip_by_kind():
 
 
 def test_vllm_engine_implements_the_interface():
-    from splitserve.components.engines.interface import Engine
+    from splitserve.contracts.engine import Engine
     from splitserve.components.engines.vllm.config import VllmEngineArgs
     from splitserve.components.engines.vllm.engine import VllmEngine
 

@@ -11,7 +11,7 @@ from splitserve.components.engines.vllm.sections import (
     VllmDecodeWorkerConfig,
     VllmPrefillWorkerConfig,
 )
-from splitserve.components.catalog import DecodeWorker, PrefillWorker
+from splitserve.serve.catalog import DecodeWorker, PrefillWorker
 from splitserve.components.worker.registry import section
 
 DecodeWorkerConfig, PrefillWorkerConfig = DecodeWorker.config_model, PrefillWorker.config_model
@@ -35,8 +35,12 @@ def test_selectors_and_mains_pick_the_vllm_sections():
     {"disaggregated_router": {"enable": True, "bogus": 1}},
 ])
 def test_bad_fields_are_refused(bad):
+    # As a graph's config is loaded: the engine's section, then what the decider
+    # plugins check (the offload policy).
+    from splitserve.serve.catalog import DecodeWorker
+
     with pytest.raises(ValidationError):
-        VllmDecodeWorkerConfig.model_validate(bad)
+        DecodeWorker.config_model.model_validate({"engine": "vllm", **bad})
 
 
 def test_graph_checks_name_block_size_and_engine_mismatches():

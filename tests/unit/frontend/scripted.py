@@ -9,7 +9,7 @@ import json
 from starlette.testclient import TestClient
 
 from splitserve.components.frontend.app import FrontendState, build_app
-from splitserve.components.protocol import output_chunk
+from splitserve.contracts.wire import output_chunk
 
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}},

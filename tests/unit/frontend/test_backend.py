@@ -17,8 +17,9 @@ from splitserve.components.frontend.backend import (
 )
 from splitserve.components.frontend.errors import APIError
 from splitserve.components.frontend.migration import DRAINED_MOVES
-from splitserve.components.protocol import drained_chunk
-from splitserve.components.router.service import RouterService, load_policy
+from splitserve.contracts.wire import drained_chunk
+from splitserve.components.router.service import RouterService
+from splitserve.components.router.service_config import load_policy
 from splitserve.components.router.service_config import RouterComponentConfig
 
 pytestmark = pytest.mark.unit

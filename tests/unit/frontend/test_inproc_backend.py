@@ -12,7 +12,8 @@ import pytest
 from splitserve.components.frontend.backend import BackendMetrics, StreamMeta
 from splitserve.components.frontend.errors import APIError
 from splitserve.components.frontend.inproc import InProcessBackend
-from splitserve.components.router.service import RouterService, load_policy
+from splitserve.components.router.service import RouterService
+from splitserve.components.router.service_config import load_policy
 from splitserve.components.router.service_config import RouterComponentConfig
 from tests.unit.frontend.test_backend import ENDPOINT, Workers, request
 

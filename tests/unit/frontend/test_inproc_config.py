@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.serve.config import ConfigError, read_yaml
+from splitserve.contracts.config import ConfigError, read_yaml
 from splitserve.serve.graph import load_graph
 from splitserve.serve.plan import build_plan
 

@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from splitserve.components.frontend.app import FrontendState, build_app
 from splitserve.components.frontend.capabilities import CAPABILITIES, ENGINES, capabilities
-from splitserve.components.protocol import TokenLogprobs, WorkerRequest, output_chunk
+from splitserve.contracts.wire import TokenLogprobs, WorkerRequest, output_chunk
 from splitserve.components.engines.torch_cpu.adapter import torch_request
 from splitserve.components.worker.wire import params_from_wire
 

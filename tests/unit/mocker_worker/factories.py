@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from splitserve.components.engines.interface import OpaqueHandoff
+from splitserve.contracts.engine import OpaqueHandoff
 from splitserve.components.engines.mocker.sections import MockerDecodeWorkerConfig
 from splitserve.components.worker.handoff import HandoffInbox, PrefillHandoff
 from splitserve.components.engines.mocker.adapter import MockerEngine
 from splitserve.components.prefill_queue import QueueFull
-from splitserve.components.protocol import worker_request
+from splitserve.contracts.wire import worker_request
 from splitserve.components.worker.coordinator import EngineDecodeCoordinator
 from splitserve.components.worker.disagg_metrics import DisaggMetrics
 from splitserve.components.worker.decode import coordinator_settings
-from splitserve.components.worker.metrics import WorkerMetrics
+from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 
 SEED_POLICY = {
     "enable": True,

@@ -12,7 +12,7 @@ from splitserve.components.worker.handoff import (
     PrefillHandoff,
     handoff_subject,
 )
-from splitserve.components.protocol import WorkerRequest
+from splitserve.contracts.wire import WorkerRequest
 from splitserve.components.worker.coordinator import params_of
 
 from .factories import collect, coordinator, request

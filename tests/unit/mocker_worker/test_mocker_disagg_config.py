@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from splitserve.components.catalog import DecodeWorker, PrefillWorker
+from splitserve.serve.catalog import DecodeWorker, PrefillWorker
 from splitserve.components.engines.torch_cpu.sections import (
     TorchDecodeWorkerConfig,
     TorchPrefillWorkerConfig,
@@ -69,7 +69,7 @@ def test_shipped_mocker_disagg_configs_load(repo_root, path, engine_type):
 
 
 def test_a_mocker_worker_refuses_a_load_report_interval_it_would_not_use():
-    from splitserve.components.catalog import Worker
+    from splitserve.serve.catalog import Worker
 
     assert Worker.config_model.model_validate({"engine": "mocker"}).engine == "mocker"
     with pytest.raises(ValidationError, match="load_report_interval_s is not used"):

@@ -10,7 +10,7 @@ import pytest
 
 from splitserve.planner import PlannerPolicy, load_planner_policy, parse_planner_policy
 from splitserve.planner.cli import schemas
-from splitserve.policy import PolicyError, load_policy_file
+from splitserve.components.policy import PolicyError, load_policy_file
 
 from .planner_factories import SEED_AUTOSCALE
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from splitserve.common.waiting import poll_until
+from splitserve.contracts.kit.waiting import poll_until
 from splitserve.planner import Observation, PlannerState
 from splitserve.planner.connectors import DryRunConnector, replica_steps
 from splitserve.planner.fleet import FleetModel

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from splitserve.components.qos import default_classes
-from splitserve.policy import (
+from splitserve.components.policy import (
     canonical_dict,
     canonical_json,
     canonical_yaml,

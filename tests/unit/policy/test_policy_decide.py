@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from splitserve.policy import (
+from splitserve.components.policy import (
     CurrentPointer,
     StepKind,
     WatchState,
@@ -14,7 +14,7 @@ from splitserve.policy import (
     decide,
     status_record,
 )
-from splitserve.policy.decide import backoff_delay
+from splitserve.components.policy.decide import backoff_delay
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from splitserve.components.qos import QosConfig, default_classes, resolve_class
-from splitserve.policy import PolicyError, export_schema, load_policy_file, parse_policy
-from splitserve.policy.schema import policy_schema
+from splitserve.components.policy import PolicyError, export_schema, load_policy_file, parse_policy
+from splitserve.components.policy.schema import policy_schema
 
 from .policy_factories import CONFIGS, DELETE, edited, full, seed
 
@@ -229,7 +229,7 @@ def test_shipped_schema_matches_the_code(tmp_path: Path) -> None:
     fresh = export_schema(tmp_path / "policy.schema.json")
     shipped = CONFIGS / "schemas" / "policy.schema.json"
     assert json.loads(shipped.read_text()) == json.loads(fresh.read_text()), \
-        "run `python -m splitserve.policy configs` to refresh the shipped schema"
+        "run `python -m splitserve.components.policy configs` to refresh the shipped schema"
 
 
 def test_schema_describes_every_field() -> None:

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from splitserve.policy import PolicyKey, PolicyStore, PolicyVersion, canonical_dict, policy_sha256
-from splitserve.serve.credentials import write_secret
+from splitserve.components.policy import PolicyKey, PolicyStore, PolicyVersion, canonical_dict, policy_sha256
+from splitserve.contracts.kit.credentials import write_secret
 from tests.unit.policy.policy_factories import edited, seed
 
 pytestmark = pytest.mark.unit
@@ -18,7 +18,7 @@ NS = "prod"
 
 
 def version(**changes) -> PolicyVersion:
-    from splitserve.policy import parse_policy
+    from splitserve.components.policy import parse_policy
 
     policy = parse_policy(seed(), "seed")
     fields = {"version": 3, "created_at": datetime(2026, 1, 2, tzinfo=UTC), "source": "p.yaml",
@@ -61,7 +61,7 @@ def test_a_signature_does_not_carry_over_to_another_namespace():
 
 
 def test_the_store_refuses_content_that_does_not_match_the_signed_hash():
-    from splitserve.policy import parse_policy
+    from splitserve.components.policy import parse_policy
 
     store = PolicyStore("http://127.0.0.1:1", NS, signing_key=KEY)
     record = signed()

@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from splitserve.components.qos import QosConfig, build_estimator, resolve_class
-from splitserve.components.router.validation import error_paths
+from splitserve.contracts.validation import error_paths
 
 from .qos_factories import config
 

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from splitserve.components.frontend.config import FrontendConfig
-from splitserve.components.protocol import ReleaseCall, RouteCall
+from splitserve.contracts.wire import ReleaseCall, RouteCall
 from splitserve.components.qos import QosConfig
 from splitserve.components.router.qos_gate import QosGate, outcome_of
 from splitserve.components.router.types import WorkerState

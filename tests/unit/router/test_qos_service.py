@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from splitserve.components.protocol import ReleaseCall, RouteCall
+from splitserve.contracts.wire import ReleaseCall, RouteCall
 from splitserve.components.qos import QosConfig
-from splitserve.components.router.service import RouterService, load_policy
+from splitserve.components.router.service import RouterService
+from splitserve.components.router.service_config import load_policy
 from splitserve.components.router.service_config import RouterComponentConfig
 
 pytestmark = pytest.mark.unit

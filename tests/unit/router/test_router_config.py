@@ -19,9 +19,9 @@ from splitserve.components.router import (
 )
 from splitserve.components.router.builtin import BUILTIN_CONFIGS, builtin_config
 from splitserve.components.router.schema import router_config_schema
-from splitserve.components.router.validation import error_paths
+from splitserve.contracts.validation import error_paths
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from .router_factories import request, snapshot, worker
 

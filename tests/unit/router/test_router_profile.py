@@ -16,7 +16,7 @@ from splitserve.components.router import (
     parse_router_config,
 )
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 from .router_factories import config, request, router, snapshot, worker
 

@@ -7,9 +7,10 @@ import asyncio
 
 import pytest
 
-from splitserve.components.protocol import RouteCall, WorkerLoad
+from splitserve.contracts.wire import RouteCall, WorkerLoad
 from splitserve.components.router.fleet import FleetState
-from splitserve.components.router.service import RouterService, load_policy
+from splitserve.components.router.service import RouterService
+from splitserve.components.router.service_config import load_policy
 from splitserve.components.router.service_config import RouterComponentConfig
 
 pytestmark = pytest.mark.unit

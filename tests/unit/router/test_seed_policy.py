@@ -8,7 +8,7 @@ import pytest
 from splitserve.components.router import build_router, default_registry
 from splitserve.components.router.builtin import builtin_config
 from splitserve.components.router.seed_policy import SeedRouting, SplitWeights, hot_workers
-from splitserve.policy.schema import parse_policy
+from splitserve.components.policy.schema import parse_policy
 
 from .router_factories import request, snapshot, worker
 

@@ -7,7 +7,7 @@ import ssl
 import pytest
 
 from splitserve.cli.serve_cmd import external_access
-from splitserve.common.connect import (
+from splitserve.contracts.kit.connect import (
     AccessError,
     EtcdAccess,
     NatsAccess,

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from splitserve.cli.main import app
-from splitserve.serve.config import SERVED_MODELS, CommonConfig, ConfigError, read_yaml
+from splitserve.contracts.config import SERVED_MODELS, CommonConfig, ConfigError, read_yaml
 from splitserve.serve.graph import load_graph
 from splitserve.serve.plan import load_plan
 
@@ -68,7 +68,7 @@ def test_an_unknown_model_is_refused():
 
 
 def test_served_models_match_what_the_engines_load():
-    from splitserve.components.engines.model_dir import served_model_name
+    from splitserve.contracts.kit.model_dir import served_model_name
 
     assert served_model_name() in SERVED_MODELS
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from splitserve.components.engines.mocker.config import MockerEngineArgs
 from splitserve.components.engines.mocker.process import mocker_argv
-from splitserve.serve.config import CommonConfig, ConfigError
+from splitserve.contracts.config import CommonConfig, ConfigError
 from splitserve.serve.graph import load_graph
 from splitserve.serve.plan import build_plan
 

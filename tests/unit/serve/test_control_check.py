@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from splitserve.serve.control import ControlServer, check_request
-from splitserve.serve.credentials import read_secret, write_secret
-from splitserve.serve.listeners import listener_env
+from splitserve.contracts.kit.credentials import read_secret, write_secret
+from splitserve.contracts.kit.listeners import listener_env
 
 pytestmark = pytest.mark.unit
 

@@ -14,8 +14,8 @@ from starlette.testclient import TestClient
 from splitserve.cli.status_cmd import dependencies_down
 from splitserve.components.frontend.app import FrontendState, build_app
 from splitserve.components.frontend.errors import overloaded
-from splitserve.infra.health import DependencyMonitor, DependencyTracker, probe_etcd, probe_nats
-from splitserve.infra.procs import free_port
+from splitserve.contracts.kit.health import DependencyMonitor, DependencyTracker, probe_etcd, probe_nats
+from splitserve.contracts.kit.procs import free_port
 
 pytestmark = pytest.mark.unit
 

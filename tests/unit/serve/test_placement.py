@@ -13,8 +13,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from splitserve.serve.component import load_run_config
-from splitserve.serve.config import ConfigError
+from splitserve.contracts.kit.component import load_run_config
+from splitserve.contracts.config import ConfigError
 from splitserve.serve.graph import load_graph
 from splitserve.serve.plan import build_plan
 

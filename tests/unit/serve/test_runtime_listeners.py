@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from splitserve.serve import component
+from splitserve.contracts.kit import component
 from splitserve.serve.graph import load_graph
-from splitserve.serve.listeners import DYNAMO_HOST_VARS, missing_listener_env
+from splitserve.contracts.kit.listeners import DYNAMO_HOST_VARS, missing_listener_env
 from splitserve.serve.plan import build_plan
 
 pytestmark = pytest.mark.unit

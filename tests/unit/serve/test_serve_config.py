@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from splitserve.serve.config import ConfigError, apply_overrides, parse_override
+from splitserve.contracts.config import ConfigError, apply_overrides, parse_override
 from splitserve.serve.graph import load_graph
 from splitserve.serve.plan import load_plan
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.components.engines.interface import TokenDelta
+from splitserve.contracts.engine import TokenDelta
 from splitserve.components.worker.agg import stream_chunks
-from splitserve.components.worker.metrics import WorkerMetrics
+from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -68,7 +68,7 @@ async def test_engine_failure_becomes_an_error_chunk():
 
 class _Engine:
     def __init__(self, healthy_polls: int) -> None:
-        from splitserve.components.engines.interface import EngineInfo
+        from splitserve.contracts.engine import EngineInfo
 
         self.polls, self.healthy_polls = 0, healthy_polls
         self.info = EngineInfo(name="vllm", kv_block_size=16, supports_local_prefill=True)
@@ -79,7 +79,7 @@ class _Engine:
 
 
 async def test_dead_engine_ends_the_replica_with_its_error():
-    from splitserve.components.worker.hosting import watch_failure
+    from splitserve.contracts.kit.hosting import watch_failure
 
     exc = await watch_failure(_Engine(healthy_polls=2), every_s=0.01)
     assert "vllm engine failed" in str(exc) and "core died" in str(exc)
@@ -88,7 +88,7 @@ async def test_dead_engine_ends_the_replica_with_its_error():
 async def test_an_engine_that_cannot_tell_never_ends_the_replica():
     import asyncio
 
-    from splitserve.components.worker.hosting import watch_failure
+    from splitserve.contracts.kit.hosting import watch_failure
 
     task = asyncio.ensure_future(watch_failure(object(), every_s=0.01))
     await asyncio.sleep(0.05)

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from splitserve.components.engines.interface import TokenDelta
+from splitserve.contracts.engine import TokenDelta
 from splitserve.components.worker.agg import stream_chunks
 from splitserve.components.worker.cancel import until_stopped
 from splitserve.components.worker.kv_moves import DrainCut
-from splitserve.components.worker.metrics import WorkerMetrics
+from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 

@@ -10,11 +10,11 @@ import asyncio
 
 import pytest
 
-from splitserve.components.engines.interface import GenerateParams, TokenDelta
-from splitserve.components.protocol import KvSource
+from splitserve.contracts.engine import GenerateParams, TokenDelta
+from splitserve.contracts.wire import KvSource
 from splitserve.components.worker.agg import stream_chunks
 from splitserve.components.worker.kv_moves import DrainCut, KvMoves
-from splitserve.components.worker.metrics import WorkerMetrics
+from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -139,7 +139,7 @@ class ExportClient:
 
 @pytest.mark.parametrize("reply", [{"error": "LookupError: not parked"}, None])
 async def test_a_fetch_that_is_refused_or_unanswered_raises(reply):
-    from splitserve.components.engines.interface import TorchBlocksHandoff
+    from splitserve.contracts.engine import TorchBlocksHandoff
 
     client = ExportClient(reply)
     fetch = moves_for(Engine(), client)._fetcher(

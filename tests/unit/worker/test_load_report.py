@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from splitserve.components.worker.loadreport import ReportFailures
-from splitserve.components.worker.metrics import WorkerMetrics
+from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 
 pytestmark = pytest.mark.unit
 

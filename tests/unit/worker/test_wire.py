@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.components.engines.interface import TokenDelta
-from splitserve.components.protocol import WorkerRequest, worker_request
+from splitserve.contracts.engine import TokenDelta
+from splitserve.contracts.wire import WorkerRequest, worker_request
 from splitserve.components.worker.wire import delta_chunk, params_from_wire, wire_finish
 
 pytestmark = pytest.mark.unit

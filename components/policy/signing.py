@@ -36,7 +36,7 @@ class PolicyKey:
     @classmethod
     def from_file(cls, path: Path | str) -> PolicyKey:
         """Read a key file (refused when others can read it)."""
-        from splitserve.serve.credentials import read_secret
+        from splitserve.contracts.kit.credentials import read_secret
 
         return cls(read_secret(path).encode())
 

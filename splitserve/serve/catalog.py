@@ -7,10 +7,12 @@ no new work arrives while routers and workers drain).
 
 from __future__ import annotations
 
+import functools
+
 from splitserve.components.frontend.config import FrontendConfig
 from splitserve.components.router.service_config import RouterComponentConfig
-from splitserve.components.worker.registry import DEFAULT_ENGINE, section_choices
-from splitserve.serve.config import SelectedBy
+from splitserve.components.worker.registry import DEFAULT_ENGINE, check_section, section_choices
+from splitserve.contracts.config import SelectedBy
 from splitserve.serve.graph import ComponentSpec
 
 
@@ -22,7 +24,8 @@ def _planner_model():
 
 def _worker_model(role: str) -> SelectedBy:
     """The section model of a worker role, selected by its ``engine`` key."""
-    return SelectedBy("engine", section_choices(role), DEFAULT_ENGINE)
+    return SelectedBy("engine", section_choices(role), DEFAULT_ENGINE,
+                      check=functools.partial(check_section, role))
 
 
 Frontend = ComponentSpec(

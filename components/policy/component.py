@@ -11,7 +11,7 @@ from .signing import PolicyKey
 from .store import PolicyStore
 from .watch import ApplyFn, PolicyWatcher
 
-log = logging.getLogger("splitserve.policy")
+log = logging.getLogger("splitserve.components.policy")
 
 
 async def follow_policy(namespace: str, component: str, instance: str,

@@ -17,7 +17,7 @@ from typing import Any
 
 import aetcd
 
-from splitserve.common.etcd import etcd_client
+from splitserve.contracts.kit.etcd import etcd_client
 
 from .canonical import canonical_dict, policy_sha256, unified_diff
 from .records import ComponentStatus, CurrentPointer, PolicyKeys, PolicyVersion

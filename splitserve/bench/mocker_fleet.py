@@ -1,6 +1,6 @@
 """Latency and throughput of one mocker replica through a direct Dynamo client call.
 
-``python -m splitserve.components.engines.mocker.bench [--engine-type sglang] ...``
+``python -m splitserve.bench.mocker_fleet [--engine-type sglang] ...``
 starts embedded etcd + NATS and one mocker Worker replica (through its component
 entry point, as the supervisor would), then measures:
 
@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from splitserve.infra.embedded import EmbeddedInfra
-from splitserve.infra.procs import kill_pid
-from splitserve.serve.config import CommonConfig
-from splitserve.serve.plan import ComponentRunConfig
+from splitserve.contracts.kit.procs import kill_pid
+from splitserve.contracts.config import CommonConfig
+from splitserve.contracts.config import ComponentRunConfig
 
 NS = "mockbench"
 

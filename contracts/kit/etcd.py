@@ -15,7 +15,7 @@ import aetcd
 import grpc
 from aetcd import rpc
 
-from splitserve.common.connect import EtcdAccess
+from splitserve.contracts.kit.connect import EtcdAccess
 
 
 class _TlsClient(aetcd.Client):

@@ -22,8 +22,8 @@ from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from splitserve.components.engines.block_events import KvEvent
-from splitserve.components.protocol import TokenLogprobs
+from splitserve.contracts.block_events import KvEvent
+from splitserve.contracts.wire import TokenLogprobs
 
 HANDOFF_VERSION = 1
 

@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import ConfigDict, ValidationError
 from pydantic_core import InitErrorDetails
 
-from splitserve.common.models import StrictModel
-from splitserve.components.router.validation import Loc, issue
+from splitserve.contracts.models import StrictModel
+from splitserve.contracts.validation import Loc, issue
 
 
 class PolicyModel(StrictModel):

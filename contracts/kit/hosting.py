@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from splitserve.serve.component import ComponentContext
+from splitserve.contracts.kit.component import ComponentContext
 
-from .metrics import WorkerMetrics
+from .worker_metrics import WorkerMetrics
 
 log = logging.getLogger("splitserve.worker")
 

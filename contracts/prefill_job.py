@@ -22,9 +22,9 @@ from pydantic import (
     model_validator,
 )
 
-from splitserve.components.engines.interface import EngineHandoff
+from splitserve.contracts.engine import EngineHandoff
 
-from .config import PrefillQueueConfig
+from .prefill_queue import PrefillQueueConfig
 
 WIRE_VERSION = 1
 ADDED_FIELDS = ("ignore_eos", "min_tokens")

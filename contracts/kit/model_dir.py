@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -166,3 +167,35 @@ def export_model_dir(dst: Path) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return dst
+
+
+def fp32_weights(model_dir: Path) -> Path:
+    """The model's weights de-quantised to fp32, as safetensors beside the exported
+    model directory ``model_dir``; returns the file.
+
+    Called by the engines that load these weights (torch, vLLM) before they start.  The
+    first call on a machine de-quantises the GGUF through transformers (~15 s on 2 cores;
+    the values are bit-identical to transformers' own de-quantisation); later calls only
+    find the file.
+    """
+    cached = model_dir / "weights-fp32.safetensors"
+    if cached.exists():
+        return cached
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    gguf = gguf_path()
+    with _locked(model_dir / ".weights.lock"):
+        if cached.exists():
+            return cached
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                  dtype=torch.float32)
+        # Tied weights share storage and safetensors refuses shared tensors, so the
+        # lm_head copy is dropped when it is the embedding itself.
+        state = {k: v.contiguous() for k, v in hf.state_dict().items()
+                 if not (k == "lm_head.weight" and hf.config.tie_word_embeddings)}
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        save_file(state, str(tmp))
+        tmp.replace(cached)
+    return cached

@@ -1,4 +1,4 @@
-"""``python -m splitserve.policy [CONFIGS_DIR]``: rewrite the shipped policy JSON Schema."""
+"""``python -m splitserve.components.policy [CONFIGS_DIR]``: rewrite the shipped policy JSON Schema."""
 
 import sys
 from pathlib import Path

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from .canonical import canonical_yaml
-from .records import ComponentStatus, PolicyVersion
+from splitserve.components.policy.canonical import canonical_yaml
+from splitserve.components.policy.records import ComponentStatus, PolicyVersion
 
 
 def print_errors(console: Console, file: str, errors: list[str]) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from splitserve.common.models import WireModel
+from splitserve.contracts.models import WireModel
 
 FORMAT = 1  # bumped when a record's layout changes incompatibly
 _PAD = 6

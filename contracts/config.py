@@ -8,13 +8,14 @@ the component and the field path.  Nothing is started before this succeeds.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from splitserve.common.models import StrictModel
+from splitserve.contracts.models import StrictModel
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
 # Models this distribution can serve: the engines load SmolLM2 (real on CPU, simulated by
@@ -368,10 +369,15 @@ class SelectedBy:
     an unknown choice like any other field error, with the field path.
     """
 
-    def __init__(self, key: str, choices: dict[str, type[ComponentConfig]], default: str) -> None:
+    def __init__(self, key: str, choices: dict[str, type[ComponentConfig]], default: str,
+                 check: Callable[[ComponentConfig], None] | None = None) -> None:
         self.key = key
         self.choices = choices
         self.default = default
+        self.check = check
+        """Called with the validated section; raises ``ValidationError`` (with field paths)
+        for what only a component above this floor can judge, e.g. a decode worker's
+        offload policy, which the decider plugins define."""
         self.__name__ = f"SelectedBy[{key}]"
 
     def model_validate(self, data: Any) -> ComponentConfig:
@@ -382,7 +388,35 @@ class SelectedBy:
             raise ValidationError.from_exception_data(self.__name__, [{
                 "type": "literal_error", "loc": (self.key,), "input": choice,
                 "ctx": {"expected": expected}}])
-        return model.model_validate({**data, self.key: choice})
+        cfg = model.model_validate({**data, self.key: choice})
+        if self.check is not None:
+            try:
+                self.check(cfg)
+            except ValidationError as exc:  # reported as the section's own error
+                raise ValidationError.from_exception_data(model.__name__, [
+                    {"type": e["type"], "loc": e["loc"], "input": e["input"],
+                     **({"ctx": e["ctx"]} if "ctx" in e else {})}
+                    for e in exc.errors()]) from None
+        return cfg
 
     def model_json_schema(self) -> dict[str, Any]:
         return {"oneOf": [m.model_json_schema() for m in self.choices.values()]}
+
+
+class ComponentRunConfig(StrictModel):
+    """What one component process receives in its ``--config`` file."""
+
+    version: int = 1
+    component: str
+    replica: int
+    common: CommonConfig
+    config: dict[str, Any]
+    links: list[str]
+    status_file: str
+    engines: list[str] = []
+    """The engines of the graph's worker sections (the frontend refuses request
+    parameters one of them does not honour)."""
+    policy_follower: str | None = None
+    """``module:function`` that makes a component follow live policy versions (``dynamo
+    policy apply``), named by the supervisor, which stands above the policy store; None:
+    the config file's settings stay in force."""

@@ -21,13 +21,13 @@ from rich.console import Console
 
 from splitserve.cli.paths import dev_infra_dir, state_root
 from splitserve.cli.status_cmd import local_supervisors
-from splitserve.common.connect import split_credentials
+from splitserve.contracts.kit.connect import split_credentials
 
-from . import cli_render as render
-from .canonical import canonical_dict, policy_sha256, unified_diff
-from .schema import PolicyError, load_policy_file
-from .signing import PolicyKey
-from .store import PolicyConflict, PolicyNotFound, PolicyStore
+from splitserve.cli import policy_render as render
+from splitserve.components.policy.canonical import canonical_dict, policy_sha256, unified_diff
+from splitserve.components.policy.schema import PolicyError, load_policy_file
+from splitserve.components.policy.signing import PolicyKey
+from splitserve.components.policy.store import PolicyConflict, PolicyNotFound, PolicyStore
 
 app = typer.Typer(help="Validate, apply and roll back routing/offload/QoS policies.",
                   no_args_is_help=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from splitserve.common.metrics import PREFIX
+from splitserve.contracts.metrics import PREFIX
 
 
 class WorkerMetrics:

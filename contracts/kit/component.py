@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -23,9 +24,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from splitserve.common.waiting import poll_until
-from splitserve.serve.config import LOOPBACK
-from splitserve.serve.plan import ComponentRunConfig
+from splitserve.contracts.kit.waiting import poll_until
+from splitserve.contracts.config import LOOPBACK
+from splitserve.contracts.config import ComponentRunConfig
 
 log = logging.getLogger("splitserve.component")
 
@@ -73,6 +74,22 @@ class ComponentContext:
     def config(self, model: type[C]) -> C:
         """This component's own section, validated into its config model."""
         return model.model_validate(self.run.config)
+
+    async def follow_policy(self, component: str, instance: str,
+                            apply_fn: Callable[[Any, int], Any]) -> Any:
+        """Apply every live policy version to this component with ``apply_fn(policy,
+        version)``, through the follower the supervisor named (``run.policy_follower``).
+
+        Called once at start by components that follow policy versions (router, decode
+        worker).  Returns the watcher (``await watcher.stop()`` at shutdown), or None when
+        this process follows no policy store (a component started without a supervisor).
+        """
+        ref = self.run.policy_follower
+        if not ref:
+            return None
+        module, _, attr = ref.partition(":")
+        follow = getattr(importlib.import_module(module), attr)
+        return await follow(self.namespace, component, instance, apply_fn)
 
     def endpoint(self, component: str, name: str):
         """A Dynamo endpoint in this graph's namespace."""
@@ -154,7 +171,7 @@ def make_runtime(loop: asyncio.AbstractEventLoop, request_plane: str,
     environment already names them.  Returns the runtime."""
     from dynamo.runtime import DistributedRuntime
 
-    from splitserve.serve.listeners import missing_listener_env
+    from splitserve.contracts.kit.listeners import missing_listener_env
 
     env = missing_listener_env(bind_host, os.environ)
     if env:
@@ -169,7 +186,7 @@ def dependency_monitor(run_cfg: ComponentRunConfig, environ) -> Any:
     The supervisor hands every replica ETCD_ENDPOINTS and NATS_SERVER (Dynamo's runtime
     reads the same two); returns None when either is missing.
     """
-    from splitserve.infra.health import DependencyMonitor
+    from splitserve.contracts.kit.health import DependencyMonitor
 
     etcd, nats = environ.get("ETCD_ENDPOINTS"), environ.get("NATS_SERVER")
     if not (etcd and nats):

@@ -8,7 +8,7 @@ loads in a component's config file loads here too, with the same messages.  The 
 section is the QoS core's own ``QosConfig`` (see docs/qos.md), held to this file's no-coercion
 rule.
 
-Run ``python -m splitserve.policy configs`` from the repository root to rewrite
+Run ``python -m splitserve.components.policy configs`` from the repository root to rewrite
 ``configs/schemas/policy.schema.json``.
 """
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from splitserve.components.prefill_queue.config import PrefillQueueConfig
-from splitserve.serve.config import ComponentConfig
+from splitserve.contracts.prefill_queue import PrefillQueueConfig
+from splitserve.contracts.config import ComponentConfig
 
 
 def router_block_size(sections: dict[str, Any], field: str, size: int, engine: str
@@ -56,14 +56,6 @@ class EngineDecodeSection(WorkerCommon):
     retry_after_s: float = Field(
         2.0, gt=0, description="Retry-After of that 503 (seconds).")
     prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)
-
-    @field_validator("disaggregated_router")
-    @classmethod
-    def _policy_is_valid(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from splitserve.components.disagg import parse_disaggregated_router
-
-        parse_disaggregated_router(v)  # raises with the field path; value unchanged
-        return v
 
 
 class EnginePrefillSection(WorkerCommon):

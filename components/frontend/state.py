@@ -1,0 +1,85 @@
+"""What every stage of a frontend request reads: the process's ``FrontendState`` (built
+once by ``main``) and the ``Prepared`` request (built by ``app.prepare``, read by the
+stages that route, stream and render it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backend import Backend
+from .backlog import TokenizeBacklog
+from .chat_output import OutputPlan
+from .errors import APIError, service_unavailable
+from .metrics import FrontendMetrics
+from .textcodec import TextCodec
+
+
+@dataclass
+class FrontendState:
+    """Everything a request handler needs; built once per process."""
+
+    model_name: str
+    codec: TextCodec | None
+    backend: Backend
+    metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
+    max_inflight: int = 256
+    default_max_tokens: int = 512
+    first_token_timeout_s: float = 120.0
+    inter_token_timeout_s: float = 30.0
+    priority_header: str = "x-priority"
+    context_factory: Any = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout_s: float = 30.0
+    max_pending_prepares: int = 1024
+    # The tokenizer pool's queue is bounded by the wait it implies (backlog.py).
+    max_tokenization_wait_s: float = 2.0
+    # Parsing and tokenising run here, never on the event loop: a multi-megabyte prompt
+    # takes seconds to tokenise and would stall every other connection meanwhile.
+    prepare_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        2, thread_name_prefix="frontend-tokenize"))
+    inflight: int = 0
+    backlog: TokenizeBacklog = field(init=False)
+    loading_detail: str = "loading tokenizer"
+    engines: tuple[str, ...] = ()
+    """The engines of the graph's workers: parameters one of them does not honour are
+    refused by name (empty: only those no engine honours)."""
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+    # Names of the graph's dependencies (etcd, NATS) unreachable now; set by main.
+    dependencies_down: Callable[[], list[str]] = field(default=list)
+
+    def __post_init__(self) -> None:
+        self.backlog = TokenizeBacklog(self.prepare_pool._max_workers,
+                                       self.max_tokenization_wait_s, self.max_pending_prepares)
+
+    def is_ready(self) -> bool:
+        return self.codec is not None and self.backend.ready() and not self.dependencies_down()
+
+    def outage(self, err: APIError) -> APIError:
+        """A 503 answered while etcd or NATS is down says so (service_unavailable)."""
+        down = self.dependencies_down() if err.status == 503 else []
+        if not down:
+            return err
+        return service_unavailable(f"the service is unavailable: {', '.join(down)} is down "
+                                   f"({err.message}); retry later",
+                                   retry_after_s=max(2.0, err.retry_after_s or 0))
+
+
+@dataclass
+class Prepared:
+    """A validated request, tokenised and ready to send."""
+
+    kind: str  # "chat" or "completion"
+    req: Any
+    token_ids: list[int]
+    max_tokens: int
+    request_id: str
+    priority: str
+    plan: OutputPlan = field(default_factory=OutputPlan)
+    """How the answer's text splits into reasoning, content and tool calls."""
+    responses: Any = None
+    """A Responses API request (kind "responses"): the request as the client sent it."""

@@ -1,0 +1,1 @@
+"""The hosting kit: what every component process needs to start, connect and report."""
