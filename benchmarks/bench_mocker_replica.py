@@ -1,6 +1,6 @@
 """Latency and throughput of one mocker replica through a direct Dynamo client call.
 
-``python -m splitserve.bench.mocker_fleet [--engine-type sglang] ...``
+``python benchmarks/bench_mocker_replica.py [--engine-type sglang] ...``
 starts embedded etcd + NATS and one mocker Worker replica (through its component
 entry point, as the supervisor would), then measures:
 
