@@ -39,7 +39,6 @@ from splitserve.contracts import prometheus
 from splitserve.contracts.prometheus import Samples
 from splitserve.contracts.kit.procs import pid_alive
 
-REPO = Path(__file__).resolve().parents[2]
 INFRA_ENV = ("ETCD_ENDPOINTS", "NATS_SERVER")
 
 
@@ -78,7 +77,10 @@ def descendants(pid: int) -> list[int]:
 class ServeProcess:
     """A ``dynamo serve`` subprocess: wait for it, ask its supervisor, stop it."""
 
-    def __init__(self, tmp: Path, graph: str, *args: str, env: dict | None = None) -> None:
+    def __init__(self, tmp: Path, graph: str, *args: str, env: dict | None = None,
+                 cwd: Path | None = None) -> None:
+        """Start ``dynamo serve graph *args`` in ``cwd`` (default: this process's working
+        directory, which relative config paths in ``args`` are read from)."""
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.state = tmp / "state"
@@ -90,7 +92,7 @@ class ServeProcess:
         self.proc = subprocess.Popen(
             [*dynamo_cmd(), "serve", graph, "--no-status", "--state-dir", str(self.state),
              "--ready-file", str(self.ready_file), *args],
-            cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
         self.seen_pids: set[int] = set()
 

@@ -52,7 +52,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]  # the repository root (traces are looked up from it)
 DEFAULT_TRACE = "../shared/traces/mooncake_fast25_conversation_trace.jsonl"
 TRACE_BLOCK_TOKENS = 512  # Mooncake: one hash id per 512 prompt tokens
 # SmolLM2-135M-Instruct (the model every graph of this project serves)
@@ -543,12 +542,13 @@ class ReplayConfig:
 
 
 def resolve_trace(path: str) -> Path:
-    """A relative trace path is looked up from the working directory, then from the
-    repository root (so the default ``../shared/traces/...`` works from anywhere)."""
+    """The trace file ``path`` names; a relative path is read from the working directory,
+    like the graph's config.  Raises FileNotFoundError naming it when it is missing."""
     p = Path(path)
-    if p.is_absolute() or p.exists():
-        return p
-    return REPO / p
+    if not p.is_file():
+        raise FileNotFoundError(f"trace {path!r} not found (a relative path is read from "
+                                f"the working directory, {Path.cwd()})")
+    return p
 
 
 def prepare(cfg: ReplayConfig) -> tuple[list[PreparedRequest], dict]:

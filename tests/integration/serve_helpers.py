@@ -6,13 +6,24 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from pathlib import Path
 
-from splitserve.bench.graphrun import REPO, ServeProcess, descendants, dynamo_cmd
+from splitserve.bench.graphrun import ServeProcess, descendants, dynamo_cmd
 
 __all__ = ["REPO", "ServeRun", "descendants", "dynamo_cmd", "http_get_json", "http_post_json",
            "wait_until"]
 
-ServeRun = ServeProcess
+REPO = Path(__file__).resolve().parents[2]
+"""The repository root: the tests' relative config paths (``configs/agg.yaml``) point
+from it, whatever directory pytest was started in."""
+
+
+class ServeRun(ServeProcess):
+    """A ``dynamo serve`` subprocess started in the repository root."""
+
+    def __init__(self, tmp: Path, graph: str, *args: str, env: dict | None = None,
+                 cwd: Path | None = REPO) -> None:
+        super().__init__(tmp, graph, *args, env=env, cwd=cwd)
 
 
 def http_get_json(url: str, timeout_s: float = 10, token: str | None = None
