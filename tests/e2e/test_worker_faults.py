@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -113,6 +114,11 @@ def engine_children(pid: int) -> list[int]:
     return kids
 
 
+def stopped(pid: int) -> bool:
+    """The process is stopped by a signal (state T in /proc/PID/stat)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def test_requests_on_a_killed_worker_are_retried_elsewhere(tmp_path):
     run, url = start_graph(tmp_path, "graphs.agg_router:Frontend",
                            "configs/mocker_agg_router.yaml", "--Worker.replicas=2",
@@ -125,12 +131,29 @@ def test_requests_on_a_killed_worker_are_retried_elsewhere(tmp_path):
         engines = engine_children(victim["pid"])
         assert engines, "the mocker engine process of the first replica"
         run.seen_pids |= set(engines)
+        # The instance the victim's engine registered, as the router's metrics name it.
+        status = json.loads((Path(run.info()["run_dir"]) / "status"
+                             / f"Worker-{victim['replica']}.json").read_text())
+        victim_label = f"{status['instance_id']:x}"
+
+        def placed_on_victim() -> float:
+            return metric(router, "splitserve_router_decisions_total", worker=victim_label)
+
         results: list[int] = []
         stop_at = time.monotonic() + 6.0
+        probe_may_send = threading.Event()  # clear: client 0 waits before its next request
+        probe_may_send.set()
+        probe_waits = threading.Event()
+        killed = threading.Event()
 
         def client_loop(i: int) -> None:
             with httpx.Client(timeout=60) as c:
-                while time.monotonic() < stop_at:
+                # Client 0 goes on until the kill: it is the one that reaches the frozen
+                # engine if the others were caught there mid-stream.
+                while time.monotonic() < stop_at or (i == 0 and not killed.is_set()):
+                    if i == 0 and not probe_may_send.is_set():
+                        probe_waits.set()
+                        probe_may_send.wait()
                     r = c.post(f"{url}/v1/completions",
                                json={"model": MODEL, "prompt": f"request {i}",
                                      "max_tokens": 8})
@@ -138,9 +161,30 @@ def test_requests_on_a_killed_worker_are_retried_elsewhere(tmp_path):
 
         with cf.ThreadPoolExecutor(3) as pool:
             futs = [pool.submit(client_loop, i) for i in range(3)]
-            time.sleep(1.5)
-            for pid in engines:
-                os.kill(pid, signal.SIGKILL)  # the engine dies; its lease outlives it
+            try:
+                time.sleep(1.5)
+                # Whether a request is on the engine, and how far it got, when the engine
+                # dies is a matter of timing; so freeze the engine first (SIGSTOP): the
+                # requests on it stop where they are, and one placed on it from then on
+                # reaches it but gets no token.  Client 0 has nothing in flight while the
+                # engine stops, then sends until the router places one of its requests
+                # there, and only then the engine is killed: the kill finds, for certain,
+                # a request that has not streamed yet, besides any caught mid-stream.
+                probe_may_send.clear()
+                assert probe_waits.wait(30), "client 0 did not finish its request"
+                for pid in engines:
+                    os.kill(pid, signal.SIGSTOP)
+                wait_until(lambda: all(stopped(pid) for pid in engines), 5, 0.01,
+                           "the engine stopped")
+                before = placed_on_victim()
+                probe_may_send.set()
+                wait_until(lambda: placed_on_victim() > before, 30, 0.02,
+                           "a request placed on the stopped engine")
+            finally:
+                for pid in engines:
+                    os.kill(pid, signal.SIGKILL)  # the engine dies; its lease outlives it
+                killed.set()
+                probe_may_send.set()
             for f in futs:
                 f.result()
         # Every request is served: one that had not streamed yet is resent, one that had
