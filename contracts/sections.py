@@ -16,6 +16,7 @@ from pydantic import Field
 
 from splitserve.contracts.prefill_queue import PrefillQueueConfig
 from splitserve.contracts.config import ComponentConfig
+from splitserve.contracts.models import StrictModel
 
 
 def router_block_size(sections: dict[str, Any], field: str, size: int, engine: str
@@ -31,22 +32,25 @@ def router_block_size(sections: dict[str, Any], field: str, size: int, engine: s
     return []
 
 
-class WorkerCommon(ComponentConfig):
-    """Fields every engine's worker has, whatever its role."""
+class Draining(StrictModel):
+    """How long a leaving worker lets its work finish: a worker section's field, read by
+    the shells as it is declared here."""
 
-    load_report_interval_s: float = Field(0.2, gt=0, description="How often the worker "
-                                          "publishes its load (active, waiting, KV usage).")
     drain_timeout_s: float = Field(30.0, gt=0, description="On shutdown, how long in-flight "
                                    "requests may take to finish after deregistration.")
 
 
-class EngineDecodeSection(WorkerCommon):
-    """Common fields of a decode worker (which runs the offload decider)."""
+class WorkerCommon(ComponentConfig, Draining):
+    """Fields every engine's worker has, whatever its role."""
 
-    disaggregated_router: dict[str, Any] = Field(
-        default_factory=lambda: {"enable": True},
-        description="The offload policy (`enable`, `decider`: score | threshold | forced, "
-        "and the decider's parameters); the seed's score-based YAML loads as written.")
+    load_report_interval_s: float = Field(0.2, gt=0, description="How often the worker "
+                                          "publishes its load (active, waiting, KV usage).")
+
+
+class DecodeTimings(StrictModel):
+    """How a decode worker waits for remote prefill.  Declared once: the decode section
+    (YAML) and the decode coordinator's settings both inherit these fields."""
+
     remote_prefill_timeout_s: float = Field(
         30.0, gt=0, description="How long to wait for a remote prefill's handoff before "
         "prefilling locally (engines that can) or answering 503 (engines that cannot).")
@@ -55,11 +59,21 @@ class EngineDecodeSection(WorkerCommon):
         "waits for a live prefill worker before it is answered 503 with Retry-After.")
     retry_after_s: float = Field(
         2.0, gt=0, description="Retry-After of that 503 (seconds).")
+
+
+class EngineDecodeSection(WorkerCommon, DecodeTimings):
+    """Common fields of a decode worker (which runs the offload decider)."""
+
+    disaggregated_router: dict[str, Any] = Field(
+        default_factory=lambda: {"enable": True},
+        description="The offload policy (`enable`, `decider`: score | threshold | forced, "
+        "and the decider's parameters); the seed's score-based YAML loads as written.")
     prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)
 
 
-class EnginePrefillSection(WorkerCommon):
-    """Common fields of a prefill worker (which runs the prefill loop)."""
+class PrefillTimings(StrictModel):
+    """How a prefill worker works through its jobs.  Declared once: the prefill section
+    (YAML) and the prefill loop's settings both inherit these fields."""
 
     max_concurrent_jobs: int = Field(8, ge=1, description="Prefill jobs in flight at once "
                                      "(the engine batches their prompts).")
@@ -69,4 +83,9 @@ class EnginePrefillSection(WorkerCommon):
     prefill_timeout_s: float = Field(
         120.0, gt=0, description="A prefill that takes longer is aborted and its job "
         "handed back to the queue.")
+
+
+class EnginePrefillSection(WorkerCommon, PrefillTimings):
+    """Common fields of a prefill worker (which runs the prefill loop)."""
+
     prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable
 
 from pydantic import Field, TypeAdapter
 
-from splitserve.contracts.models import StrictModel
+from splitserve.contracts.sections import DecodeTimings
 from splitserve.components.disagg import OffloadDecision, OffloadRequest, OffloadSnapshot
 from splitserve.contracts.engine import (
     Engine,
@@ -56,16 +56,10 @@ log = logging.getLogger("splitserve.coordinator")
 HANDOFF_ADAPTER: TypeAdapter = TypeAdapter(EngineHandoff)
 
 
-class CoordinatorSettings(StrictModel):
-    """Timings of the decode coordinator (a decode worker section's fields)."""
+class CoordinatorSettings(DecodeTimings):
+    """Timings of the decode coordinator: the decode section's (declared once, in
+    ``DecodeTimings``) and the re-check period while waiting, which is not a setting."""
 
-    remote_prefill_timeout_s: float = Field(
-        30.0, gt=0, description="How long a request waits for its prefill handoff before "
-        "the fallback plan (local prefill, or 503 where the engine cannot prefill).")
-    max_wait_for_prefill_worker_s: float = Field(
-        5.0, ge=0, description="Engines that cannot prefill locally: how long a request "
-        "waits for a live prefill worker before 503.")
-    retry_after_s: float = Field(2.0, gt=0, description="Retry-After of those 503s.")
     poll_s: float = Field(0.1, gt=0, description="Re-check period while waiting.")
 
 
@@ -161,7 +155,7 @@ class EngineDecodeCoordinator:
         plan = plan_offload(decision.remote, decision.reason,
                             supports_local_prefill=self.engine.info.supports_local_prefill,
                             live_prefill_workers=snap.live_prefill_workers, waited_s=0.0,
-                            max_wait_s=self.settings.max_wait_for_prefill_worker_s,
+                            max_wait_s=self.settings.no_prefill_worker_wait_s,
                             retry_after_s=self.settings.retry_after_s)
         yield {"worker_id": self.worker_id, "request": req.model_dump(),
                "snapshot": snap.model_dump(), "decision": decision.model_dump(),
@@ -281,7 +275,7 @@ class EngineDecodeCoordinator:
             plan = plan_offload(decision.remote, decision.reason,
                                 supports_local_prefill=self.engine.info.supports_local_prefill,
                                 live_prefill_workers=self.live_prefill_workers(),
-                                waited_s=waited, max_wait_s=s.max_wait_for_prefill_worker_s,
+                                waited_s=waited, max_wait_s=s.no_prefill_worker_wait_s,
                                 retry_after_s=s.retry_after_s, poll_s=s.poll_s)
             if plan.action != "wait":
                 break

@@ -16,6 +16,8 @@ import os
 from splitserve.contracts.kit.component import ComponentContext, serve_until_stopped
 
 from . import registry
+from splitserve.contracts.sections import DecodeTimings
+
 from .coordinator import CoordinatorSettings, EngineDecodeCoordinator
 from .disagg_metrics import DisaggMetrics
 from .handoff import HandoffInbox, handoff_subject
@@ -25,9 +27,8 @@ from .shell import bounded, cancel_all, report_ready, serve_or_die, start_load_r
 
 def coordinator_settings(cfg) -> CoordinatorSettings:
     """The coordinator's timings from a decode worker section."""
-    return CoordinatorSettings(remote_prefill_timeout_s=cfg.remote_prefill_timeout_s,
-                               max_wait_for_prefill_worker_s=cfg.no_prefill_worker_wait_s,
-                               retry_after_s=cfg.retry_after_s)
+    return CoordinatorSettings(**{name: getattr(cfg, name)
+                                  for name in DecodeTimings.model_fields})
 
 
 async def run_decode(ctx: ComponentContext, cfg) -> None:

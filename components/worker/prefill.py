@@ -17,17 +17,17 @@ from splitserve.contracts.kit.component import ComponentContext, serve_until_sto
 
 from . import registry
 from .disagg_metrics import PrefillMetrics
+from splitserve.contracts.sections import Draining, PrefillTimings
+
 from .prefill_loop import PrefillLoopSettings, pull_loop
 from .shell import bounded, cancel_all, report_ready, start_load_reports
 
 
 def loop_settings(cfg) -> PrefillLoopSettings:
     """The prefill loop's timings from a prefill worker section."""
-    return PrefillLoopSettings(
-        max_concurrent_jobs=cfg.max_concurrent_jobs,
-        heartbeat_s=cfg.prefill_queue.ack_wait_s / 3,
-        handoff_timeout_s=cfg.handoff_timeout_s, prefill_timeout_s=cfg.prefill_timeout_s,
-        drain_timeout_s=cfg.drain_timeout_s)
+    declared = {**PrefillTimings.model_fields, **Draining.model_fields}
+    return PrefillLoopSettings(heartbeat_s=cfg.prefill_queue.ack_wait_s / 3,
+                               **{name: getattr(cfg, name) for name in declared})
 
 
 async def run_prefill(ctx: ComponentContext, cfg) -> None:

@@ -29,7 +29,7 @@ import time
 
 from pydantic import Field
 
-from splitserve.contracts.models import StrictModel
+from splitserve.contracts.sections import Draining, PrefillTimings
 from splitserve.contracts.engine import (
     Engine,
     GenerateParams,
@@ -43,18 +43,13 @@ from .handoff import PrefillHandoff, hand_over
 log = logging.getLogger("splitserve.prefill_loop")
 
 
-class PrefillLoopSettings(StrictModel):
-    """Timings of the prefill loop (a prefill worker section's fields)."""
+class PrefillLoopSettings(PrefillTimings, Draining):
+    """Timings of the prefill loop: the prefill section's (declared once, in
+    ``PrefillTimings`` and ``Draining``) and the heartbeat, which the shell derives from
+    the queue's ``ack_wait_s``."""
 
-    max_concurrent_jobs: int = Field(4, ge=1, description="Jobs in progress at once.")
-    handoff_timeout_s: float = Field(5.0, gt=0, description="How long to wait for the "
-                                     "decode worker's reply to a handoff before naking.")
     heartbeat_s: float = Field(10.0, gt=0, description="in_progress period during a job "
                                "(keep it well under the queue's ack_wait_s).")
-    prefill_timeout_s: float = Field(120.0, gt=0, description="A prefill that takes "
-                                     "longer is aborted and the job nak'ed.")
-    drain_timeout_s: float = Field(30.0, ge=0, description="On stop: how long jobs in "
-                                   "hand may still finish.")
 
 
 async def keep_alive(job, every_s: float) -> None:

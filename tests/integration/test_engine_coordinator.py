@@ -106,7 +106,7 @@ class Rig:
                  **settings: float) -> None:
         self.url, self.engine, self.remote, self.live = url, decode_engine, remote, live
         self.settings = CoordinatorSettings(**{"remote_prefill_timeout_s": 10.0,
-                                               "max_wait_for_prefill_worker_s": 0.5,
+                                               "no_prefill_worker_wait_s": 0.5,
                                                "poll_s": 0.05, **settings})
         self.ns = f"t{uuid.uuid4().hex[:8]}"
         self.registry = CollectorRegistry()
@@ -386,7 +386,7 @@ async def test_frontend_answers_503_with_retry_after_for_a_refused_request(
 
     dec = await sglang("decode", BootstrapRooms())
     async with Rig(nats_url, dec, remote=True, live=0, retry_after_s=3.0,
-                   max_wait_for_prefill_worker_s=0.2) as rig:
+                   no_prefill_worker_wait_s=0.2) as rig:
 
         class CoordinatorBackend:
             def ready(self) -> bool:
