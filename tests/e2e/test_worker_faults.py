@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from splitserve.infra.procs import pid_alive
+from splitserve.contracts.kit.procs import pid_alive
 from tests.graphs import start_graph
 from tests.e2e.helpers import metric
 from tests.integration.serve_helpers import ServeRun, wait_until
@@ -44,7 +44,7 @@ async def direct_requests(env: dict[str, str], path: str, token_lists: list[list
     """Send worker requests straight to ``path`` with Dynamo's client (no frontend)."""
     from dynamo.runtime import DistributedRuntime
 
-    from splitserve.components.protocol import worker_request
+    from splitserve.contracts.wire import worker_request
 
     os.environ.update(env)
     rt = DistributedRuntime(asyncio.get_running_loop(), "etcd", "tcp", event_plane="nats")
