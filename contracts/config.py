@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from splitserve.contracts.models import StrictModel
+from splitserve.contracts.validation import retitled
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
 # Models this distribution can serve: the engines load SmolLM2 (real on CPU, simulated by
@@ -393,10 +394,7 @@ class SelectedBy:
             try:
                 self.check(cfg)
             except ValidationError as exc:  # reported as the section's own error
-                raise ValidationError.from_exception_data(model.__name__, [
-                    {"type": e["type"], "loc": e["loc"], "input": e["input"],
-                     **({"ctx": e["ctx"]} if "ctx" in e else {})}
-                    for e in exc.errors()]) from None
+                raise retitled(exc, model.__name__) from None
         return cfg
 
     def model_json_schema(self) -> dict[str, Any]:

@@ -10,10 +10,13 @@ so the CLI reports every config mistake the same way.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core.core_schema import ErrorType
+
+_BUILT_IN_TYPES = frozenset(get_args(ErrorType))
 
 Loc = tuple[int | str, ...]
 
@@ -32,8 +35,11 @@ def rebased(error: ValidationError, prefix: Loc) -> list[InitErrorDetails]:
     """
     lines: list[InitErrorDetails] = []
     for line in error.errors(include_url=False):
-        detail = InitErrorDetails(type=line["type"], loc=prefix + tuple(line["loc"]),
-                                  input=line["input"])
+        loc = prefix + tuple(line["loc"])
+        if line["type"] not in _BUILT_IN_TYPES:  # ours (``issue``): pydantic cannot rebuild
+            lines.append(issue(loc, line["msg"], line["input"]))  # it by name; its message
+            continue
+        detail = InitErrorDetails(type=line["type"], loc=loc, input=line["input"])
         if "ctx" in line:
             detail["ctx"] = line["ctx"]
         lines.append(detail)

@@ -89,14 +89,12 @@ def check_section(role: Role, cfg: Any) -> None:
     from pydantic import ValidationError
 
     from splitserve.components.disagg import parse_disaggregated_router
+    from splitserve.contracts.validation import retitled
 
     try:
         parse_disaggregated_router(cfg.disaggregated_router)  # the value stays as written
     except ValidationError as exc:
-        raise ValidationError.from_exception_data(exc.title, [
-            {"type": e["type"], "loc": ("disaggregated_router", *e["loc"]),
-             "input": e["input"], **({"ctx": e["ctx"]} if "ctx" in e else {})}
-            for e in exc.errors()]) from None
+        raise retitled(exc, exc.title, ("disaggregated_router",)) from None
 
 
 def engine_of(raw_section: dict[str, Any]) -> str:

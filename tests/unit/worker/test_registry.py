@@ -50,3 +50,15 @@ def test_every_registered_reference_resolves():
 def test_an_unknown_engine_is_named_in_the_error():
     with pytest.raises(ValueError, match="unknown engine 'nope'"):
         registry.spec("nope")
+
+
+def test_a_decode_sections_unknown_decider_is_a_config_error_with_its_path():
+    from pydantic import ValidationError
+
+    from splitserve.serve.catalog import DecodeWorker
+
+    with pytest.raises(ValidationError) as caught:
+        DecodeWorker.config_model.model_validate({"disaggregated_router": {"decider": "no"}})
+    (err,) = caught.value.errors()
+    assert err["loc"] == ("disaggregated_router", "decider")
+    assert "unknown decider 'no'" in err["msg"]
