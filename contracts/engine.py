@@ -10,15 +10,21 @@ decode engine.  That difference is one typed *handoff*, carried by the prefill j
 - SGLang: the bootstrap host/port/room triple both engines are given;
 - TensorRT-LLM and Dynamo's mocker: the context phase's opaque ``disaggregated_params``.
 
-Everything here is plain data plus one Protocol; no engine library is imported.
+What each engine can do beyond the common members is declared, not probed: its
+``info.capabilities`` (``EngineCapabilities``) says which optional members work, and
+``EngineRequestParams`` (declared in each engine's folder, listed by the registry) says
+which OpenAI request parameters it honours.
+
+Everything here is plain data plus the protocol (and the ``Without...`` classes an engine
+lists for the abilities it lacks); no engine library is imported.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Protocol, get_args, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -157,45 +163,142 @@ class LoadSample:
     kv_total_blocks: int
 
 
+class AbilityAbsent(NotImplementedError):
+    """An optional ability was called on an engine whose capabilities say it lacks it
+    (a shell that reads the flags never does this)."""
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do beyond what every engine does, declared by the engine (its
+    ``info.capabilities``) and read by the shells, which never probe the object.
+
+    Each flag gates members of ``Engine``: an engine whose flag is false still has them
+    (each raises ``AbilityAbsent``, through the ``Without...`` classes below), so every
+    engine has every member and a missing one is a test failure, not a silent default.
+    """
+
+    local_prefill: bool
+    """It can prefill where it decodes.  False for an SGLang decode-mode engine (and a
+    TensorRT-LLM prefill engine): the decode coordinator then turns "local" verdicts
+    into remote ones."""
+    pushes_kv: bool
+    """Its prefill side writes KV into blocks the decode side reserved first (torch):
+    ``reserve_remote`` / ``release_remote`` work on the decode side, and the prefill
+    loop gives ``prefill`` the job's ``destination``."""
+    handoff_before_prefill: bool
+    """Its handoff exists before the prefill runs (SGLang's bootstrap room): the prefill
+    loop calls ``begin_prefill``, sends the handoff at once and awaits the result after,
+    instead of awaiting ``prefill``."""
+    prefix_lookup: bool
+    """``cached_prefix_tokens`` tells the prompt tokens its prefix cache holds (torch);
+    without it the offload decider sees no prefix hit."""
+    moves_kv: bool
+    """Live KV moves (torch with a NIXL agent and ``kv_moves``): a drained request is
+    ``park``ed with its KV, ``export_parked`` writes it to the replica that continues
+    it, whose ``resume_moved`` decodes on from it; ``parked`` counts what waits."""
+    reports_failure: bool
+    """``failure()`` tells when the engine died on its own (vLLM's engine process,
+    TensorRT-LLM's executor); the in-process host polls it and ends the replica."""
+    kv_move_timeout_s: float = 10.0
+    """With ``moves_kv``: how long a continuing replica waits for the parked replica to
+    write a request's KV before it recomputes instead."""
+
+
 @dataclass
 class EngineInfo:
     """Static facts a worker needs before serving (block size for the router, etc.)."""
 
     name: str
     kv_block_size: int
-    supports_local_prefill: bool
-    """False for engines that cannot prefill where they decode (an SGLang decode-mode
-    engine): the decode coordinator then turns "local" verdicts into remote ones."""
-    pushes_kv: bool = False
-    """True for engines whose prefill side writes KV into blocks the decode side reserved
-    first (torch): the decode engine is then also a ``RemoteKvTarget`` and the prefill
-    engine's ``prefill`` takes the job's ``destination``."""
-    extras: dict[str, Any] = field(default_factory=dict)
+    capabilities: EngineCapabilities
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.capabilities, EngineCapabilities):
+            raise TypeError(f"{self.name} engine: capabilities must be EngineCapabilities, "
+                            f"got {type(self.capabilities).__name__}")
+
+
+EngineParam = Literal[
+    "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k",
+    "min_p", "min_tokens", "logit_bias", "logprobs", "top_logprobs", "response_format",
+    "tool_choice",
+]
+"""The OpenAI request parameters the engine applies (the frontend serves the others
+itself, e.g. ``n`` and ``stop``, or refuses them for every engine)."""
+ENGINE_PARAMS: tuple[str, ...] = get_args(EngineParam)
+
+
+class EngineRequestParams(BaseModel):
+    """The OpenAI request parameters one engine honours.
+
+    Each engine's folder declares its own (``REQUEST_PARAMS`` in
+    ``components/engines/<name>/capabilities.py``) and the engine registry names it; the
+    supervisor hands the graph's engines' declarations to the frontend in its run
+    config, and the frontend refuses a parameter that one of them does not honour,
+    naming both.  ``notes``: what the API docs' table says of this engine for a
+    parameter (keyed by any parameter of that table)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    honoured: frozenset[EngineParam] = Field(
+        default=frozenset(), description="Parameters this engine applies when sent.")
+    notes: dict[str, str] = Field(default_factory=dict,
+                                  description="Parameter -> what the docs' table says.")
+
+    def honours(self, param: str) -> bool:
+        return param in self.honoured
 
 
 KvEventSink = Callable[[list[KvEvent]], None]
 
 
+@dataclass
+class PrefillTicket:
+    """A prefill begun by ``begin_prefill``: the handoff to give the decode worker now,
+    and the task that ends with the ``PrefillResult`` once the KV has left the engine."""
+
+    handoff: EngineHandoff
+    result: asyncio.Future[PrefillResult]
+
+
+class KvWriteReport(Protocol):
+    """What ``export_parked`` reports of the write it made."""
+
+    path: str
+    nbytes: int
+    seconds: float
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """What the aggregated worker, the decode coordinator and the prefill loop call.
+    """What the aggregated worker, the decode coordinator, the prefill loop and the
+    hosting kit call: every engine has every member.  Those behind a flag of
+    ``info.capabilities`` are called only when the flag is set (an engine without the
+    ability raises ``AbilityAbsent`` there).
 
-    Cancellation: closing an iterator returned by ``generate`` or ``decode`` before its
-    last delta (client gone) aborts the request in the engine; ``abort`` does the same
-    by id.  Every method runs on the worker's event loop.
+    Cancellation: closing an iterator returned by ``generate``, ``decode`` or
+    ``resume_moved`` before its last delta (client gone) aborts the request in the
+    engine; ``abort`` does the same by id.  Every method runs on the worker's event loop.
     """
 
     info: EngineInfo
 
+    # ---- every engine -------------------------------------------------------------------
     async def start(self) -> None:
         """Load the model and start the engine; returns when it can serve."""
+
+    def validate(self, params: GenerateParams) -> None:
+        """Refuse a request this engine would not honour (raise ``ValueError`` naming the
+        reason) before anything is queued; an engine with nothing to check returns."""
 
     def generate(self, request_id: str, params: GenerateParams) -> AsyncIterator[TokenDelta]:
         """Aggregated: prefill here and stream every generated token."""
 
-    async def prefill(self, request_id: str, params: GenerateParams) -> PrefillResult:
+    async def prefill(self, request_id: str, params: GenerateParams,
+                      destination: TorchBlocksHandoff | None = None) -> PrefillResult:
         """Prefill-for-job: compute the prompt's KV, sample the first token, and return the
-        handoff the decode engine needs to take the KV over."""
+        handoff the decode engine needs to take the KV over.  ``destination``: the job's
+        reserved blocks, given (and required) only with ``capabilities.pushes_kv``."""
 
     def decode(self, request_id: str, params: GenerateParams, handoff: EngineHandoff,
                first_token: int | None = None) -> AsyncIterator[TokenDelta]:
@@ -224,21 +327,121 @@ class Engine(Protocol):
         """Stop accepting, let in-flight requests finish for up to ``drain_timeout_s``,
         abort the rest and release the engine."""
 
+    # ---- capabilities.reports_failure ---------------------------------------------------
+    def failure(self) -> BaseException | None:
+        """The error that killed the engine on its own, or None while it is healthy."""
 
-@runtime_checkable
-class RemoteKvTarget(Protocol):
-    """The decode side of an engine with ``info.pushes_kv``: it reserves the blocks a
-    prefill engine will write into before the job is enqueued, and releases them when
-    the request does not go on to ``decode``."""
+    # ---- capabilities.prefix_lookup -----------------------------------------------------
+    async def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> int:
+        """Prompt tokens this engine's prefix cache holds now (for the decider)."""
+
+    # ---- capabilities.handoff_before_prefill --------------------------------------------
+    async def begin_prefill(self, request_id: str, params: GenerateParams) -> PrefillTicket:
+        """Submit a prefill and return at once with its handoff (send it to the decode
+        worker now) and the task that finishes it."""
+
+    # ---- capabilities.pushes_kv (decode side) -------------------------------------------
+    async def reserve_remote(self, request_id: str, params: GenerateParams
+                             ) -> TorchBlocksHandoff | None:
+        """Reserve the prompt's blocks (reusing this engine's cached prefix) before the
+        job is enqueued; the destination the job carries, or None when there is no room
+        now."""
+
+    async def release_remote(self, request_id: str, late_write_possible: bool) -> None:
+        """Give a reservation up when the request does not go on to ``decode``.
+        ``late_write_possible``: the job may still be running somewhere, so the blocks
+        stay held until a late write can no longer land."""
+
+    # ---- capabilities.moves_kv ----------------------------------------------------------
+    async def park(self, request_id: str) -> tuple[str, tuple[int, ...]] | None:
+        """Stop a running request between steps, keeping its KV: the id it is parked
+        under and its tokens (the KV holds all but the last), or None when it cannot
+        move (the caller then ends it as usual)."""
+
+    def parked(self) -> int:
+        """Requests whose KV waits here for the replica that continues them."""
+
+    async def export_parked(self, request_id: str, destination: TorchBlocksHandoff,
+                            notify_id: str) -> KvWriteReport:
+        """Write a parked request's KV into ``destination``'s blocks (their reader waits
+        for ``notify_id``), then free it here."""
+
+    def resume_moved(self, request_id: str, params: GenerateParams,
+                     fetch: Callable[[TorchBlocksHandoff, str], Awaitable[object]],
+                     outcome: Callable[[str], None] = lambda _: None
+                     ) -> AsyncIterator[TokenDelta]:
+        """Continue a request whose KV another replica parked: ``params.token_ids`` are
+        its prompt and the tokens streamed so far; ``fetch(handoff, notify_id)`` has the
+        KV written here; recomputes when that fails.  ``outcome`` is told "moved" or
+        "recomputed"."""
+
+
+class WithoutAbility:
+    """Base of the classes an engine lists for the abilities it does not have."""
+
+    info: EngineInfo
+
+    def _absent(self, member: str, flag: str) -> AbilityAbsent:
+        return AbilityAbsent(f"the {self.info.name} engine has no {member}() "
+                             f"(capabilities.{flag} is false)")
+
+
+class WithoutFailureReport(WithoutAbility):
+    """For an engine that cannot tell it died (``reports_failure`` false)."""
+
+    def failure(self) -> BaseException | None:
+        raise self._absent("failure", "reports_failure")
+
+
+class WithoutPrefixLookup(WithoutAbility):
+    """For an engine whose prefix hit the decider cannot ask (``prefix_lookup`` false)."""
+
+    async def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> int:
+        raise self._absent("cached_prefix_tokens", "prefix_lookup")
+
+
+class WithoutHandoffFirst(WithoutAbility):
+    """For an engine whose handoff is the prefill's result (``handoff_before_prefill``
+    false)."""
+
+    async def begin_prefill(self, request_id: str, params: GenerateParams) -> PrefillTicket:
+        raise self._absent("begin_prefill", "handoff_before_prefill")
+
+
+class WithoutKvPush(WithoutAbility):
+    """For an engine whose decode side reserves nothing for a prefill to write into
+    (``pushes_kv`` false)."""
 
     async def reserve_remote(self, request_id: str, params: GenerateParams
                              ) -> TorchBlocksHandoff | None:
-        """Reserve the prompt's blocks (reusing this engine's cached prefix); the
-        destination the job carries, or None when there is no room now."""
+        raise self._absent("reserve_remote", "pushes_kv")
 
     async def release_remote(self, request_id: str, late_write_possible: bool) -> None:
-        """Give a reservation up.  ``late_write_possible``: the job may still be running
-        somewhere, so the blocks stay held until a late write can no longer land."""
+        raise self._absent("release_remote", "pushes_kv")
 
-    async def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> int:
-        """Prompt tokens this engine's prefix cache holds now (for the decider)."""
+
+class WithoutKvMoves(WithoutAbility):
+    """For an engine without live KV moves (``moves_kv`` false)."""
+
+    async def park(self, request_id: str) -> tuple[str, tuple[int, ...]] | None:
+        raise self._absent("park", "moves_kv")
+
+    def parked(self) -> int:
+        raise self._absent("parked", "moves_kv")
+
+    async def export_parked(self, request_id: str, destination: TorchBlocksHandoff,
+                            notify_id: str) -> KvWriteReport:
+        raise self._absent("export_parked", "moves_kv")
+
+    def resume_moved(self, request_id: str, params: GenerateParams,
+                     fetch: Callable[[TorchBlocksHandoff, str], Awaitable[object]],
+                     outcome: Callable[[str], None] = lambda _: None
+                     ) -> AsyncIterator[TokenDelta]:
+        raise self._absent("resume_moved", "moves_kv")
+
+
+def protocol_members() -> tuple[str, ...]:
+    """Every member ``Engine`` declares: its attributes (``info``), then its methods."""
+    methods = [name for name, value in Engine.__dict__.items()
+               if not name.startswith("_") and callable(value)]
+    return (*Engine.__annotations__, *methods)

@@ -61,11 +61,10 @@ async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetric
 
 def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | None = None,
                  moves: KvMoves | None = None):
-    """The `generate` endpoint handler: the request is checked (``engine.validate``
-    where the engine has one) before anything is queued, then streamed; ``cut``: the
-    component's drain cut (``ComponentContext.drain_cut``); ``moves``: live KV moves
-    (a request with a ``kv_source`` continues from that KV; the cut parks requests)."""
-    validate = getattr(engine, "validate", None)
+    """The `generate` endpoint handler: the request is checked (``engine.validate``)
+    before anything is queued, then streamed; ``cut``: the component's drain cut
+    (``ComponentContext.drain_cut``); ``moves``: live KV moves (a request with a
+    ``kv_source`` continues from that KV; the cut parks requests)."""
 
     async def generate(request: dict, context=None):
         try:
@@ -73,8 +72,7 @@ def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | No
             meta = wreq.meta()
             rid = meta.request_id or uuid.uuid4().hex
             params = params_from_wire(wreq)
-            if validate is not None:
-                validate(params)
+            engine.validate(params)
             if moves is not None and meta.kv_source is not None:
                 deltas = moves.resume(rid, params, meta.kv_source)
             else:

@@ -1,7 +1,8 @@
 """The decode coordinator: one per decode worker replica, for every engine.
 
-It reaches the engine only through ``splitserve.contracts.engine.Engine``
-(and ``RemoteKvTarget`` for engines whose prefill side pushes KV: torch).  Per request:
+It reaches the engine only through ``splitserve.contracts.engine.Engine``, and the
+optional members only where ``info.capabilities`` says they work (the prefix lookup;
+reserving blocks for engines whose prefill side pushes KV: torch).  Per request:
 the disaggregated router's decider gives a verdict (with this engine's prefix hit where
 it can tell), ``plan_offload`` turns it into a step the engine can honour (a decode-mode
 SGLang engine cannot prefill, so "local" becomes remote under ``engine-no-local-prefill``;
@@ -124,8 +125,9 @@ class EngineDecodeCoordinator:
         ``kv_source`` continues from that KV instead of being prefilled."""
 
     async def _cached_prefix(self, token_ids: tuple[int, ...]) -> int:
-        lookup = getattr(self.engine, "cached_prefix_tokens", None)
-        return await lookup(token_ids) if lookup is not None and token_ids else 0
+        if not token_ids or not self.engine.info.capabilities.prefix_lookup:
+            return 0
+        return await self.engine.cached_prefix_tokens(token_ids)
 
     def _count(self, outcome: str) -> None:
         if self.requests is not None:
@@ -144,16 +146,15 @@ class EngineDecodeCoordinator:
         """The ``explain`` endpoint: the decider's verdict for ``token_ids`` and the step
         this engine would take, without acting."""
         tokens = tuple(request.get("token_ids") or [])
-        validate = getattr(self.engine, "validate", None)
-        if validate is not None and tokens:
-            validate(GenerateParams(token_ids=tokens))
+        if tokens:
+            self.engine.validate(GenerateParams(token_ids=tokens))
         req = OffloadRequest(request_id="explain", prompt_length=len(tokens),
                              prefix_cached_length=await self._cached_prefix(tokens),
                              priority=request.get("priority", "default"))
         snap = self.snapshot()
         decision = self.decider.decide(req, snap)
         plan = plan_offload(decision.remote, decision.reason,
-                            supports_local_prefill=self.engine.info.supports_local_prefill,
+                            supports_local_prefill=self.engine.info.capabilities.local_prefill,
                             live_prefill_workers=snap.live_prefill_workers, waited_s=0.0,
                             max_wait_s=self.settings.no_prefill_worker_wait_s,
                             retry_after_s=self.settings.retry_after_s)
@@ -167,9 +168,7 @@ class EngineDecodeCoordinator:
         try:
             wreq = WorkerRequest.model_validate(request)
             params = params_of(wreq)
-            validate = getattr(self.engine, "validate", None)
-            if validate is not None:
-                validate(params)
+            self.engine.validate(params)
         except Exception as exc:  # noqa: BLE001 - the client gets the reason
             self._count("rejected")
             yield output_chunk([], "error", error=f"request refused: {exc}")
@@ -243,7 +242,7 @@ class EngineDecodeCoordinator:
                 self.metrics.fallbacks.labels(failure).inc()
                 log.info("request %s: remote prefill abandoned (%s)", rid, failure)
                 plan = plan_after_remote_failure(
-                    failure, supports_local_prefill=self.engine.info.supports_local_prefill,
+                    failure, supports_local_prefill=self.engine.info.capabilities.local_prefill,
                     retry_after_s=self.settings.retry_after_s)
                 if plan.action == "reject":
                     raise Rejected(plan.reason, plan.retry_after_s or 0.0)
@@ -273,7 +272,7 @@ class EngineDecodeCoordinator:
         s = self.settings
         while True:
             plan = plan_offload(decision.remote, decision.reason,
-                                supports_local_prefill=self.engine.info.supports_local_prefill,
+                                supports_local_prefill=self.engine.info.capabilities.local_prefill,
                                 live_prefill_workers=self.live_prefill_workers(),
                                 waited_s=waited, max_wait_s=s.no_prefill_worker_wait_s,
                                 retry_after_s=s.retry_after_s, poll_s=s.poll_s)
@@ -296,7 +295,7 @@ class EngineDecodeCoordinator:
         info = self.engine.info
         block = info.kv_block_size
         dest: TorchBlocksHandoff | None = None
-        if info.pushes_kv:
+        if info.capabilities.pushes_kv:
             dest = await self.engine.reserve_remote(rid, params)
             if dest is None:
                 return None, "no-kv-room"

@@ -1,4 +1,5 @@
-"""Live KV moves in the aggregated shell (engines with ``moves_kv``: torch with an agent).
+"""Live KV moves in the aggregated shell (engines whose ``capabilities.moves_kv`` is set:
+torch with an agent).
 
 A replica whose drain deadline passes with requests still running *parks* each one: the
 engine stops it between steps and keeps its KV, the shell ends its stream with a
@@ -27,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from splitserve.contracts.metrics import PREFIX
 from splitserve.contracts.kit.waiting import poll_until
 from splitserve.contracts.engine import (
+    Engine,
     GenerateParams,
     TokenDelta,
     TorchBlocksHandoff,
@@ -39,16 +41,17 @@ EXPORT_ENDPOINT = "kv_export"
 """The endpoint a replica serves for reading the KV it parked."""
 
 
-async def start_kv_moves(ctx, engine, registry: CollectorRegistry,
+async def start_kv_moves(ctx, engine: Engine, registry: CollectorRegistry,
                          tasks: list[asyncio.Future]) -> KvMoves | None:
-    """A replica's live KV moves when its engine does them (``moves_kv``): the client to
-    its component's ``kv_export`` endpoint and that endpoint served (added to ``tasks``);
-    None otherwise.  Called by the aggregated and the decode shells."""
-    if not getattr(engine, "moves_kv", False):
+    """A replica's live KV moves when its engine does them (``capabilities.moves_kv``):
+    the client to its component's ``kv_export`` endpoint and that endpoint served (added
+    to ``tasks``); None otherwise.  Called by the aggregated and the decode shells."""
+    caps = engine.info.capabilities
+    if not caps.moves_kv:
         return None
     export = ctx.endpoint(ctx.run.component, EXPORT_ENDPOINT)
     moves = KvMoves(engine, await export.client(), registry,
-                    fetch_timeout_s=engine.arrival_timeout_s)
+                    fetch_timeout_s=caps.kv_move_timeout_s)
     tasks.append(asyncio.ensure_future(export.serve_endpoint(moves.export)))
     return moves
 

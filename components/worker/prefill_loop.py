@@ -1,8 +1,8 @@
 """The prefill loop: one per prefill worker replica, for every engine.
 
-It reaches the engine only through ``splitserve.contracts.engine.Engine``
-(plus SGLang's ``begin_prefill`` where ``info.extras["handoff_before_prefill"]`` says
-the handoff exists before the prefill runs).  Per job, the engine request id is
+It reaches the engine only through ``splitserve.contracts.engine.Engine`` (SGLang's
+``begin_prefill`` where ``info.capabilities.handoff_before_prefill`` says the handoff
+exists before the prefill runs).  Per job, the engine request id is
 ``<job id>@<delivery>`` so a redelivered job never collides with an earlier attempt
 still held in the engine:
 
@@ -10,7 +10,7 @@ still held in the engine:
   worker at once (it must join the room before the prefill computes) -> await the
   result -> ack;
 - result first (torch, mocker, vLLM, TensorRT-LLM): ``prefill()`` -> send the result to
-  the waiting decode worker -> ack.  Engines that push KV (``info.pushes_kv``: torch)
+  the waiting decode worker -> ack.  Engines that push KV (``pushes_kv``: torch)
   are given the job's destination blocks and have written them before ``prefill``
   returns.
 
@@ -97,12 +97,13 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
         t0 = time.monotonic()
         params = job_params(req)
         transfer_s, usage = 0.0, None
-        if engine.info.extras.get("handoff_before_prefill"):
+        caps = engine.info.capabilities
+        if caps.handoff_before_prefill:
             ticket = await engine.begin_prefill(eid, params)
             pending = ticket.result
             first_token, handoff = 0, ticket.handoff  # the decode engine streams token 1
         else:
-            kwargs = {"destination": destination_of(req)} if engine.info.pushes_kv else {}
+            kwargs = {"destination": destination_of(req)} if caps.pushes_kv else {}
             result = await asyncio.wait_for(engine.prefill(eid, params, **kwargs),
                                             settings.prefill_timeout_s)
             first_token, handoff = result.first_token, result.handoff

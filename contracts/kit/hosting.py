@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from splitserve.contracts.engine import Engine
 from splitserve.contracts.kit.component import ComponentContext
 
 from .worker_metrics import WorkerMetrics
@@ -99,14 +100,14 @@ async def host_in_process(ctx: ComponentContext, cfg, role: Role,
     return Hosted(eng, endpoint, worker_id, metrics, died)
 
 
-async def watch_failure(engine, every_s: float = 0.5) -> BaseException:
-    """Engines that can tell (``failure()``: vLLM's engine process or TensorRT-LLM's
-    executor died) end the replica, which the supervisor restarts; returns the error."""
-    failure = getattr(engine, "failure", None)
-    if failure is None:
+async def watch_failure(engine: Engine, every_s: float = 0.5) -> BaseException:
+    """Engines that can tell (``capabilities.reports_failure``: vLLM's engine process or
+    TensorRT-LLM's executor died) end the replica, which the supervisor restarts;
+    returns the error.  For the others this never returns."""
+    if not engine.info.capabilities.reports_failure:
         await never()
     while True:
-        exc = failure()
+        exc = engine.failure()
         if exc is not None:
             log.error("%s engine failed: %s", engine.info.name, exc)
             return RuntimeError(f"{engine.info.name} engine failed: {exc}")

@@ -181,7 +181,7 @@ async def test_sglang_remote_end_to_end(nats_url: str) -> None:
 async def test_sglang_local_verdict_served_remotely_and_counted(nats_url: str) -> None:
     rooms = BootstrapRooms()
     dec, pre = await sglang("decode", rooms), await sglang("prefill", rooms)
-    assert not dec.info.supports_local_prefill
+    assert not dec.info.capabilities.local_prefill
     async with Rig(nats_url, dec, remote=False) as rig:
         await rig.start_prefill(pre)
         assert await tokens(rig.coord, "r2") == EXPECTED

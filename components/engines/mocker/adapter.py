@@ -19,6 +19,7 @@ from typing import Any
 
 from splitserve.contracts.kit.waiting import poll_until
 from splitserve.contracts.engine import (
+    EngineCapabilities,
     EngineHandoff,
     EngineInfo,
     GenerateParams,
@@ -27,6 +28,12 @@ from splitserve.contracts.engine import (
     OpaqueHandoff,
     PrefillResult,
     TokenDelta,
+    TorchBlocksHandoff,
+    WithoutFailureReport,
+    WithoutHandoffFirst,
+    WithoutKvMoves,
+    WithoutKvPush,
+    WithoutPrefixLookup,
 )
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort",
@@ -66,13 +73,18 @@ def usage_of(chunk: dict[str, Any]) -> tuple[int, int]:
     return int(usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0)
 
 
-class MockerEngine:
+class MockerEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutHandoffFirst,
+                   WithoutKvPush, WithoutKvMoves):
     """The mocker children of one replica as an ``Engine``.
 
     ``children`` maps roles to ``EngineChild``-like objects (``stream(request,
     idle_timeout_s)``): ``local`` and ``decode`` on a decode worker, ``prefill`` on a
-    prefill worker.
+    prefill worker.  It prefills locally only with a ``local`` child; the children
+    move their KV themselves, publish their own KV events, and end the replica through
+    its host when they exit, so no optional ability is needed here.
     """
+
+    info: EngineInfo
 
     def __init__(self, children: dict[str, Any], model: str, block_size: int,
                  num_blocks: int, idle_timeout_s: float) -> None:
@@ -80,7 +92,10 @@ class MockerEngine:
         self.block_size, self.num_blocks = block_size, num_blocks
         self.idle_timeout_s = idle_timeout_s
         self.info = EngineInfo(name="mocker", kv_block_size=block_size,
-                               supports_local_prefill="local" in children)
+                               capabilities=EngineCapabilities(
+                                   local_prefill="local" in children, pushes_kv=False,
+                                   handoff_before_prefill=False, prefix_lookup=False,
+                                   moves_kv=False, reports_failure=False))
         self.active = 0
         self.tokens_in_flight = 0
 
@@ -89,6 +104,10 @@ class MockerEngine:
 
     async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
         await poll_until(lambda: not self.active, drain_timeout_s)
+
+    def validate(self, params: GenerateParams) -> None:
+        """Nothing is checked before queueing (as before the check was declared): the
+        request goes to the children as it is."""
 
     async def _stream(self, role: str, request: dict[str, Any], params: GenerateParams,
                       skip_first_usage: bool = False) -> AsyncIterator[TokenDelta]:
@@ -116,7 +135,8 @@ class MockerEngine:
         """Aggregated: the replica's aggregated engine prefills and decodes."""
         return self._stream("local", engine_request(self.model, request_id, params), params)
 
-    async def prefill(self, request_id: str, params: GenerateParams) -> PrefillResult:
+    async def prefill(self, request_id: str, params: GenerateParams,
+                      destination: TorchBlocksHandoff | None = None) -> PrefillResult:
         """The prefill-mode engine answers one token carrying ``disaggregated_params``
         when the simulated prefill is done and ends its stream after the simulated KV
         transfer, so the result returns when the KV would have arrived."""

@@ -9,7 +9,7 @@ host/port and a fresh room), and the prefill engine waits for the decode engine 
 the room before it computes.  So the prefill worker must hand the decode worker
 ``begin_prefill(...).handoff`` first and await ``.result`` after: awaiting
 ``prefill()`` first would wait for a decode engine that was never told the room.
-``info.extras["handoff_before_prefill"]`` says so to the prefill loop.
+``info.capabilities.handoff_before_prefill`` says so to the prefill loop.
 
 One engine per process (``process.claim_process``); the worker's SIGTERM handler is kept
 when SGLang tries to install its own (``process.keep_worker_signal_handlers``).  A
@@ -25,18 +25,24 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from splitserve.contracts.engine import (
+    EngineCapabilities,
     EngineHandoff,
     EngineInfo,
     GenerateParams,
     KvEventSink,
     LoadSample,
     PrefillResult,
+    PrefillTicket,
     SglangBootstrapHandoff,
     TokenDelta,
+    TorchBlocksHandoff,
+    WithoutFailureReport,
+    WithoutKvMoves,
+    WithoutKvPush,
+    WithoutPrefixLookup,
 )
 
 from . import kv_relay, process
@@ -55,15 +61,6 @@ log = logging.getLogger("splitserve.sglang")
 
 class NoLocalPrefill(RuntimeError):
     """A decode-mode SGLang engine was asked to prefill (it refuses without a room)."""
-
-
-@dataclass
-class PrefillTicket:
-    """A prefill submitted to SGLang: the handoff to give the decode worker now, and
-    the task that ends with the PrefillResult once the KV has left this engine."""
-
-    handoff: SglangBootstrapHandoff
-    result: asyncio.Task
 
 
 def default_factory(**kwargs: Any):
@@ -87,11 +84,15 @@ class SchemaNeedsGrammar(ValueError):
     """A request carried a JSON schema and this engine runs without a grammar backend."""
 
 
-class SglangEngine:
-    """One SGLang engine; implements ``splitserve.contracts.engine.Engine``.
+class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, WithoutKvMoves):
+    """One SGLang engine; implements ``splitserve.contracts.engine.Engine``.  A prefill
+    engine's handoff exists before its prefill runs (``handoff_before_prefill``: the
+    prefill loop calls ``begin_prefill``); a decode engine cannot prefill locally.
 
     ``factory`` builds the engine from ServerArgs keywords (tests pass a double).
     """
+
+    info: EngineInfo
 
     def __init__(self, args: SglangEngineArgs, served_name: str, role: Role = "agg", *,
                  host: str = "127.0.0.1", advertise_host: str | None = None, replica: int = 0,
@@ -104,8 +105,10 @@ class SglangEngine:
         self._decode_margin_s = decode_margin_s
         self.info = EngineInfo(
             name="sglang", kv_block_size=args.page_size,
-            supports_local_prefill=role != "decode",
-            extras={"role": role, "handoff_before_prefill": role == "prefill"})
+            capabilities=EngineCapabilities(
+                local_prefill=role != "decode", pushes_kv=False,
+                handoff_before_prefill=role == "prefill", prefix_lookup=False,
+                moves_kv=False, reports_failure=False))
         # Only engines whose radix cache runs publish KV events: a prefill engine's would
         # reach no router, and SGLang turns a decode engine's radix cache off in PD mode
         # unless asked (config.decode_radix_cache).
@@ -284,7 +287,8 @@ class SglangEngine:
                              cached_tokens=last.cached_tokens if last else 0,
                              compute_s=time.monotonic() - t0)
 
-    async def prefill(self, request_id: str, params: GenerateParams) -> PrefillResult:
+    async def prefill(self, request_id: str, params: GenerateParams,
+                      destination: TorchBlocksHandoff | None = None) -> PrefillResult:
         """Prefill-for-job, awaited to the end.  Only safe when the decode side already
         has the handoff some other way; the prefill loop uses ``begin_prefill``."""
         ticket = await self.begin_prefill(request_id, params)

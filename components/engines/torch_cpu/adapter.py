@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from splitserve.contracts.kit.waiting import poll_until
 from splitserve.contracts.engine import (
+    EngineCapabilities,
     EngineHandoff,
     EngineInfo,
     GenerateParams,
@@ -43,6 +44,8 @@ from splitserve.contracts.engine import (
     PrefillResult,
     TokenDelta,
     TorchBlocksHandoff,
+    WithoutFailureReport,
+    WithoutHandoffFirst,
 )
 
 from splitserve.contracts.wire import NO_LOGPROB, TokenLogprobs
@@ -88,9 +91,15 @@ def output_logprobs(out) -> tuple[TokenLogprobs | None, TokenLogprobs | None]:
     return sampled, prompt
 
 
-class TorchEngine:
-    """An engine core on its runner thread; implements ``Engine`` and, with a KV
-    transfer agent, ``RemoteKvTarget`` (decode side) or the pushing prefill side."""
+class TorchEngine(WithoutFailureReport, WithoutHandoffFirst):
+    """An engine core on its runner thread; implements ``Engine``: its prefill side
+    pushes KV (``pushes_kv``: the decode side reserves blocks, the prefill side writes
+    into them with its KV transfer agent), its prefix cache answers the decider, and
+    with an agent it moves KV live (``moves_kv``).  It cannot tell it died on its own
+    (the runner thread's death ends the replica through its host) and its handoff is
+    the prefill's result."""
+
+    info: EngineInfo
 
     def __init__(self, core, runner: EngineRunner, block_size: int, agent=None, *,
                  arrival_timeout_s: float = 10.0, late_write_hold_s: float = 35.0,
@@ -100,8 +109,13 @@ class TorchEngine:
         self.arrival_timeout_s = arrival_timeout_s
         self.late_write_hold_s = late_write_hold_s
         self.info = EngineInfo(name="torch", kv_block_size=block_size,
-                               supports_local_prefill=True, pushes_kv=True)
-        self.kv_moves, self.park_hold_s = kv_moves, park_hold_s
+                               capabilities=EngineCapabilities(
+                                   local_prefill=True, pushes_kv=True,
+                                   handoff_before_prefill=False, prefix_lookup=True,
+                                   moves_kv=kv_moves and agent is not None,
+                                   reports_failure=False,
+                                   kv_move_timeout_s=arrival_timeout_s))
+        self.park_hold_s = park_hold_s
         self._reserved: dict[str, asyncio.Queue] = {}
         self._held: set[asyncio.Task] = set()
         self._parked: dict[str, tuple[object, asyncio.TimerHandle]] = {}
@@ -268,20 +282,14 @@ class TorchEngine:
             else:
                 self.runner.abort(request_id)
 
-    # ---- live KV moves ------------------------------------------------------------------
-    @property
-    def moves_kv(self) -> bool:
-        """Whether this engine parks drained requests and takes moved KV (configured, and
-        it has an agent)."""
-        return self.kv_moves and self.agent is not None
-
+    # ---- live KV moves (capabilities.moves_kv: configured, and it has an agent) --------
     async def park(self, request_id: str) -> tuple[str, tuple[int, ...]] | None:
         """Stop a running request between steps, keeping its KV for ``park_hold_s``;
         returns the id it is parked under (``export_parked``'s) and its tokens (prompt
         and output, some of which may not have reached the caller yet; the KV holds all
         but the last), or None when it cannot move (the caller ends it as usual).  Its
         stream ends here without a finish."""
-        if not self.moves_kv:
+        if not self.info.capabilities.moves_kv:
             return None
         eid = self._aliases.get(request_id, request_id)
         parked = await self.runner.call(self.core.park, eid)

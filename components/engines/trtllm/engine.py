@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from splitserve.contracts.engine import (
+    EngineCapabilities,
     EngineHandoff,
     EngineInfo,
     GenerateParams,
@@ -38,6 +39,11 @@ from splitserve.contracts.engine import (
     OpaqueHandoff,
     PrefillResult,
     TokenDelta,
+    TorchBlocksHandoff,
+    WithoutHandoffFirst,
+    WithoutKvMoves,
+    WithoutKvPush,
+    WithoutPrefixLookup,
 )
 
 from .config import Role, TrtllmEngineArgs, check_version, llm_kwargs
@@ -105,8 +111,11 @@ class NotServedHere(ValueError):
     """A request asked for something this TensorRT-LLM engine cannot give it."""
 
 
-class TrtllmEngine:
-    """One TensorRT-LLM engine; implements ``splitserve.contracts.engine.Engine``."""
+class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, WithoutKvMoves):
+    """One TensorRT-LLM engine; implements ``splitserve.contracts.engine.Engine``, and
+    tells when its executor died (``reports_failure``)."""
+
+    info: EngineInfo
 
     def __init__(self, args: TrtllmEngineArgs, served_name: str, role: Role = "agg", *,
                  api_factory: Callable[[], Any] = LlmApi,
@@ -116,8 +125,10 @@ class TrtllmEngine:
         self.api: Any = None
         self.llm: Any = None
         self.info = EngineInfo(name="trtllm", kv_block_size=args.tokens_per_block,
-                               supports_local_prefill=role != "prefill",
-                               extras={"role": role, "handoff_before_prefill": False})
+                               capabilities=EngineCapabilities(
+                                   local_prefill=role != "prefill", pushes_kv=False,
+                                   handoff_before_prefill=False, prefix_lookup=False,
+                                   moves_kv=False, reports_failure=True))
         self._active: dict[str, _Live] = {}
         self._machine_id = default_machine_id() if machine_id is None else machine_id
         self._deferred: set[asyncio.Task] = set()
@@ -254,7 +265,8 @@ class TrtllmEngine:
         kind = "context_and_generation" if self.role == "decode" else None
         return self._role_stream(request_id, params, kind)
 
-    async def prefill(self, request_id: str, params: GenerateParams) -> PrefillResult:
+    async def prefill(self, request_id: str, params: GenerateParams,
+                      destination: TorchBlocksHandoff | None = None) -> PrefillResult:
         """Prefill-for-job: a ``context_only`` request; the handoff is the result's
         ``disaggregated_params``.  The KV stays in this engine until the decode engine's
         cache transceiver has fetched it."""

@@ -16,6 +16,7 @@ from typing import Literal
 
 from splitserve.contracts.kit.waiting import poll_until
 from splitserve.contracts.engine import (
+    EngineCapabilities,
     EngineHandoff,
     EngineInfo,
     GenerateParams,
@@ -23,7 +24,12 @@ from splitserve.contracts.engine import (
     LoadSample,
     PrefillResult,
     TokenDelta,
+    TorchBlocksHandoff,
     VllmHandoff,
+    WithoutHandoffFirst,
+    WithoutKvMoves,
+    WithoutKvPush,
+    WithoutPrefixLookup,
 )
 
 from . import kv_relay
@@ -72,13 +78,16 @@ Role = Literal["agg", "prefill", "decode"]
 STOP_TIMEOUT_S = 15.0
 
 
-class VllmEngine:
-    """One vLLM engine; implements ``splitserve.contracts.engine.Engine``.
+class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, WithoutKvMoves):
+    """One vLLM engine; implements ``splitserve.contracts.engine.Engine``, and tells when
+    its engine process died (``reports_failure``).
 
     ``role`` "prefill" or "decode" (with ``kv_transfer``) makes it one half of a
     disaggregated pair over vLLM's NixlConnector; a decode engine also prefills locally
     whatever comes without a handoff.  "agg" serves whole requests.
     """
+
+    info: EngineInfo
 
     def __init__(self, args: VllmEngineArgs, served_name: str, role: Role = "agg",
                  kv_transfer: VllmKvTransfer | None = None) -> None:
@@ -90,7 +99,10 @@ class VllmEngine:
         self.role = role
         self.kv_transfer = kv_transfer
         self.info = EngineInfo(name="vllm", kv_block_size=args.block_size,
-                               supports_local_prefill=True)
+                               capabilities=EngineCapabilities(
+                                   local_prefill=True, pushes_kv=False,
+                                   handoff_before_prefill=False, prefix_lookup=False,
+                                   moves_kv=False, reports_failure=True))
         self.kv_endpoint = (f"tcp://127.0.0.1:{kv_relay.free_loopback_port()}"
                             if args.kv_events_enabled() else None)
         self._stats = _Stats()
@@ -150,6 +162,9 @@ class VllmEngine:
         self._engine = None
 
     # ---- requests -----------------------------------------------------------------------
+    def validate(self, params: GenerateParams) -> None:
+        """Nothing is checked before queueing: vLLM refuses what it cannot serve itself."""
+
     async def _stream(self, request_id: str, params: GenerateParams,
                       sp) -> AsyncIterator[TokenDelta]:
         if not self._accepting or self._engine is None:
@@ -179,7 +194,8 @@ class VllmEngine:
         """Aggregated: the whole request on this engine, streamed as deltas."""
         return self._stream(request_id, params, sampling_params(params))
 
-    async def prefill(self, request_id: str, params: GenerateParams) -> PrefillResult:
+    async def prefill(self, request_id: str, params: GenerateParams,
+                      destination: TorchBlocksHandoff | None = None) -> PrefillResult:
         """Prefill-for-job: one token with NixlConnector asked to keep the KV for a
         remote decode; the handoff is vLLM's returned ``kv_transfer_params``."""
         if self.role != "prefill":

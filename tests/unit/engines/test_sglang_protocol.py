@@ -51,7 +51,7 @@ async def test_disaggregated_output_equals_aggregated_token_for_token():
 async def test_awaiting_the_whole_prefill_before_the_decode_joins_would_hang():
     rooms = BootstrapRooms()
     pre = await make("prefill", rooms)
-    assert pre.info.extras["handoff_before_prefill"] is True
+    assert pre.info.capabilities.handoff_before_prefill is True
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(pre.prefill("r", PROMPT), 0.3)
 
@@ -68,7 +68,7 @@ async def test_each_prefill_gets_its_own_room():
 async def test_decode_engine_cannot_prefill_locally():
     rooms = BootstrapRooms()
     dec = await make("decode", rooms)
-    assert dec.info.supports_local_prefill is False
+    assert dec.info.capabilities.local_prefill is False
     with pytest.raises(NoLocalPrefill):
         dec.generate("x", PROMPT)
 

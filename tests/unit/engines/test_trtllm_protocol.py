@@ -38,7 +38,7 @@ async def test_disaggregated_equals_aggregated_and_local_prefill():
     sent = dec.llm.calls[-1]["disaggregated_params"]
     assert sent.request_type == "generation_only" and isinstance(sent.opaque_state, bytes)
     # local prefill on the decode engine: context_and_generation, same tokens
-    assert dec.info.supports_local_prefill
+    assert dec.info.capabilities.local_prefill
     assert await collect(dec.generate("l", P)) == expected
     assert dec.llm.calls[-1]["disaggregated_params"].request_type == "context_and_generation"
     assert pre.llm.calls[-1]["sampling_params"].max_tokens == 1
@@ -57,7 +57,7 @@ async def test_opaque_state_is_used_once():
 async def test_roles_refuse_what_they_cannot_do():
     states: dict = {}
     pre, dec = await started_trtllm("prefill", states), await started_trtllm("decode", states)
-    assert not pre.info.supports_local_prefill
+    assert not pre.info.capabilities.local_prefill
     with pytest.raises(RuntimeError):
         pre.generate("x", P)
     with pytest.raises(TypeError):

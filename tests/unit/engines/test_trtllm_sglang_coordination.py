@@ -42,7 +42,7 @@ async def sglang(role, rooms) -> SglangEngine:
 async def serve(decode_engine, prefill_engine, verdict_remote, live_prefill, *,
                 max_wait_s=0.3, timeout_s=1.0):
     """One request through the coordinator's steps; returns (outcome, tokens|plan)."""
-    local = decode_engine.info.supports_local_prefill
+    local = decode_engine.info.capabilities.local_prefill
     waited = 0.0
     while True:
         plan = plan_offload(verdict_remote, "verdict", supports_local_prefill=local,

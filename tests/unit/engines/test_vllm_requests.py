@@ -99,7 +99,7 @@ def test_vllm_engine_implements_the_interface():
 
     e = VllmEngine(VllmEngineArgs(kv_events=False), "m")
     assert isinstance(e, Engine)
-    assert e.info.kv_block_size == 128 and e.info.supports_local_prefill
+    assert e.info.kv_block_size == 128 and e.info.capabilities.local_prefill
     assert e.kv_endpoint is None and e.inflight() == 0
 
 

@@ -66,12 +66,18 @@ async def test_engine_failure_becomes_an_error_chunk():
     assert chunks[-1]["finish_reason"] == "error" and "engine died" in chunks[-1]["error"]
 
 
-class _Engine:
-    def __init__(self, healthy_polls: int) -> None:
-        from splitserve.contracts.engine import EngineInfo
+def _info(reports_failure: bool):
+    from splitserve.contracts.engine import EngineCapabilities, EngineInfo
 
+    return EngineInfo(name="vllm", kv_block_size=16, capabilities=EngineCapabilities(
+        local_prefill=True, pushes_kv=False, handoff_before_prefill=False,
+        prefix_lookup=False, moves_kv=False, reports_failure=reports_failure))
+
+
+class _Engine:
+    def __init__(self, healthy_polls: int, reports_failure: bool = True) -> None:
         self.polls, self.healthy_polls = 0, healthy_polls
-        self.info = EngineInfo(name="vllm", kv_block_size=16, supports_local_prefill=True)
+        self.info = _info(reports_failure)
 
     def failure(self):
         self.polls += 1
@@ -90,7 +96,8 @@ async def test_an_engine_that_cannot_tell_never_ends_the_replica():
 
     from splitserve.contracts.kit.hosting import watch_failure
 
-    task = asyncio.ensure_future(watch_failure(object(), every_s=0.01))
+    engine = _Engine(healthy_polls=0, reports_failure=False)  # it would fail at once
+    task = asyncio.ensure_future(watch_failure(engine, every_s=0.01))
     await asyncio.sleep(0.05)
-    assert not task.done()
+    assert not task.done() and engine.polls == 0  # its capabilities say it cannot tell
     task.cancel()
