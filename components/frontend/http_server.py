@@ -14,12 +14,28 @@ the client is still sending a huge header).  ``GuardedH11Protocol`` adds:
 - OpenAI-style JSON for every error the protocol answers itself (431 for headers larger
   than the limit, 400 for malformed HTTP), sent with a lingering close so the client
   reads the answer instead of a reset.
+
+``FrontendServer`` stops without resetting a connection the kernel accepted.  Closing a
+listening socket resets every connection still in its accept queue, and uvicorn closes an
+idle connection at once, the request its client already sent unread (a reset too): a
+client that connected just before the frontend stopped got ECONNRESET, not an answer.
+On stop the listener first drops new connection attempts (the client's kernel sends its
+SYN again a second later, to a closed port or to the frontend started after this one),
+the connections already queued are accepted, and only then is it closed; every idle
+connection the server holds gets ``DRAIN_S`` to send a request, which is answered 503
+with Retry-After.  Requests in progress finish as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import json
+import logging
+import os
+import socket
+import struct
 import sys
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -29,12 +45,19 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from splitserve.contracts.kit.waiting import poll_until
+
 from .errors import APIError
+
+log = logging.getLogger(__name__)
 
 # After an error answer, keep reading (and dropping) what the client still sends for at
 # most this long / this many bytes, so its kernel does not turn our close into a reset.
 LINGER_S = 2.0
 LINGER_MAX_BYTES = 64 * 1024 * 1024
+# Once the server stops: how long an idle connection it accepted may still send a request
+# (answered 503), and how long the accept queue may take to empty.
+DRAIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +110,7 @@ class GuardedH11Protocol(H11Protocol):
         self._lingering = False
         self._lingered = 0
         self._client_done = False  # the client closed its sending half
+        self._draining = False  # the server stopped: a new request gets 503
 
     # --- lifecycle -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -97,6 +121,9 @@ class GuardedH11Protocol(H11Protocol):
             self._answer_and_linger(APIError(
                 503, f"server is at its limit of {self.limits.max_connections} connections",
                 type_="server_overloaded", code="too_many_connections", retry_after_s=1))
+            return
+        if getattr(self.server_state, "draining", False):
+            self._drain()  # accepted from the queue after the server stopped
             return
         self._await_headers()
 
@@ -109,6 +136,9 @@ class GuardedH11Protocol(H11Protocol):
             self._lingered += len(data)
             if self._lingered > LINGER_MAX_BYTES:
                 self._raw.close()
+            return
+        if self._draining and self._waiting_for_headers():
+            self._answer_and_linger(shutting_down())
             return
         if self._waiting_for_headers():
             self._partial = True
@@ -141,17 +171,38 @@ class GuardedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         # Armed first: uvicorn may start a pipelined request below, which re-arms.
-        if not self.transport.is_closing() and not self._lingering:
+        if not self.transport.is_closing() and not self._lingering and not self._draining:
             self._await_headers()
         super().on_response_complete()
         if self._client_done and not self._raw.is_closing():
             self._raw.close()  # nothing more can come: close once the answer is flushed
 
     def shutdown(self) -> None:
+        """Called by the server as it stops.  A request in progress is answered (then the
+        connection closes); an idle connection gets ``DRAIN_S`` to send one, answered 503:
+        closing it at once would reset a request already on its way."""
         if self._lingering:  # h11 never saw our error answer: just close
             self._raw.close()
             return
-        super().shutdown()
+        if self.cycle is not None and not self.cycle.response_complete:
+            super().shutdown()
+        elif self._partial:  # part of a request head arrived: answer it now
+            self._answer_and_linger(shutting_down())
+        else:
+            self._drain()
+
+    def _drain(self) -> None:
+        self._draining = True
+        if self._raw.is_closing():
+            return
+        if self._client_done:
+            self._raw.close()
+            return
+        self._arm(DRAIN_S, self._drain_deadline, None)
+
+    def _drain_deadline(self, _: None) -> None:
+        if not self._lingering and not self._raw.is_closing():
+            self._raw.close()  # nothing came: nothing unread, a plain close
 
     # --- deadlines -------------------------------------------------------------------
     def _waiting_for_headers(self) -> bool:
@@ -233,6 +284,74 @@ class GuardedH11Protocol(H11Protocol):
         if self._raw.can_write_eof():
             self._raw.write_eof()
         self.loop.call_later(LINGER_S, self._raw.close)
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry the request",
+                    type_="service_unavailable", code="shutting_down", retry_after_s=1)
+
+
+# SO_ATTACH_FILTER (asm-generic) with a one-instruction classic BPF program, "return 0":
+# every packet to the socket is dropped, a listener's SYNs included.
+SO_ATTACH_FILTER = 26
+_BPF_RET_K = 0x06
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def refuse_new_connections(fd: int) -> bool:
+    """Make the listening socket ``fd`` drop new connection attempts (Linux); what its
+    accept queue holds stays there to be accepted.  A client whose SYN was dropped sends
+    it again about a second later.  Returns False where this is not possible."""
+    if not sys.platform.startswith("linux"):
+        return False
+    drop_all = _SockFilter(_BPF_RET_K, 0, 0, 0)
+    prog = _SockFprog(1, ctypes.pointer(drop_all))
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, bytes(prog))
+    except OSError as exc:
+        log.debug("cannot stop new connections on fd %d: %s", fd, exc)
+        return False
+    return True
+
+
+def accept_queue_length(fd: int) -> int:
+    """Connections waiting in the accept queue of the listening socket ``fd`` (Linux:
+    ``tcpi_unacked`` of a listener); 0 where unknown."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
+    except (OSError, AttributeError):
+        return 0
+    return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else 0
+
+
+class FrontendServer(uvicorn.Server):
+    """uvicorn's server with a stop that answers every connection it accepted, and
+    without its own signal handlers (the component runtime owns SIGTERM)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.server_state.draining = True  # type: ignore[attr-defined]
+        fds = [s.fileno() for server in self.servers for s in server.sockets]
+        fds = [fd for fd in fds if refuse_new_connections(fd)]
+        # The loop accepts what was queued before the filter; closing the listener with
+        # connections still queued would reset them.
+        await poll_until(lambda: not any(accept_queue_length(fd) for fd in fds), DRAIN_S,
+                         poll_s=0.005)
+        await asyncio.sleep(0)  # let the protocols of the last accepted ones start
+        await super().shutdown(sockets)
 
 
 def protocol_for(limits: HttpLimits) -> type[GuardedH11Protocol]:

@@ -3,33 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import uvicorn
 
 from splitserve.contracts.kit.component import ComponentContext, run
 
 from .app import FrontendState, build_app
 from .backend import BackendMetrics, DirectBackend, RoutedBackend
 from .config import FrontendConfig
-from .http_server import HttpLimits, server_config
+from .http_server import FrontendServer, HttpLimits, server_config
 from .inproc import InProcessBackend
 from .metrics import FrontendMetrics
 from .textcodec import TextCodec, TokenizerBackend
 
 log = logging.getLogger("splitserve.frontend")
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: the component runtime owns SIGTERM."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
 
 
 def _context_factory():
@@ -84,7 +73,7 @@ async def main(ctx: ComponentContext) -> None:
                         keep_alive_timeout_s=cfg.keep_alive_timeout_s,
                         max_connections=cfg.max_connections,
                         max_header_bytes=cfg.max_header_bytes)
-    server = _Server(server_config(build_app(state), cfg.host, cfg.port, limits))
+    server = FrontendServer(server_config(build_app(state), cfg.host, cfg.port, limits))
     serve_task = asyncio.create_task(server.serve())
     while not server.started:
         if serve_task.done():
@@ -102,7 +91,7 @@ async def main(ctx: ComponentContext) -> None:
     log.info("serving %s at %s (links: %s)", state.model_name, url, ", ".join(links))
     await ctx.stopping.wait()
     ctx.report("stopping", endpoint=url)
-    server.should_exit = True  # stop accepting; in-flight requests finish first
+    server.should_exit = True  # stop accepting, answer what was accepted, finish in-flight
     await asyncio.wait_for(serve_task, ctx.run.common.shutdown_timeout_s)
     if routing is not None:
         await routing.close()

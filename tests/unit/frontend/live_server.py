@@ -8,23 +8,32 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-
-import uvicorn
+from dataclasses import dataclass
 
 from splitserve.components.frontend.app import build_app
-from splitserve.components.frontend.http_server import HttpLimits, server_config
+from splitserve.components.frontend.http_server import FrontendServer, HttpLimits, server_config
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
+@dataclass
+class Running:
+    """The frontend's server running in a thread: its loop, the server and its address."""
+
+    server: FrontendServer
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    addr: tuple[str, int]
+
+    def stop(self, timeout_s: float = 10) -> None:
+        """Ask the server to stop and wait until it has (idempotent)."""
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "the server did not stop"
 
 
 @contextlib.contextmanager
-def serve(state, limits: HttpLimits) -> Iterator[tuple[str, int]]:
-    """Serve ``build_app(state)`` on a free loopback port; yields (host, port)."""
-    server = _Server(server_config(build_app(state), "127.0.0.1", 0, limits))
+def running(state, limits: HttpLimits) -> Iterator[Running]:
+    """Serve ``build_app(state)`` with the frontend's server on a free loopback port."""
+    server = FrontendServer(server_config(build_app(state), "127.0.0.1", 0, limits))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),),
                               daemon=True)
@@ -34,12 +43,20 @@ def serve(state, limits: HttpLimits) -> Iterator[tuple[str, int]]:
         assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
         time.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
+    run = Running(server, loop, thread, ("127.0.0.1", port))
     try:
-        yield "127.0.0.1", port
+        yield run
     finally:
         server.should_exit = True
         thread.join(10)
         loop.close()
+
+
+@contextlib.contextmanager
+def serve(state, limits: HttpLimits) -> Iterator[tuple[str, int]]:
+    """Serve ``build_app(state)`` on a free loopback port; yields (host, port)."""
+    with running(state, limits) as run:
+        yield run.addr
 
 
 def connect(addr: tuple[str, int], timeout_s: float = 10) -> socket.socket:

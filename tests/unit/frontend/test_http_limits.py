@@ -14,7 +14,7 @@ from splitserve.components.frontend.app import FrontendState
 from splitserve.components.frontend.http_server import HttpLimits
 from splitserve.components.frontend.textcodec import TextCodec
 
-from .live_server import connect, parse, read_response, serve
+from .live_server import connect, parse, read_response, running, serve
 from .test_frontend_app import MODEL, ScriptedBackend
 
 pytestmark = pytest.mark.unit
@@ -220,3 +220,62 @@ def test_http10_post_without_a_length_is_answered_411_not_dropped(server):
     s.shutdown(socket.SHUT_WR)
     assert_json_error(read_response(s), 411, "length_required")
     still_serving(addr)
+
+
+def _answer_or_reset(s: socket.socket) -> bytes:
+    """Everything the server sends until it closes; ``b"RESET"`` if it resets instead."""
+    out = bytearray()
+    with s:
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except ConnectionResetError:
+            return b"RESET"
+    return bytes(out)
+
+
+def test_a_stopping_server_answers_every_connection_it_accepted(codec):
+    """Requests that reach the server just as it stops get an answer, never a reset: one
+    on a connection the server holds idle, its request not read yet, and others on
+    connections still in the listener's accept queue.  Each gets 503 with Retry-After
+    (or is served); then the port refuses connections."""
+    state = FrontendState(model_name=MODEL, codec=codec, backend=ScriptedBackend(codec),
+                          body_timeout_s=LIMITS.body_timeout_s, max_body_bytes=64 * 1024)
+    body = _chat()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+               b"application/json\r\nContent-Length: " + str(len(body)).encode()
+               + b"\r\n\r\n" + body)
+    with running(state, LIMITS) as run:
+        idle = connect(run.addr)
+        deadline = time.monotonic() + 5
+        while not run.server.server_state.connections:
+            assert time.monotonic() < deadline, "the server did not take the connection"
+            time.sleep(0.01)
+        clients: list[socket.socket] = []
+        sent = threading.Event()
+        stop = run.server.shutdown
+
+        async def shutdown_as_requests_arrive(sockets=None):
+            # On the server's loop, so none of this is accepted or read before it stops.
+            idle.sendall(request)
+            clients.extend(connect(run.addr) for _ in range(3))
+            for s in clients:
+                s.sendall(request)
+            sent.set()
+            await stop(sockets)
+
+        run.server.shutdown = shutdown_as_requests_arrive
+        run.server.should_exit = True
+        assert sent.wait(10)
+        answers = [_answer_or_reset(s) for s in [idle, *clients]]
+        run.stop()
+        with pytest.raises(ConnectionRefusedError):
+            connect(run.addr, timeout_s=2)
+    for raw in answers:
+        assert raw != b"RESET" and raw, raw
+        status, headers, answer = parse(raw)
+        if status == 503:
+            err = assert_json_error(raw, 503, "shutting_down")
+            assert err["type"] == "service_unavailable" and headers["retry-after"] == "1"
+        else:
+            assert status == 200 and json.loads(answer)["choices"], raw[:300]
