@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from splitserve.contracts.engine import EngineRequestParams
 from splitserve.contracts.models import StrictModel
 from splitserve.contracts.validation import retitled
 
@@ -414,7 +415,19 @@ class ComponentRunConfig(StrictModel):
     engines: list[str] = []
     """The engines of the graph's worker sections (the frontend refuses request
     parameters one of them does not honour)."""
+    engine_params: dict[str, EngineRequestParams] = {}
+    """What each of ``engines`` declares it honours, resolved by the supervisor through
+    the engine registry (the frontend names no engine and imports none)."""
     policy_follower: str | None = None
     """``module:function`` that makes a component follow live policy versions (``dynamo
     policy apply``), named by the supervisor, which stands above the policy store; None:
     the config file's settings stay in force."""
+
+    @model_validator(mode="after")
+    def _engines_declared(self) -> ComponentRunConfig:
+        missing = [name for name in self.engines if name not in self.engine_params]
+        if missing:
+            raise ValueError(f"engine_params: no declaration for the engines "
+                             f"{', '.join(missing)} (the plan resolves them through the "
+                             "engine registry)")
+        return self

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .capabilities import GraphEngines
 from .chat_output import OutputPlan
 from .errors import APIError, bad_request
 from .openai_types import ChatCompletionRequest, CompletionRequest, parse_json, validate
 from .tools import NamedToolChoice, choice_mode, render_history
 
 
-def parse_request(kind: str, raw: bytes, engines: tuple[str, ...]) -> tuple[Any, Any]:
+def parse_request(kind: str, raw: bytes, engines: GraphEngines) -> tuple[Any, Any]:
     """The validated request and, for kind "responses", the Responses request it came
     from (else None); raises APIError(400) on any client mistake."""
     if kind == "responses":

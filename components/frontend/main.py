@@ -12,6 +12,7 @@ from splitserve.contracts.kit.component import ComponentContext, run
 
 from .app import FrontendState, build_app
 from .backend import BackendMetrics, DirectBackend, RoutedBackend
+from .capabilities import graph_engines
 from .config import FrontendConfig
 from .http_server import FrontendServer, HttpLimits, server_config
 from .inproc import InProcessBackend
@@ -65,7 +66,7 @@ async def main(ctx: ComponentContext) -> None:
                           prepare_pool=ThreadPoolExecutor(cfg.tokenizer_threads,
                                                           "frontend-tokenize"),
                           dependencies_down=ctx.watch_dependencies(),
-                          engines=tuple(ctx.run.engines),
+                          engines=graph_engines(ctx.run),
                           tool_call_parser=cfg.tool_call_parser,
                           reasoning_parser=cfg.reasoning_parser)
     limits = HttpLimits(header_timeout_s=cfg.header_timeout_s,

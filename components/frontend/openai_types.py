@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from .capabilities import refuse_unhonoured
+from .capabilities import GraphEngines, refuse_unhonoured
 from .errors import APIError, bad_request
 from .tools import NamedToolChoice, ToolCallIn, ToolChoice, ToolDef, check_schema, forced_schema
 
@@ -304,13 +304,13 @@ def _encodable(s: str) -> bool:
 
 
 def validate(model: type[_Request], data: dict[str, Any],
-             engines: tuple[str, ...] = ()) -> _Request:
+             engines: GraphEngines | None = None) -> _Request:
     """Validate a decoded body; the first error becomes a 400 naming its parameter.
 
     ``engines``: the graph's engines; a parameter one of them does not honour is refused
     by name (see ``capabilities.py``)."""
     refuse_unhonoured("chat" if model is ChatCompletionRequest else "completion", data,
-                      engines)
+                      engines or {})
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -4,10 +4,12 @@ stages that route, stream and render it)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+from splitserve.contracts.engine import EngineRequestParams
 
 from .backend import Backend
 from .backlog import TokenizeBacklog
@@ -43,9 +45,10 @@ class FrontendState:
     inflight: int = 0
     backlog: TokenizeBacklog = field(init=False)
     loading_detail: str = "loading tokenizer"
-    engines: tuple[str, ...] = ()
-    """The engines of the graph's workers: parameters one of them does not honour are
-    refused by name (empty: only those no engine honours)."""
+    engines: Mapping[str, EngineRequestParams] = field(default_factory=dict)
+    """The engines of the graph's workers, with the request parameters each declares it
+    honours (``capabilities.graph_engines`` of the run config): parameters one of them
+    does not honour are refused by name (empty: only those no engine honours)."""
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
 

@@ -8,10 +8,17 @@ no new work arrives while routers and workers drain).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 from splitserve.components.frontend.config import FrontendConfig
 from splitserve.components.router.service_config import RouterComponentConfig
-from splitserve.components.worker.registry import DEFAULT_ENGINE, check_section, section_choices
+from splitserve.components.worker.registry import (
+    DEFAULT_ENGINE,
+    ENGINES,
+    EngineSpec,
+    check_section,
+    section_choices,
+)
 from splitserve.contracts.config import SelectedBy
 from splitserve.serve.graph import ComponentSpec
 
@@ -22,9 +29,10 @@ def _planner_model():
     return PlannerComponentConfig
 
 
-def _worker_model(role: str) -> SelectedBy:
-    """The section model of a worker role, selected by its ``engine`` key."""
-    return SelectedBy("engine", section_choices(role), DEFAULT_ENGINE,
+def worker_model(role: str, engines: Mapping[str, EngineSpec] = ENGINES) -> SelectedBy:
+    """The section model of a worker role, selected by its ``engine`` key among the
+    registry's ``engines``."""
+    return SelectedBy("engine", section_choices(role, engines), DEFAULT_ENGINE,
                       check=functools.partial(check_section, role))
 
 
@@ -37,15 +45,15 @@ Router = ComponentSpec(
     may_link=("Worker", "DecodeWorker"), shutdown_rank=10,
     description="KV-aware router: filters, weighted scorers and a picker choose the worker.")
 Worker = ComponentSpec(
-    "Worker", "splitserve.components.worker.main", _worker_model("agg"),
+    "Worker", "splitserve.components.worker.main", worker_model("agg"),
     may_link=(), shutdown_rank=20,
     description="Serves `generate` on an engine (torch, mocker, vLLM, SGLang, TensorRT-LLM).")
 DecodeWorker = ComponentSpec(
-    "DecodeWorker", "splitserve.components.worker.decode_main", _worker_model("decode"),
+    "DecodeWorker", "splitserve.components.worker.decode_main", worker_model("decode"),
     may_link=("PrefillWorker",), shutdown_rank=20,
     description="Decodes; per request, prefills locally or offloads to the prefill pool.")
 PrefillWorker = ComponentSpec(
-    "PrefillWorker", "splitserve.components.worker.prefill_main", _worker_model("prefill"),
+    "PrefillWorker", "splitserve.components.worker.prefill_main", worker_model("prefill"),
     may_link=(), shutdown_rank=30,
     description="Pulls prefill jobs, computes prompt KV, writes it into decode workers.")
 Planner = ComponentSpec(

@@ -7,12 +7,15 @@ supervisor only executes it, and ``dynamo serve --dry-run`` only prints it.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from splitserve.components.worker import registry
+from splitserve.components.worker.registry import EngineSpec
 from splitserve.contracts.config import (
     CommonConfig,
     ComponentRunConfig,
@@ -24,6 +27,7 @@ from splitserve.contracts.config import (
     placement_checks,
     read_yaml,
 )
+from splitserve.contracts.engine import EngineRequestParams
 from splitserve.serve.graph import Graph
 
 POLICY_FOLLOWER = "splitserve.components.policy.component:follow_policy"
@@ -56,6 +60,9 @@ class ServePlan:
     common: CommonConfig
     components: list[ComponentPlan]
     ignored_sections: list[str] = field(default_factory=list)
+    engine_params: dict[str, EngineRequestParams] = field(default_factory=dict)
+    """What each engine of ``engines()`` declares it honours (from the engine registry);
+    every replica's run config carries it, for the frontend."""
 
     def component(self, name: str) -> ComponentPlan:
         return next(c for c in self.components if c.name == name)
@@ -70,7 +77,7 @@ class ServePlan:
             component=comp.name, replica=replica, common=self.common,
             config=comp.config.model_dump(mode="json"), links=comp.links,
             status_file=str(status_file), engines=self.engines(),
-            policy_follower=POLICY_FOLLOWER)
+            engine_params=self.engine_params, policy_follower=POLICY_FOLLOWER)
 
     def engines(self) -> list[str]:
         """Engine names of the sections that have one (``engine: torch`` ...), sorted."""
@@ -112,14 +119,15 @@ class ServePlan:
 
 
 def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
-               overrides: list[str] | None = None, known_sections: set[str] | None = None
-               ) -> ServePlan:
+               overrides: list[str] | None = None, known_sections: set[str] | None = None,
+               engines: Mapping[str, EngineSpec] = registry.ENGINES) -> ServePlan:
     """Validate ``raw`` (parsed YAML) against the graph's components.
 
     ``known_sections`` are component names defined anywhere in the graph module (pruned
     ones included): their sections are accepted but ignored.  Any other section is an
     error, so a misspelt component name cannot silently fall back to defaults.  All
-    problems are collected and raised together as one ConfigError.
+    problems are collected and raised together as one ConfigError.  ``engines``: the
+    engine registry the graph's engines' request parameters are read from.
     """
     try:
         data = apply_overrides(raw, overrides or [])
@@ -163,8 +171,10 @@ def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
             ignored.append(key)
     if errors:
         raise ConfigError(source, errors)
-    return ServePlan(graph_ref=graph_ref, source=source, common=common, components=comps,
+    plan = ServePlan(graph_ref=graph_ref, source=source, common=common, components=comps,
                      ignored_sections=ignored)
+    plan.engine_params = registry.request_params_of(plan.engines(), engines)
+    return plan
 
 
 def cross_section_checks(common: CommonConfig, comps: list[ComponentPlan]) -> list[str]:

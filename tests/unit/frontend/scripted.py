@@ -9,6 +9,7 @@ import json
 from starlette.testclient import TestClient
 
 from splitserve.components.frontend.app import FrontendState, build_app
+from splitserve.components.worker.registry import request_params_of
 from splitserve.contracts.wire import output_chunk
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -43,7 +44,8 @@ def scripted(codec, reply: str, engines=("torch",), tool_call_parser: str | None
              reasoning_parser: str | None = None) -> tuple[TestClient, ScriptedBackend]:
     backend = ScriptedBackend(codec, reply)
     state = FrontendState(model_name=MODEL, codec=codec, backend=backend,
-                          engines=tuple(engines), tool_call_parser=tool_call_parser,
+                          engines=request_params_of(engines),
+                          tool_call_parser=tool_call_parser,
                           reasoning_parser=reasoning_parser)
     return TestClient(build_app(state)), backend
 

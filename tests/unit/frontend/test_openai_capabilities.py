@@ -11,7 +11,14 @@ import pytest
 from starlette.testclient import TestClient
 
 from splitserve.components.frontend.app import FrontendState, build_app
-from splitserve.components.frontend.capabilities import CAPABILITIES, ENGINES, capabilities
+from splitserve.components.frontend.capabilities import (
+    CAPABILITIES,
+    ENGINE,
+    capabilities,
+    graph_engines,
+)
+from splitserve.components.worker.registry import request_params_of
+from splitserve.contracts.engine import ENGINE_PARAMS
 from splitserve.contracts.wire import TokenLogprobs, WorkerRequest, output_chunk
 from splitserve.components.engines.torch_cpu.adapter import torch_request
 from splitserve.components.worker.wire import params_from_wire
@@ -56,7 +63,7 @@ class LogprobBackend:
 def client(codec, engines=("torch",)) -> tuple[TestClient, LogprobBackend]:
     backend = LogprobBackend(codec)
     state = FrontendState(model_name=MODEL, codec=codec, backend=backend,
-                          engines=tuple(engines))
+                          engines=request_params_of(engines))
     return TestClient(build_app(state)), backend
 
 
@@ -128,10 +135,15 @@ def test_invalid_values_are_400_naming_the_parameter(codec, body, param):
     assert r.json()["error"]["param"].split(".")[0] == param
 
 
-def test_every_engine_in_the_table_is_known():
+def test_the_rows_engines_serve_are_the_parameters_engines_declare():
     for cap in CAPABILITIES:
-        assert cap.engines <= set(ENGINES) and cap.endpoints
+        assert cap.endpoints and cap.served_by in ("frontend", "engine", "nobody")
+    assert {c.param for c in CAPABILITIES if c.served_by == ENGINE} == set(ENGINE_PARAMS)
     assert {c.param for c in capabilities("completion")} >= {"echo", "logprobs", "n"}
+    params = {c.param for c in CAPABILITIES}
+    for name, declared in request_params_of(["torch", "vllm", "sglang", "trtllm",
+                                             "mocker"]).items():
+        assert set(declared.notes) <= params, name  # a note for a row of the table
 
 
 def test_wire_carries_sampling_to_the_engines(codec):
@@ -410,6 +422,9 @@ def test_the_plan_tells_the_frontend_its_engines(tmp_path, engine):
     plan = build_plan(graph, "graphs.agg:Frontend", {"Worker": {"engine": engine}}, "<test>")
     rc = plan.run_config(plan.component("Frontend"), 0, tmp_path / "s.json")
     assert rc.engines == [engine]
+    # what the frontend decides with: the engine's own declaration, through the file
+    again = type(rc).model_validate_json(rc.model_dump_json())
+    assert graph_engines(again) == request_params_of([engine])
 
 
 def test_other_choices_start_after_the_first_choice_has_its_prompt_cached(codec):
