@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal, Protocol, get_args, runtime_checkabl
 from pydantic import BaseModel, ConfigDict, Field
 
 from splitserve.contracts.block_events import KvEvent
-from splitserve.contracts.wire import TokenLogprobs
+from splitserve.contracts.wire import FinishReason, TokenLogprobs
 
 HANDOFF_VERSION = 1
 
@@ -130,7 +130,9 @@ class TokenDelta:
 
     token_ids: tuple[int, ...]
     finished: bool = False
-    finish_reason: Literal["stop", "length", "abort", "error"] | None = None
+    finish_reason: FinishReason | None = None
+    """Set on the last delta, in the one vocabulary (each engine maps its own reasons
+    into it in its folder); None there means ``EOS``."""
     prompt_tokens: int = 0
     cached_tokens: int = 0
     logprobs: TokenLogprobs | None = None

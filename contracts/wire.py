@@ -11,13 +11,45 @@ Router calls are this project's own small, versioned messages.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 PROTOCOL_VERSION = 1
 
-FinishReason = Literal["eos", "length", "stop", "error", "cancelled"]
+
+class FinishReason(StrEnum):
+    """Why a request ended: the project's one finish vocabulary.
+
+    Engines end their deltas with it (``TokenDelta.finish_reason``: each engine adapter
+    maps its engine's own reasons into it once, in its folder), the worker shells count
+    and send it, and a wire chunk's ``finish_reason`` is its value, which is Dynamo's
+    ``LLMEngineOutput`` string (so Dynamo's mocker and frontend read ours and we read
+    theirs).  The frontend maps it once to OpenAI's strings
+    (``components/frontend/responses.py``'s ``openai_finish_reason``).
+    """
+
+    EOS = "eos"
+    """A stop token ended it: the model's end-of-sequence or one the request named."""
+    STOP = "stop"
+    """A stop string matched (engines that match text, and the frontend's own check)."""
+    LENGTH = "length"
+    """The token limit (``max_tokens``, or the context's end) was reached."""
+    CANCELLED = "cancelled"
+    """Aborted before its end: the client left, the engine or its drain dropped it."""
+    ERROR = "error"
+    """The engine failed the request."""
+
+    @classmethod
+    def from_wire(cls, raw: str) -> FinishReason:
+        """A wire chunk's (non-empty) finish reason.  A value outside this vocabulary
+        (an engine speaking a later Dynamo release) ended the request normally: it
+        reads as ``EOS``, which the frontend answers ``stop``, as it always has."""
+        try:
+            return cls(raw)
+        except ValueError:
+            return cls.EOS
 
 
 class StopConditions(BaseModel):
@@ -190,7 +222,7 @@ def output_chunk(token_ids: list[int], finish_reason: FinishReason | None = None
         out["prompt_logprobs"] = {"log_probs": prompt_logprobs.logprobs,
                                   "top_logprobs": prompt_logprobs.top}
     if finish_reason is not None:
-        out["finish_reason"] = finish_reason
+        out["finish_reason"] = FinishReason(finish_reason).value
     if prompt_tokens is not None:
         out["completion_usage"] = {
             "prompt_tokens": prompt_tokens,

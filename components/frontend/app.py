@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from splitserve.contracts.wire import chunk_logprobs, chunk_prompt_logprobs
+from splitserve.contracts.wire import FinishReason, chunk_logprobs, chunk_prompt_logprobs
 
 from .backend import StreamMeta
 from .errors import APIError, bad_request, overloaded, upstream_error
@@ -33,13 +33,12 @@ from .choices import (
     merged,
 )
 from .answers import answer_body, chat_chunks, event_data, response_events, sse_data
-from .responses import Event
+from .responses import Event, openai_finish_reason
 from .responses_api import new_id
 from .responses_stream import ResponseEvents
 from .state import FrontendState, Prepared
 from .textcodec import TextCodec
 
-FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 # The request-kind label of the frontend's metrics.
 ENDPOINTS = {"chat": "chat", "completion": "completions", "responses": "responses"}
 
@@ -144,7 +143,8 @@ async def next_chunk(state: FrontendState, chunks: AsyncIterator[dict], meta: St
         raise overloaded(f"worker: {chunk.get('error')}",
                          retry_after_s=float(chunk["retry_after_s"]),
                          code="worker_overloaded")
-    if chunk.get("error") or chunk.get("finish_reason") in ("error", "cancelled"):
+    if chunk.get("error") or chunk.get("finish_reason") in (FinishReason.ERROR,
+                                                            FinishReason.CANCELLED):
         raise upstream_error(f"worker error: {chunk.get('error') or chunk.get('text')}")
     return chunk
 
@@ -189,9 +189,9 @@ async def token_events(state: FrontendState, p: Prepared, meta: StreamMeta, star
                     "cached_tokens", 0) or 0
             text = detok.push(ids)
             if detok.stopped:
-                finish = "stop"
+                finish = openai_finish_reason(FinishReason.STOP)
             elif chunk.get("finish_reason"):
-                finish = FINISH.get(chunk["finish_reason"], "stop")
+                finish = openai_finish_reason(FinishReason.from_wire(chunk["finish_reason"]))
                 text += detok.flush()
             yield Event(index, text, finish, list(ids), chunk_logprobs(chunk),
                         chunk_prompt_logprobs(chunk))

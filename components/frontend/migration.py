@@ -12,7 +12,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter
 
 from splitserve.contracts.metrics import PREFIX
-from splitserve.contracts.wire import KV_SOURCE
+from splitserve.contracts.wire import KV_SOURCE, FinishReason, output_chunk
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Resumable:
 
 def final_chunk() -> dict:
     """The end of a request whose worker died right after its last token."""
-    return {"token_ids": [], "finish_reason": "length"}
+    return output_chunk([], FinishReason.LENGTH)
 
 
 def migrate(exc: WorkerUnreachable, resume: Resumable, request: dict, attempt: int,

@@ -12,9 +12,24 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitserve.contracts.wire import NO_LOGPROB, TokenLogprobs
+from splitserve.contracts.wire import NO_LOGPROB, FinishReason, TokenLogprobs
 
 from .textcodec import TextCodec
+
+OPENAI_FINISH: dict[FinishReason, str] = {
+    FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
+    # Never in a body: the frontend answers a cancelled or failed request with an HTTP
+    # error before writing one (``app.next_chunk``); OpenAI would call it stop.
+    FinishReason.CANCELLED: "stop", FinishReason.ERROR: "stop",
+}
+
+
+def openai_finish_reason(reason: FinishReason) -> str:
+    """OpenAI's ``finish_reason`` for the project's: the one place the vocabulary is
+    translated (``tool_calls`` then replaces ``stop`` for a chat choice that called a
+    tool: ``chat_output.finish_reason``)."""
+    return OPENAI_FINISH[reason]
+
 
 def _finite(lp: float) -> float:
     return lp if math.isfinite(lp) else NO_LOGPROB

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from splitserve.contracts.engine import Engine, TokenDelta
-from splitserve.contracts.wire import WorkerRequest, output_chunk
+from splitserve.contracts.wire import FinishReason, WorkerRequest, output_chunk
 from splitserve.contracts.kit.component import ComponentContext, serve_until_stopped
 
 from . import registry
@@ -39,7 +39,7 @@ async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetric
         async for d in until_stopped(deltas, context, drain.stop if drain else None):
             produced += len(d.token_ids)
             if d.finished:
-                metrics.requests.labels(d.finish_reason or "stop").inc()
+                metrics.requests.labels((d.finish_reason or FinishReason.EOS).value).inc()
             yield delta_chunk(d, produced)
             if d.finished:
                 return
@@ -48,8 +48,8 @@ async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetric
             yield drain.drained_chunk(produced)
     except Exception as exc:  # noqa: BLE001 - the engine failed this request
         log.info("request failed in the engine: %s", exc)
-        metrics.requests.labels("error").inc()
-        yield output_chunk([], "error", error=str(exc))
+        metrics.requests.labels(FinishReason.ERROR.value).inc()
+        yield output_chunk([], FinishReason.ERROR, error=str(exc))
     finally:
         if drain is not None:
             drain.close()
@@ -79,7 +79,7 @@ def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | No
                 deltas = engine.generate(rid, params)
         except Exception as exc:  # noqa: BLE001 - bad request or engine gone
             metrics.requests.labels("rejected").inc()
-            yield output_chunk([], "error", error=f"request refused: {exc}")
+            yield output_chunk([], FinishReason.ERROR, error=f"request refused: {exc}")
             return
         drain = DrainCut(cut, moves, rid, len(params.token_ids))
         async for chunk in stream_chunks(deltas, metrics, context, drain):

@@ -43,7 +43,7 @@ from splitserve.contracts.engine import (
     TorchBlocksHandoff,
 )
 from splitserve.components.prefill_queue import EnqueueRejected, PrefillRequest
-from splitserve.contracts.wire import WorkerRequest, output_chunk
+from splitserve.contracts.wire import FinishReason, WorkerRequest, output_chunk
 
 from .cancel import until_stopped
 from .kv_moves import DrainCut, KvMoves
@@ -171,12 +171,12 @@ class EngineDecodeCoordinator:
             self.engine.validate(params)
         except Exception as exc:  # noqa: BLE001 - the client gets the reason
             self._count("rejected")
-            yield output_chunk([], "error", error=f"request refused: {exc}")
+            yield output_chunk([], FinishReason.ERROR, error=f"request refused: {exc}")
             return
         meta = wreq.meta()
         rid = meta.request_id or uuid.uuid4().hex
         produced = 0
-        outcome = "cancelled"
+        outcome = FinishReason.CANCELLED.value
         moves = self.moves
         if moves is not None and meta.kv_source is not None:
             deltas = self._counted(moves.resume(rid, params, meta.kv_source))
@@ -190,21 +190,22 @@ class EngineDecodeCoordinator:
                 async for d in s:
                     produced += len(d.token_ids)
                     if d.finished:
-                        outcome = d.finish_reason or "stop"
+                        outcome = (d.finish_reason or FinishReason.EOS).value
                     yield delta_chunk(d, produced)
-            if outcome == "cancelled" and drain.came:
+            if outcome == FinishReason.CANCELLED and drain.came:
                 outcome = "drained"
                 yield drain.drained_chunk(produced)
         except Rejected as exc:
             outcome = "rejected"
-            chunk = output_chunk([], "error", error=f"overloaded: {exc.reason}")
+            chunk = output_chunk([], FinishReason.ERROR, error=f"overloaded: {exc.reason}")
             chunk["retry_after_s"] = exc.retry_after_s
             yield chunk
         except Exception as exc:  # noqa: BLE001 - the client gets an error chunk instead
-            outcome = "error"
+            outcome = FinishReason.ERROR.value
             log.warning("request %s failed in the %s engine: %s", rid, self.engine.info.name,
                         exc)
-            yield output_chunk([], "error", error=f"{self.engine.info.name} engine: {exc}")
+            yield output_chunk([], FinishReason.ERROR,
+                               error=f"{self.engine.info.name} engine: {exc}")
         finally:
             drain.close()
             self._count(outcome)

@@ -3,9 +3,8 @@
 - ``params_from_wire``: a wire ``WorkerRequest`` as the engine interface's
   ``GenerateParams`` (unset wire fields take the engines' neutral values);
 - ``PRIORITY_RANK``: the order of the wire's priority names (higher is served first);
-- ``wire_finish``: an engine's finish reason (``TokenDelta.finish_reason``: stop, length,
-  abort, error) in the wire's vocabulary (``protocol.FinishReason``);
-- ``delta_chunk``: one engine delta as one wire output chunk.
+- ``delta_chunk``: one engine delta as one wire output chunk (engines and the wire share
+  one finish vocabulary, ``contracts.wire.FinishReason``: nothing is translated).
 
 Called by the aggregated shell, the decode coordinator and the engine adapters' tests;
 nothing here imports an engine library.
@@ -20,11 +19,6 @@ from splitserve.contracts.wire import FinishReason, WorkerRequest, output_chunk
 
 PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
 """Wire priority name -> the rank engines schedule by (unknown names rank as normal)."""
-
-FINISH_TO_WIRE: dict[str, FinishReason] = {
-    "stop": "eos", "length": "length", "abort": "cancelled", "error": "error"}
-"""Engine finish reason -> wire finish reason.  A stop token (EOS or one the client
-named) is ``eos`` on the wire; the frontend answers ``stop`` for it either way."""
 
 
 def params_from_wire(wreq: WorkerRequest, default_max_tokens: int = 256) -> GenerateParams:
@@ -55,18 +49,13 @@ def _schema_text(guided) -> str | None:
     return json.dumps(guided.json_schema, sort_keys=True)
 
 
-def wire_finish(reason: str | None) -> FinishReason:
-    """The wire finish reason of a finished delta (no reason: the engine stopped it)."""
-    return FINISH_TO_WIRE.get(reason or "stop", "eos")
-
-
 def delta_chunk(d: TokenDelta, produced: int) -> dict:
     """One wire chunk for engine delta ``d``; ``produced`` counts this request's tokens
     so far, ``d``'s included (the final chunk carries the usage)."""
     if not d.finished:
         return output_chunk(list(d.token_ids), logprobs=d.logprobs,
                             prompt_logprobs=d.prompt_logprobs)
-    return output_chunk(list(d.token_ids), wire_finish(d.finish_reason),
+    return output_chunk(list(d.token_ids), d.finish_reason or FinishReason.EOS,
                         prompt_tokens=d.prompt_tokens, cached_tokens=d.cached_tokens,
                         completion_tokens=produced, logprobs=d.logprobs,
                         prompt_logprobs=d.prompt_logprobs)

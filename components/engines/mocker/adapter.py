@@ -35,9 +35,10 @@ from splitserve.contracts.engine import (
     WithoutKvPush,
     WithoutPrefixLookup,
 )
+from splitserve.contracts.wire import FinishReason
 
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort",
-          "error": "error"}
+# Dynamo's mocker speaks Dynamo's LLMEngineOutput, whose finish reasons are the
+# contracts' vocabulary itself: ``FinishReason.from_wire`` reads them.
 
 
 def engine_request(model: str, request_id: str, params: GenerateParams, *,
@@ -117,12 +118,13 @@ class MockerEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutHandoffFirs
         try:
             async for chunk in self.children[role].stream(request, self.idle_timeout_s):
                 reason = chunk.get("finish_reason")
-                if reason == "error" or chunk.get("error"):
+                if reason == FinishReason.ERROR or chunk.get("error"):
                     raise RuntimeError(f"{role} engine: {chunk.get('error') or chunk}")
                 prompt, cached = usage_of(chunk)
                 yield TokenDelta(token_ids=tuple(chunk.get("token_ids") or ()),
                                  finished=reason is not None,
-                                 finish_reason=FINISH.get(reason, "stop") if reason else None,
+                                 finish_reason=FinishReason.from_wire(reason) if reason
+                                 else None,
                                  prompt_tokens=prompt or len(params.token_ids),
                                  cached_tokens=cached)
                 if reason is not None:
@@ -145,7 +147,7 @@ class MockerEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutHandoffFirs
         t_first = t0
         request = engine_request(self.model, request_id, params, max_tokens=1)
         async for chunk in self.children["prefill"].stream(request, self.idle_timeout_s):
-            if chunk.get("finish_reason") == "error" or chunk.get("error"):
+            if chunk.get("finish_reason") == FinishReason.ERROR or chunk.get("error"):
                 raise RuntimeError(f"prefill engine error: {chunk}")
             if first is None and chunk.get("token_ids"):
                 first, t_first = chunk, time.monotonic()
@@ -164,7 +166,7 @@ class MockerEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutHandoffFirs
             raise ValueError("a mocker decode needs an opaque handoff and the first token")
         done = params.max_tokens == 1
         yield TokenDelta(token_ids=(first_token,), finished=done,
-                         finish_reason="length" if done else None,
+                         finish_reason=FinishReason.LENGTH if done else None,
                          prompt_tokens=len(params.token_ids))
         if done:
             return

@@ -44,6 +44,7 @@ from splitserve.contracts.engine import (
     WithoutKvPush,
     WithoutPrefixLookup,
 )
+from splitserve.contracts.wire import FinishReason
 
 from . import kv_relay, process
 from .config import Role, SglangEngineArgs, decode_radix_cache, server_args_kwargs
@@ -273,7 +274,7 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
                 tokens += last.token_ids
                 if last.finished:
                     finished = True
-                    if last.finish_reason in ("abort", "error"):
+                    if last.finish_reason in (FinishReason.CANCELLED, FinishReason.ERROR):
                         raise RuntimeError(f"SGLang prefill of {request_id!r} ended with "
                                            f"{last.finish_reason}: {finish_message(out)}")
                     break

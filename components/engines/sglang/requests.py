@@ -19,10 +19,14 @@ from splitserve.contracts.engine import (
     SglangBootstrapHandoff,
     TokenDelta,
 )
-from splitserve.contracts.wire import TokenLogprobs
+from splitserve.contracts.wire import FinishReason, TokenLogprobs
 
-# SGLang finish types -> the interface's
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+# SGLang's finish types in the contracts' vocabulary (its ``stop`` is a stop token here:
+# the adapter sends no stop strings); any other type is an error, as is an ``abort``
+# with a server-side status (``to_delta``).
+_FINISH: dict[str, FinishReason] = {
+    "stop": FinishReason.EOS, "length": FinishReason.LENGTH,
+    "abort": FinishReason.CANCELLED}
 
 
 def new_bootstrap_room() -> int:
@@ -175,9 +179,10 @@ def to_delta(out: dict[str, Any], logprobs: LogprobReader | None = None) -> Toke
     reason = None
     if fin:
         kind = fin.get("type", "stop") if isinstance(fin, dict) else str(fin)
-        reason = _FINISH.get(kind, "error")
-        if reason == "abort" and isinstance(fin, dict) and int(fin.get("status_code") or 0) >= 500:
-            reason = "error"
+        reason = _FINISH.get(kind, FinishReason.ERROR)
+        if (reason == FinishReason.CANCELLED and isinstance(fin, dict)
+                and int(fin.get("status_code") or 0) >= 500):
+            reason = FinishReason.ERROR
     tokens = tuple(int(t) for t in out.get("output_ids") or ())
     return TokenDelta(
         token_ids=tokens, finished=fin is not None and fin != {}, finish_reason=reason,

@@ -48,13 +48,17 @@ from splitserve.contracts.engine import (
     WithoutHandoffFirst,
 )
 
-from splitserve.contracts.wire import NO_LOGPROB, TokenLogprobs
+from splitserve.contracts.wire import NO_LOGPROB, FinishReason, TokenLogprobs
 
 from .runner import EngineRunner
 
 log = logging.getLogger("splitserve.worker")
 
-FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
+FINISH: dict[str, FinishReason] = {
+    "stop": FinishReason.EOS, "length": FinishReason.LENGTH,
+    "abort": FinishReason.CANCELLED, "error": FinishReason.ERROR}
+"""The engine core's finish reasons (``request.FinishReason``; its ``stop`` is a stop
+token) in the contracts' vocabulary."""
 # Suffix of the id under which a moved request's blocks are reserved: a failed move
 # holds them for a while (a late write), and the recompute then runs under the plain id.
 MOVE_SUFFIX = "#kv"
@@ -156,7 +160,7 @@ class TorchEngine(WithoutFailureReport, WithoutHandoffFirst):
                 sampled, prompt = output_logprobs(out)
                 yield TokenDelta(
                     token_ids=tuple(out.new_token_ids), finished=finished,
-                    finish_reason=FINISH.get(out.finish_reason or "", "stop")
+                    finish_reason=FINISH.get(out.finish_reason or "", FinishReason.EOS)
                     if finished else None,
                     prompt_tokens=out.num_prompt_tokens, cached_tokens=out.num_cached_tokens,
                     logprobs=sampled, prompt_logprobs=prompt)

@@ -45,6 +45,7 @@ from splitserve.contracts.engine import (
     WithoutKvPush,
     WithoutPrefixLookup,
 )
+from splitserve.contracts.wire import FinishReason
 
 from .config import Role, TrtllmEngineArgs, check_version, llm_kwargs
 from .events import convert_event, load_from_stats
@@ -287,7 +288,7 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
                 self._abort(live)
         comp = out.outputs[0] if out is not None and out.outputs else None
         dparams = getattr(comp, "disaggregated_params", None)
-        if not tokens or dparams is None or (last and last.finish_reason == "abort"):
+        if not tokens or dparams is None or (last and last.finish_reason == FinishReason.CANCELLED):
             raise RuntimeError(f"TensorRT-LLM context phase of {request_id!r} returned no "
                                f"{'token' if not tokens else 'disaggregated_params'}")
         return PrefillResult(first_token=tokens[0], handoff=handoff_from_params(dparams),

@@ -15,12 +15,16 @@ import dataclasses
 from typing import Any, Literal
 
 from splitserve.contracts.engine import GenerateParams, OpaqueHandoff, TokenDelta
-from splitserve.contracts.wire import TokenLogprobs
+from splitserve.contracts.wire import FinishReason, TokenLogprobs
 
 RequestType = Literal["context_only", "generation_only", "context_and_generation"]
 
-_FINISH = {"stop": "stop", "length": "length", "end_id": "stop", "stop_words": "stop",
-           "cancelled": "abort", "abort": "abort", "timeout": "abort"}
+# TensorRT-LLM's finish reasons in the contracts' vocabulary (an unknown one ended the
+# request normally: EOS).
+_FINISH: dict[str, FinishReason] = {
+    "stop": FinishReason.EOS, "end_id": FinishReason.EOS, "stop_words": FinishReason.STOP,
+    "length": FinishReason.LENGTH, "cancelled": FinishReason.CANCELLED,
+    "abort": FinishReason.CANCELLED, "timeout": FinishReason.CANCELLED}
 
 
 def sampling_kwargs(p: GenerateParams, *, max_tokens: int | None = None) -> dict[str, Any]:
@@ -130,7 +134,7 @@ class DeltaCursor:
         reason = None
         if out.finished:
             raw = getattr(comp, "finish_reason", None) if comp is not None else "abort"
-            reason = _FINISH.get(str(raw or "stop"), "stop")
+            reason = _FINISH.get(str(raw or "stop"), FinishReason.EOS)
         return TokenDelta(token_ids=new, finished=bool(out.finished), finish_reason=reason,
                           prompt_tokens=len(getattr(out, "prompt_token_ids", None) or ()),
                           cached_tokens=int(getattr(comp, "cached_tokens", 0) or 0)

@@ -6,10 +6,15 @@ import json
 from typing import Any
 
 from splitserve.contracts.engine import GenerateParams, TokenDelta
-from splitserve.contracts.wire import TokenLogprobs
+from splitserve.contracts.wire import FinishReason, TokenLogprobs
 
-# vLLM finish reasons -> the interface's
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
+# vLLM's finish reasons (``vllm.v1.engine.FINISH_REASON_STRINGS``) in the contracts'
+# vocabulary.  vLLM's ``stop`` is a stop token here (the adapter sends no stop strings);
+# ``repetition`` (a repetitive pattern cut short) ended it without an error.
+_FINISH: dict[str, FinishReason] = {
+    "stop": FinishReason.EOS, "length": FinishReason.LENGTH,
+    "abort": FinishReason.CANCELLED, "error": FinishReason.ERROR,
+    "repetition": FinishReason.EOS}
 
 # What a prefill engine is asked for with NixlConnector: keep the KV for a remote
 # decode engine to pull (the decode side gets the prefill output's params back).
@@ -99,7 +104,7 @@ def to_delta(out, top_n: int = 0, prompt_top_n: int = 0) -> TokenDelta:
     reason = None
     if out.finished:
         raw = comp.finish_reason if comp is not None else "abort"
-        reason = _FINISH.get(raw or "stop", "stop")
+        reason = _FINISH.get(raw or "stop", FinishReason.EOS)
     return TokenDelta(
         token_ids=tokens, finished=bool(out.finished), finish_reason=reason,
         prompt_tokens=len(out.prompt_token_ids or ()),

@@ -13,6 +13,7 @@ import inspect
 import pytest
 
 from splitserve.contracts.engine import GenerateParams, SglangBootstrapHandoff
+from splitserve.contracts.wire import FinishReason
 from splitserve.components.engines.sglang.requests import (
     generate_kwargs,
     new_bootstrap_room,
@@ -99,13 +100,15 @@ def test_rooms_are_distinct_and_fit_63_bits():
 
 @pytest.mark.parametrize(("fin", "finished", "reason"), [
     (None, False, None),
-    ({"type": "stop", "matched": 2}, True, "stop"),
-    ({"type": "length", "length": 9}, True, "length"),
-    ({"type": "abort", "message": "client gone"}, True, "abort"),
-    ({"type": "abort", "status_code": 500, "message": "boom"}, True, "error"),
+    ({"type": "stop", "matched": 2}, True, FinishReason.EOS),
+    ({"type": "length", "length": 9}, True, FinishReason.LENGTH),
+    ({"type": "abort", "message": "client gone"}, True, FinishReason.CANCELLED),
+    ({"type": "abort", "status_code": 500, "message": "boom"}, True, FinishReason.ERROR),
+    ({"type": "surprise"}, True, FinishReason.ERROR),
 ])
 def test_outputs_become_deltas(fin, finished, reason):
     d = to_delta({"output_ids": [7, 8], "meta_info": {"finish_reason": fin,
                                                       "prompt_tokens": 3, "cached_tokens": 2}})
-    assert d.token_ids == (7, 8) and d.finished is finished and d.finish_reason == reason
+    assert d.token_ids == (7, 8) and d.finished is finished and d.finish_reason is reason
     assert (d.prompt_tokens, d.cached_tokens) == (3, 2)
+

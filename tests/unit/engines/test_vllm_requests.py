@@ -21,7 +21,7 @@ from splitserve.components.engines.vllm.requests import (
     to_delta,
 )
 from splitserve.components.worker.wire import params_from_wire as generate_params
-from splitserve.contracts.wire import WorkerRequest, worker_request
+from splitserve.contracts.wire import FinishReason, WorkerRequest, worker_request
 
 pytestmark = pytest.mark.unit
 
@@ -66,14 +66,24 @@ def _output(tokens, finished, reason=None, cached=0):
                          num_cached_tokens=cached)
 
 
-@pytest.mark.parametrize("reason, expected", [("stop", "stop"), ("length", "length"),
-                                              ("abort", "abort")])
+@pytest.mark.parametrize("reason, expected", [
+    ("stop", FinishReason.EOS), ("length", FinishReason.LENGTH),
+    ("abort", FinishReason.CANCELLED), ("error", FinishReason.ERROR),
+    ("repetition", FinishReason.EOS)])
 def test_outputs_become_deltas(reason, expected):
     d = to_delta(_output([7, 8], False))
     assert d.token_ids == (7, 8) and not d.finished and d.finish_reason is None
     d = to_delta(_output([9], True, reason, cached=128))
-    assert d.finished and d.finish_reason == expected
+    assert d.finished and d.finish_reason is expected
     assert (d.prompt_tokens, d.cached_tokens) == (3, 128)
+
+
+def test_every_finish_reason_vllm_names_is_mapped():
+    from vllm.v1.engine import FINISH_REASON_STRINGS
+
+    from splitserve.components.engines.vllm.requests import _FINISH
+
+    assert set(FINISH_REASON_STRINGS) == set(_FINISH)
 
 
 def test_handoffs_round_trip_by_kind():

@@ -186,3 +186,41 @@ def test_models_health_metrics(codec):
     m = c.get("/metrics").text
     assert "splitserve_frontend_requests_total" in m and "splitserve_frontend_ttft_seconds" in m
     assert c.get("/nope").json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(("wire", "openai"), [
+    ("eos", "stop"), ("stop", "stop"), ("length", "length"),
+    ("content_filter", "stop"),  # a reason outside the vocabulary: a normal end, as before
+])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_each_worker_finish_reason_has_one_openai_answer(codec, wire, openai, stream, kind):
+    c, _, _ = client_for(codec, finish=wire)
+    path, body = (("/v1/chat/completions", chat_body(stream=stream)) if kind == "chat" else
+                  ("/v1/completions", {"model": MODEL, "prompt": "Hello", "stream": stream}))
+    if not stream:
+        r = c.post(path, json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] == openai
+        return
+    with c.stream("POST", path, json=body) as r:
+        assert r.status_code == 200
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln and ln != "data: [DONE]"]
+    finals = [e["choices"][0]["finish_reason"] for e in events if e["choices"]]
+    assert finals[-1] == openai and all(f is None for f in finals[:-1])
+
+
+def test_the_openai_mapping_covers_the_whole_vocabulary():
+    from splitserve.components.frontend.responses import openai_finish_reason
+    from splitserve.contracts.wire import FinishReason
+
+    assert {r: openai_finish_reason(r) for r in FinishReason} == {
+        FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
+        FinishReason.CANCELLED: "stop", FinishReason.ERROR: "stop"}
+
+
+@pytest.mark.parametrize("wire", ["error", "cancelled"])
+def test_a_failed_or_cancelled_worker_answer_is_an_http_error(codec, wire):
+    c, _, _ = client_for(codec, finish=wire)
+    r = c.post("/v1/chat/completions", json=chat_body())
+    assert r.status_code == 502 and "worker error" in r.json()["error"]["message"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from splitserve.contracts.engine import TokenDelta
+from splitserve.contracts.wire import FinishReason
 from splitserve.components.worker.agg import stream_chunks
 from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 
@@ -36,7 +37,7 @@ class Deltas:
 
 
 async def test_chunks_carry_tokens_finish_reason_and_usage():
-    src = Deltas([TokenDelta((1, 2)), TokenDelta((3,), True, "length", 5, 128)])
+    src = Deltas([TokenDelta((1, 2)), TokenDelta((3,), True, FinishReason.LENGTH, 5, 128)])
     chunks = [c async for c in stream_chunks(src, WorkerMetrics())]
     assert chunks[0] == {"token_ids": [1, 2]}
     assert chunks[1]["token_ids"] == [3] and chunks[1]["finish_reason"] == "length"
@@ -45,11 +46,15 @@ async def test_chunks_carry_tokens_finish_reason_and_usage():
     assert usage["prompt_tokens_details"]["cached_tokens"] == 128
 
 
-@pytest.mark.parametrize("reason, wire", [("stop", "eos"), ("abort", "cancelled")])
-async def test_finish_reasons_map_to_the_wire(reason, wire):
+@pytest.mark.parametrize("reason, wire", [(FinishReason.EOS, "eos"),
+                                          (FinishReason.CANCELLED, "cancelled"),
+                                          (None, "eos")])
+async def test_finish_reasons_go_on_the_wire_and_into_the_outcome_count(reason, wire):
     src = Deltas([TokenDelta((7,), True, reason, 1, 0)])
-    chunks = [c async for c in stream_chunks(src, WorkerMetrics())]
+    metrics = WorkerMetrics()
+    chunks = [c async for c in stream_chunks(src, metrics)]
     assert chunks[-1]["finish_reason"] == wire
+    assert metrics.requests.labels(wire)._value.get() == 1
 
 
 async def test_consumer_going_away_closes_the_engine_stream():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from splitserve.contracts.engine import TokenDelta
-from splitserve.contracts.wire import WorkerRequest, worker_request
-from splitserve.components.worker.wire import delta_chunk, params_from_wire, wire_finish
+from splitserve.contracts.wire import FinishReason, WorkerRequest, worker_request
+from splitserve.components.worker.wire import delta_chunk, params_from_wire
 
 pytestmark = pytest.mark.unit
 
@@ -20,18 +20,33 @@ def test_priority_names_rank_with_unknown_as_normal(priority, rank):
     assert params_from_wire(WorkerRequest.model_validate(req)).priority == rank
 
 
-@pytest.mark.parametrize(("engine", "wire"), [("stop", "eos"), ("length", "length"),
-                                              ("abort", "cancelled"), ("error", "error"),
-                                              (None, "eos")])
-def test_one_finish_vocabulary_for_every_path(engine, wire):
-    assert wire_finish(engine) == wire
+@pytest.mark.parametrize("reason", list(FinishReason))
+def test_engines_and_the_wire_share_one_finish_vocabulary(reason):
+    chunk = delta_chunk(TokenDelta(token_ids=(), finished=True, finish_reason=reason),
+                        produced=0)
+    assert chunk["finish_reason"] == reason.value
+    assert type(chunk["finish_reason"]) is str  # a plain string on the wire
+
+
+def test_a_finished_delta_without_a_reason_is_eos():
+    chunk = delta_chunk(TokenDelta(token_ids=(4,), finished=True), produced=1)
+    assert chunk["finish_reason"] == "eos"
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
+    ("eos", FinishReason.EOS), ("stop", FinishReason.STOP), ("length", FinishReason.LENGTH),
+    ("cancelled", FinishReason.CANCELLED), ("error", FinishReason.ERROR),
+    ("content_filter", FinishReason.EOS)])
+def test_wire_reasons_read_back_and_foreign_ones_are_a_normal_end(raw, reason):
+    assert FinishReason.from_wire(raw) is reason
 
 
 def test_only_the_last_chunk_carries_the_finish_reason_and_usage():
     first = delta_chunk(TokenDelta(token_ids=(5,)), produced=1)
     assert first == {"token_ids": [5]}
-    last = delta_chunk(TokenDelta(token_ids=(6,), finished=True, finish_reason="length",
-                                  prompt_tokens=4, cached_tokens=2), produced=2)
+    last = delta_chunk(TokenDelta(token_ids=(6,), finished=True,
+                                  finish_reason=FinishReason.LENGTH, prompt_tokens=4,
+                                  cached_tokens=2), produced=2)
     assert last["finish_reason"] == "length"
     assert last["completion_usage"]["completion_tokens"] == 2
     assert last["completion_usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
