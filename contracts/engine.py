@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal, Protocol, get_args, runtime_checkabl
 from pydantic import BaseModel, ConfigDict, Field
 
 from splitserve.contracts.block_events import KvEvent
+from splitserve.contracts.priority import DEFAULT_LEVEL
 from splitserve.contracts.wire import FinishReason, TokenLogprobs
 
 HANDOFF_VERSION = 1
@@ -95,7 +96,9 @@ class GenerateParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     """Tokens to produce before a stop token may end the request."""
-    priority: int = 1
+    priority: int = DEFAULT_LEVEL
+    """The request's priority level (``contracts/priority.py``): 0 is the most important
+    class; each engine maps it to its scheduler's own convention."""
     top_k: int = 0
     """Sample among the k most likely tokens only (0: no limit)."""
     min_p: float = 0.0

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from splitserve.contracts.engine import EngineHandoff
+from splitserve.contracts.priority import DEFAULT_TABLE, PriorityTable
 
 from .prefill_queue import PrefillQueueConfig
 
@@ -43,8 +44,11 @@ class PrefillRequest(BaseModel):
     version: Literal[1] = Field(default=1, description="Wire format version.")
     request_id: str = Field(min_length=1, description="Request id; also the dedup key.")
     priority: StrictInt | StrictStr = Field(
-        default="default", description="Priority class name, or a level index "
-        "(0 = highest) into the queue's `priorities`.")
+        default="default", description="The request's priority level (0 = highest: its "
+        "class's position in the router's priority table), which the queue serves it at "
+        "(its last level when past it) and the prefill engine schedules it at; or, from "
+        "decode workers of an earlier release, a class name, ranked by the queue's "
+        "`priorities`.")
     token_ids: list[int] = Field(min_length=1, description="The full prompt's token ids.")
     num_cached_tokens: int = Field(
         default=0, ge=0, description="Leading prompt tokens whose KV the decode worker "
@@ -105,6 +109,13 @@ class PrefillRequest(BaseModel):
             raise ValueError("token and block ids must be >= 0")
         return self
 
+    def level(self, table: PriorityTable = DEFAULT_TABLE) -> int:
+        """The level the prefill engine schedules this job at: its own, or its class
+        name's in ``table`` (``contracts/priority.py``'s rule for a name it lacks)."""
+        if isinstance(self.priority, int):
+            return self.priority
+        return table.level_of(self.priority)
+
     @property
     def deadline(self) -> float | None:
         """Wall-clock time after which the decode worker no longer waits, or None."""
@@ -123,16 +134,16 @@ class PrefillRequest(BaseModel):
 def priority_level(priority: int | str, config: PrefillQueueConfig) -> int:
     """Return the level (0 = highest) a request is queued at; called on enqueue.
 
-    An integer past the last level goes to the last level; an unknown class name goes to
-    ``default_priority`` (QoS classes are defined elsewhere and may be newer than this
-    queue's configuration, so a typo should not drop work).
+    An integer is the request's level and goes to that level, or to the last one when it
+    is past it; a class name is ranked by the queue's table under
+    ``contracts/priority.py``'s rule: a name it lacks goes to ``default_priority`` (QoS
+    classes are defined elsewhere and may be newer than this queue's configuration, so a
+    typo should not drop work).
     """
-    levels = config.priorities
+    table = config.table()
     if isinstance(priority, int):
-        return min(max(priority, 0), len(levels) - 1)
-    if priority in levels:
-        return levels.index(priority)
-    return levels.index(config.default_priority)
+        return min(max(priority, 0), table.lowest_level)
+    return table.level_of(priority)
 
 
 Verdict = Literal["ok", "expired", "unknown-version", "bad-shape"]

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from splitserve.contracts.priority import DEFAULT_TABLE, PriorityTable
+
 
 class PrefillQueueConfig(BaseModel):
     """One queue per (namespace, model); every decode and prefill worker of it uses this."""
@@ -37,12 +39,15 @@ class PrefillQueueConfig(BaseModel):
         default=3, ge=1,
         description="Deliveries of one request before the server stops redelivering it.")
     priorities: tuple[str, ...] = Field(
-        default=("high", "default", "low"), min_length=1, max_length=8,
+        default=DEFAULT_TABLE.classes, min_length=1, max_length=8,
         description="Priority class names, highest first; one subject and one consumer "
-        "each. An integer priority is an index into this list (0 = highest).")
+        "each. Keep them the QoS section's classes, in its order (the default is the "
+        "built-in classes'): a job carries its class's level in that order (0 = "
+        "highest) and is queued at that level, or at the last one when it is past it. "
+        "Names rank only the jobs of decode workers that send a class name.")
     default_priority: str = Field(
-        default="default",
-        description="Level for requests whose priority class is not in `priorities`.")
+        default=DEFAULT_TABLE.default,
+        description="Level for jobs whose class name is not in `priorities`.")
     depth_refresh_s: float = Field(
         default=0.2, ge=0.01, le=10.0,
         description="How often QueueDepthMonitor re-reads the depth from the server.")
@@ -75,3 +80,7 @@ class PrefillQueueConfig(BaseModel):
             raise ValueError(f"duplicate_window_s ({self.duplicate_window_s}) must not "
                              f"exceed max_age_s ({self.max_age_s})")
         return self
+
+    def table(self) -> PriorityTable:
+        """The levels as a priority table (``contracts/priority.py``)."""
+        return PriorityTable(self.priorities, self.default_priority)

@@ -118,6 +118,12 @@ class RequestMeta(BaseModel):
     version: int = PROTOCOL_VERSION
     request_id: str = ""
     priority: str = "default"
+    """The request's priority class name (the one the router resolved, when a router
+    placed it)."""
+    priority_level: int | None = Field(None, ge=0)
+    """That class's level in the router's priority table (``contracts/priority.py``;
+    0 = most important).  None: no router ranked it; the worker ranks ``priority``
+    by the built-in table under that module's rule."""
     prefill_locally: bool = False
     kv_source: KvSource | None = None
     """Set by the frontend when the request continues after a drain whose replica kept
@@ -293,6 +299,9 @@ class RouteReply(BaseModel):
     endpoint: str = ""
     """Endpoint path of the chosen worker (``ns.component.generate``)."""
     class_name: str = "default"
+    class_level: int | None = None
+    """``class_name``'s level in the router's priority table (0 = most important),
+    which the frontend passes to the worker; None on a refusal."""
     retry_after_s: int | None = None
     """Set on a QoS rejection: answer 503 with this Retry-After."""
     max_tokens: int | None = None

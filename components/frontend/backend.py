@@ -340,6 +340,9 @@ class RoutedBackend:
         meta.worker_id = reply.worker_id
         own = request["extra_args"]["splitserve"]
         own["priority"] = reply.class_name
+        own.pop("priority_level", None)
+        if reply.class_level is not None:
+            own["priority_level"] = reply.class_level
         capped = reply.max_tokens if reply.max_tokens is not None else max_tokens
         request["stop_conditions"]["max_tokens"] = min(capped, max_tokens)
         own.pop("prefill_locally", None)

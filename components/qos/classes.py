@@ -31,6 +31,7 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import InitErrorDetails
 
 from splitserve.contracts.models import StrictModel
+from splitserve.contracts.priority import DEFAULT_CLASS, DEFAULT_CLASSES, PriorityTable
 from splitserve.contracts.validation import issue, raise_if_any
 
 from .degrade_config import DegradationConfig
@@ -56,15 +57,13 @@ class PriorityClass(StrictModel):
 
 
 def default_classes() -> tuple[PriorityClass, ...]:
-    """Return the built-in classes (see the module docstring), most important first."""
-    return (
-        PriorityClass(name="high", ttft_ms=1000, tpot_ms=100, may_reject=False,
-                      may_degrade=False),
-        PriorityClass(name="default", ttft_ms=2000, tpot_ms=150, may_reject=False,
-                      may_degrade=False),
-        PriorityClass(name="low", ttft_ms=5000, tpot_ms=250, may_reject=True,
-                      may_degrade=True),
-    )
+    """Return the built-in classes (see the module docstring), most important first:
+    the contracts' built-in priority table (``DEFAULT_CLASSES``) with their targets."""
+    targets = {"high": dict(ttft_ms=1000, tpot_ms=100, may_reject=False, may_degrade=False),
+               "default": dict(ttft_ms=2000, tpot_ms=150, may_reject=False,
+                               may_degrade=False),
+               "low": dict(ttft_ms=5000, tpot_ms=250, may_reject=True, may_degrade=True)}
+    return tuple(PriorityClass(name=name, **targets[name]) for name in DEFAULT_CLASSES)
 
 
 class QosConfig(StrictModel):
@@ -76,7 +75,7 @@ class QosConfig(StrictModel):
         default_factory=default_classes, min_length=1,
         description="Priority classes, most important first; names unique.")
     default_class: str = Field(
-        default="default",
+        default=DEFAULT_CLASS,
         description="Class of requests that name none, or an unknown one.")
     header: str | None = Field(
         default=None, description="Refused: the frontend, which may run without this "
@@ -149,10 +148,15 @@ class QosConfig(StrictModel):
         """Return the class called ``name``, or None; called per request by admission."""
         return next((c for c in self.classes if c.name == name), None)
 
+    def priority_table(self) -> PriorityTable:
+        """The classes' order as the contracts' priority table: what the router ranks a
+        resolved class by (``RouteReply.class_level``) and every engine schedules by."""
+        return PriorityTable(tuple(c.name for c in self.classes), self.default_class)
+
     def rank(self, name: str) -> int:
-        """Return the class's position (0 = most important); unknown names rank as default."""
-        names = [c.name for c in self.classes]
-        return names.index(name) if name in names else names.index(self.default_class)
+        """Return the class's level in ``priority_table()`` (0 = most important); a name
+        the classes lack ranks as ``default_class`` (``contracts/priority.py``'s rule)."""
+        return self.priority_table().level_of(name)
 
 
 def build_estimator(config: QosConfig) -> LatencyEstimator:

@@ -160,8 +160,13 @@ class RouterService:
                 self.tracker.record(wid, hashes, now)
                 self.metrics.overlap_blocks.inc(overlap.get(wid, 0))
         detail = decision.model_dump(mode="json") if call.explain else None
+        # The class's level in this router's table travels with the request, so every
+        # engine schedules by the QoS classes' order (a class a reload removed while the
+        # request waited in the admission queue ranks as the default class).
+        level = self.qos.config.priority_table().level_of(verdict.class_name)
         return RouteReply(worker_id=wid, reason=decision.reason, decision=detail,
                           endpoint=self.worker_endpoint, class_name=verdict.class_name,
+                          class_level=level,
                           max_tokens=verdict.max_tokens if verdict.degrade else None,
                           prefill_locally=verdict.prefill_locally, qos=qos), decision
 

@@ -229,7 +229,7 @@ class EngineDecodeCoordinator:
             plan = await self._plan(rid, params, priority, prefill_locally)
             local_id = rid
             if plan.action == "remote":
-                remote, failure = await self._remote_prefill(rid, params, priority)
+                remote, failure = await self._remote_prefill(rid, params)
                 if remote is not None:
                     async with contextlib.aclosing(self.engine.decode(
                             rid, params, remote.handoff, first_token=remote.first_token)
@@ -288,10 +288,12 @@ class EngineDecodeCoordinator:
             raise Rejected(plan.reason, plan.retry_after_s or s.retry_after_s)
         return plan
 
-    async def _remote_prefill(self, rid: str, params: GenerateParams, priority: str
+    async def _remote_prefill(self, rid: str, params: GenerateParams
                               ) -> tuple[RemotePrefill | None, str]:
         """Reserve (engines that are written into), enqueue the job and wait for the
-        handoff; (result, "") or (None, failure)."""
+        handoff; (result, "") or (None, failure).  The job carries the request's
+        priority level: the queue serves it at that level and the prefill engine
+        schedules it there."""
         timeout = self.settings.remote_prefill_timeout_s
         info = self.engine.info
         block = info.kv_block_size
@@ -311,7 +313,8 @@ class EngineDecodeCoordinator:
         try:
             try:
                 job = PrefillRequest(
-                    request_id=rid, priority=priority, token_ids=list(params.token_ids),
+                    request_id=rid, priority=params.priority,
+                    token_ids=list(params.token_ids),
                     decode_worker_id=f"{self.worker_id:x}",
                     nixl_agent=dest.nixl_agent if dest else f"{info.name}-{self.worker_id:x}",
                     block_ids=(dest.block_ids if dest else

@@ -71,11 +71,13 @@ def destination_of(req: PrefillRequest) -> TorchBlocksHandoff:
 
 
 def job_params(req: PrefillRequest) -> GenerateParams:
-    """The engine's view of a job: the prompt, one token, the request's sampling."""
+    """The engine's view of a job: the prompt, one token, the request's sampling and
+    priority level."""
     return GenerateParams(token_ids=tuple(req.token_ids), max_tokens=1,
                           temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                           stop_token_ids=tuple(req.stop_token_ids),
-                          ignore_eos=req.ignore_eos, min_tokens=req.min_tokens)
+                          ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
+                          priority=req.level())
 
 
 async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,

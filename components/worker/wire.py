@@ -2,7 +2,8 @@
 
 - ``params_from_wire``: a wire ``WorkerRequest`` as the engine interface's
   ``GenerateParams`` (unset wire fields take the engines' neutral values);
-- ``PRIORITY_RANK``: the order of the wire's priority names (higher is served first);
+- ``priority_of``: the request's priority level (``contracts/priority.py``): the one
+  the router put on it, or its class name ranked by the built-in table;
 - ``delta_chunk``: one engine delta as one wire output chunk (engines and the wire share
   one finish vocabulary, ``contracts.wire.FinishReason``: nothing is translated).
 
@@ -15,10 +16,17 @@ from __future__ import annotations
 import json
 
 from splitserve.contracts.engine import GenerateParams, TokenDelta
-from splitserve.contracts.wire import FinishReason, WorkerRequest, output_chunk
+from splitserve.contracts.priority import DEFAULT_TABLE
+from splitserve.contracts.wire import FinishReason, RequestMeta, WorkerRequest, output_chunk
 
-PRIORITY_RANK = {"high": 2, "normal": 1, "default": 1, "low": 0}
-"""Wire priority name -> the rank engines schedule by (unknown names rank as normal)."""
+
+def priority_of(meta: RequestMeta) -> int:
+    """The level the engine schedules a request at: the router's (its QoS table's), or,
+    for a request no router ranked, its class name's in the built-in table (a name that
+    table lacks is the default class: ``contracts/priority.py``'s rule)."""
+    if meta.priority_level is not None:
+        return meta.priority_level
+    return DEFAULT_TABLE.level_of(meta.priority)
 
 
 def params_from_wire(wreq: WorkerRequest, default_max_tokens: int = 256) -> GenerateParams:
@@ -33,7 +41,7 @@ def params_from_wire(wreq: WorkerRequest, default_max_tokens: int = 256) -> Gene
         temperature=given(s.temperature, 1.0), top_p=given(s.top_p, 1.0), seed=s.seed,
         stop_token_ids=tuple(wreq.eos_token_ids) + tuple(sc.stop_token_ids_hidden or ()),
         ignore_eos=bool(sc.ignore_eos), min_tokens=sc.min_tokens or 0,
-        priority=PRIORITY_RANK.get(wreq.meta().priority, 1),
+        priority=priority_of(wreq.meta()),
         top_k=max(0, given(s.top_k, 0)), min_p=given(s.min_p, 0.0),
         presence_penalty=given(s.presence_penalty, 0.0),
         frequency_penalty=given(s.frequency_penalty, 0.0),

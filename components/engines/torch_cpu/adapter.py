@@ -66,13 +66,15 @@ MOVE_SUFFIX = "#kv"
 
 def torch_request(request_id: str, params: GenerateParams, **extra):
     """The engine core's request for ``params`` (``extra``: core-only fields such as
-    ``prefill_only``); raises ValueError if invalid."""
+    ``prefill_only``); raises ValueError if invalid.  The core serves higher priorities
+    first (admitted first, preempted last): a request's level, 0 for the most important
+    class, goes in negated."""
     from .request import Request
 
     return Request(
         request_id=request_id, prompt_token_ids=params.token_ids,
         max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
-        seed=params.seed, stop_token_ids=params.stop_token_ids, priority=params.priority,
+        seed=params.seed, stop_token_ids=params.stop_token_ids, priority=-params.priority,
         top_k=params.top_k, min_p=params.min_p, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias,

@@ -52,7 +52,7 @@ def test_greedy_request_from_the_wire():
                           priority="high")
     p = generate_params(WorkerRequest.model_validate(wire))
     assert p == GenerateParams(token_ids=(5, 6), max_tokens=4, temperature=0.0, top_p=1.0,
-                               seed=None, stop_token_ids=(2,), priority=2)
+                               seed=None, stop_token_ids=(2,), priority=0)
     assert sampling_params(p).temperature == 0.0
 
 

@@ -360,3 +360,31 @@ def test_each_release_reaches_the_router_replica_that_placed_the_request():
             await asyncio.sleep(0.01)  # the release is sent in the background
     asyncio.run(go())
     assert {r: s.fleet.placed for r, s in svcs.items()} == {11: {}, 12: {}}
+
+
+QOS_CLASSES = [{"name": n, "ttft_ms": 1000, "tpot_ms": 100}
+               for n in ("high", "default", "low", "batch")]
+
+
+@pytest.mark.parametrize(("header", "name", "level"), [
+    ("high", "high", 0), ("default", "default", 1), ("low", "low", 2), ("batch", "batch", 3),
+    (None, "default", 1), ("Batch", "batch", 3), ("urgent", "default", 1)])
+def test_the_worker_gets_the_class_and_level_the_router_resolved(header, name, level):
+    from splitserve.components.qos import QosConfig
+    from splitserve.components.worker.wire import params_from_wire
+    from splitserve.contracts.wire import WorkerRequest
+
+    workers = Workers([1])
+    cfg = RouterComponentConfig(policy="round_robin", use_kv_events=False,
+                                qos=QosConfig.model_validate({"classes": QOS_CLASSES}))
+    svc = RouterService(cfg, load_policy(cfg), Workers([1]), worker_endpoint=ENDPOINT)
+
+    async def connect(path):
+        return workers
+
+    backend = RoutedBackend(RouterClient(svc, svc.route), connect, metrics=BackendMetrics())
+    collect(backend, StreamMeta("r", header))
+    sent = workers.requests[-1]
+    assert sent["extra_args"]["splitserve"] == {"priority": name, "priority_level": level}
+    sent["model"] = "m"
+    assert params_from_wire(WorkerRequest.model_validate(sent)).priority == level

@@ -90,3 +90,29 @@ def test_priority_level(priority: int | str, level: int) -> None:
 def test_priority_level_follows_configured_classes() -> None:
     cfg = PrefillQueueConfig(priorities=("interactive", "batch"), default_priority="batch")
     assert [priority_level(p, cfg) for p in ("interactive", "batch", "x", 5)] == [0, 1, 1, 1]
+
+
+JOB_PRIORITIES = {
+    # case: (the job's priority, queue levels, level queued at, level the engine gets)
+    "level 0": (0, ("high", "default", "low"), 0, 0),
+    "level 2": (2, ("high", "default", "low"), 2, 2),
+    "batch below low (level 3)": (3, ("high", "default", "low"), 2, 3),
+    "a name from an earlier decode worker": ("low", ("high", "default", "low"), 2, 2),
+    "an unknown name is the default class": ("batch", ("high", "default", "low"), 1, 1),
+    "level 1 of a two-level queue": (1, ("interactive", "batch"), 1, 1),
+}
+
+
+@pytest.mark.parametrize(("priority", "levels", "queued", "engine"), JOB_PRIORITIES.values(),
+                         ids=JOB_PRIORITIES.keys())
+def test_the_job_round_trips_its_priority_to_the_queue_and_the_prefill_engine(
+        priority: int | str, levels: tuple[str, ...], queued: int, engine: int) -> None:
+    from splitserve.components.worker.prefill_loop import job_params
+
+    req = make_request(priority=priority)
+    got = triage(req.encode(), now=1000.5).request
+    assert got is not None and got.priority == priority and type(got.priority) is type(priority)
+    cfg = PrefillQueueConfig(priorities=levels, default_priority=levels[-2])
+    assert priority_level(got.priority, cfg) == queued
+    assert got.level() == engine
+    assert job_params(got).priority == engine

@@ -1,4 +1,4 @@
-"""The one wire <-> engine mapping: priorities, finish reasons, chunks."""
+"""The one wire <-> engine mapping: priority levels, finish reasons, chunks."""
 
 from __future__ import annotations
 
@@ -11,13 +11,37 @@ from splitserve.components.worker.wire import delta_chunk, params_from_wire
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize(("priority", "rank"), [("high", 2), ("normal", 1), ("default", 1),
-                                                ("low", 0), ("unheard-of", 1)])
-def test_priority_names_rank_with_unknown_as_normal(priority, rank):
+def wire(priority: str, level: int | None = None) -> WorkerRequest:
     req = worker_request(model="m", token_ids=[1, 2], max_tokens=3, temperature=0.0,
                          top_p=None, seed=None, eos_token_ids=[2], request_id="r",
                          priority=priority)
-    assert params_from_wire(WorkerRequest.model_validate(req)).priority == rank
+    if level is not None:
+        req["extra_args"]["splitserve"]["priority_level"] = level
+    return WorkerRequest.model_validate(req)
+
+
+LEVELS = {
+    # case: (wire priority name, level the router put on it, level the engine gets)
+    "router's level for batch": ("batch", 3, 3),
+    "router's level wins over the name": ("high", 2, 2),
+    "router's level 0": ("interactive", 0, 0),
+    "no router: high": ("high", None, 0),
+    "no router: default": ("default", None, 1),
+    "no router: low": ("low", None, 2),
+    "no router: case and space": (" LOW", None, 2),
+    "no router: batch is not a built-in class": ("batch", None, 1),
+    "no router: unknown is the default class": ("unheard-of", None, 1),
+}
+
+
+@pytest.mark.parametrize(("name", "level", "expected"), LEVELS.values(), ids=LEVELS.keys())
+def test_the_engine_gets_the_routers_level_or_the_built_in_tables(name, level, expected):
+    assert params_from_wire(wire(name, level)).priority == expected
+
+
+def test_a_negative_level_is_refused_on_the_wire():
+    with pytest.raises(ValueError, match="priority_level"):
+        wire("high", -1).meta()
 
 
 @pytest.mark.parametrize("reason", list(FinishReason))
