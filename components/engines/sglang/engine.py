@@ -51,6 +51,7 @@ from .config import Role, SglangEngineArgs, decode_radix_cache, server_args_kwar
 from .metrics import LoadTracker
 from .requests import (
     LogprobReader,
+    SglangPriority,
     finish_message,
     generate_kwargs,
     new_bootstrap_room,
@@ -122,6 +123,7 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
         self._accepting = True
         self._prefills: set[asyncio.Task] = set()
         self.tracker = LoadTracker(args.page_size)
+        self.priority = SglangPriority.of(args.extra_server_args)
 
     # ---- lifecycle ----------------------------------------------------------------------
     def server_kwargs(self) -> dict[str, Any]:
@@ -239,7 +241,8 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
         if self.role != "agg":
             raise RuntimeError(f"a {self.role} SGLang engine does not serve whole requests")
         self._check(params)
-        return self._stream(request_id, generate_kwargs(request_id, params),
+        return self._stream(request_id, generate_kwargs(request_id, params,
+                                                        priority=self.priority),
                             LogprobReader.for_params(params))
 
     async def begin_prefill(self, request_id: str, params: GenerateParams) -> PrefillTicket:
@@ -255,7 +258,8 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
         t0 = time.monotonic()
         try:
             gen = await self._engine.async_generate(**generate_kwargs(
-                request_id, params, max_new_tokens=1, handoff=handoff))
+                request_id, params, max_new_tokens=1, handoff=handoff,
+                priority=self.priority))
         except BaseException:
             self._active.discard(request_id)
             raise
@@ -316,7 +320,8 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
                              "on a remotely prefilled request's first token")
         # SGLang's own decode receiver gives up after its waiting timeout; this bound
         # catches a request SGLang never ends (the prefill engine gone mid-transfer).
-        return self._stream(request_id, generate_kwargs(request_id, params, handoff=handoff),
+        return self._stream(request_id, generate_kwargs(request_id, params, handoff=handoff,
+                                                        priority=self.priority),
                             LogprobReader.for_params(params), first_token_timeout_s=self.args.waiting_timeout_s
                             + self._decode_margin_s)
 

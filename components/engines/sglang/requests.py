@@ -12,6 +12,8 @@ so ``LogprobReader`` keeps a cursor.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from splitserve.contracts.engine import (
@@ -27,6 +29,36 @@ from splitserve.contracts.wire import FinishReason, TokenLogprobs
 _FINISH: dict[str, FinishReason] = {
     "stop": FinishReason.EOS, "length": FinishReason.LENGTH,
     "abort": FinishReason.CANCELLED}
+
+
+@dataclass(frozen=True)
+class SglangPriority:
+    """How an SGLang server takes a request's ``priority`` (its ServerArgs).
+
+    Only a server started with ``enable_priority_scheduling`` is sent one: SGLang
+    schedules by it only then, and one started with ``abort_on_priority_when_disabled``
+    aborts requests that carry one otherwise.  SGLang serves higher values first unless
+    ``schedule_low_priority_values_first``; a request's level counts the other way (0 =
+    the most important class), so it goes in negated, or as is for a low-first server.
+    """
+
+    enabled: bool = False
+    low_values_first: bool = False
+
+    @classmethod
+    def of(cls, server_args: Mapping[str, Any]) -> SglangPriority:
+        """The convention of a server given ``server_args`` (``extra_server_args``)."""
+        return cls(enabled=bool(server_args.get("enable_priority_scheduling")),
+                   low_values_first=bool(server_args.get("schedule_low_priority_values_first")))
+
+    def value(self, level: int) -> int | None:
+        """SGLang's ``priority`` for a request at ``level``; None: send none."""
+        if not self.enabled:
+            return None
+        return level if self.low_values_first else -level
+
+
+NO_PRIORITY = SglangPriority()
 
 
 def new_bootstrap_room() -> int:
@@ -81,12 +113,14 @@ def _shaping(p: GenerateParams) -> dict[str, Any]:
 
 
 def generate_kwargs(request_id: str, p: GenerateParams, *, max_new_tokens: int | None = None,
-                    handoff: SglangBootstrapHandoff | None = None) -> dict[str, Any]:
+                    handoff: SglangBootstrapHandoff | None = None,
+                    priority: SglangPriority = NO_PRIORITY) -> dict[str, Any]:
     """Keyword arguments of one ``Engine.async_generate`` call.
 
     ``handoff`` makes it a disaggregated request: a prefill engine (with
     ``max_new_tokens=1``) and the decode engine get the same bootstrap triple; SGLang
-    pairs them by room and moves the KV itself.
+    pairs them by room and moves the KV itself.  ``priority``: the server's convention
+    for the request's level (none is sent unless it schedules by priority).
     """
     kw: dict[str, Any] = {
         "input_ids": list(p.token_ids),
@@ -94,6 +128,9 @@ def generate_kwargs(request_id: str, p: GenerateParams, *, max_new_tokens: int |
         "stream": True, "rid": request_id,
     }
     kw.update(logprob_kwargs(p))
+    rank = priority.value(p.priority)
+    if rank is not None:
+        kw["priority"] = rank
     if handoff is not None:
         kw.update(bootstrap_host=handoff.bootstrap_host,
                   bootstrap_port=handoff.bootstrap_port,

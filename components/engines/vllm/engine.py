@@ -34,7 +34,7 @@ from splitserve.contracts.engine import (
 
 from . import kv_relay
 from .config import VllmEngineArgs, VllmKvTransfer, engine_env, to_engine_args
-from .requests import NIXL_PREFILL_PARAMS, prompt, sampling_params, to_delta
+from .requests import NIXL_PREFILL_PARAMS, generate_kwargs, prompt, sampling_params, to_delta
 
 log = logging.getLogger("splitserve.vllm")
 
@@ -174,7 +174,8 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
         self._active.add(request_id)
         finished = False
         try:
-            async for out in self._engine.generate(prompt(params), sp, request_id=request_id):
+            async for out in self._engine.generate(prompt(params), sp,
+                                                   **generate_kwargs(request_id, params)):
                 delta = to_delta(out, params.logprobs or 0, params.prompt_logprobs or 0)
                 finished = delta.finished
                 yield delta
@@ -205,7 +206,8 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
         tokens: list[int] = []
         cached = 0
         last = None
-        async for out in self._engine.generate(prompt(params), sp, request_id=request_id):
+        async for out in self._engine.generate(prompt(params), sp,
+                                               **generate_kwargs(request_id, params)):
             last = out
             tokens += list(out.outputs[0].token_ids) if out.outputs else []
             cached = to_delta(out).cached_tokens

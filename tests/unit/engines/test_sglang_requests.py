@@ -15,6 +15,7 @@ import pytest
 from splitserve.contracts.engine import GenerateParams, SglangBootstrapHandoff
 from splitserve.contracts.wire import FinishReason
 from splitserve.components.engines.sglang.requests import (
+    SglangPriority,
     generate_kwargs,
     new_bootstrap_room,
     sampling_params,
@@ -112,3 +113,50 @@ def test_outputs_become_deltas(fin, finished, reason):
     assert d.token_ids == (7, 8) and d.finished is finished and d.finish_reason is reason
     assert (d.prompt_tokens, d.cached_tokens) == (3, 2)
 
+
+PRIORITIES = {
+    # case: (server args, level, SGLang's priority: None = not sent)
+    "priority scheduling off: none sent": ({}, 0, None),
+    "off explicitly": ({"enable_priority_scheduling": False}, 2, None),
+    "on, higher first (SGLang's default): most important": (
+        {"enable_priority_scheduling": True}, 0, 0),
+    "on, higher first: level 1": ({"enable_priority_scheduling": True}, 1, -1),
+    "on, higher first: batch at level 3": ({"enable_priority_scheduling": True}, 3, -3),
+    "on, low values first: level 0": (
+        {"enable_priority_scheduling": True, "schedule_low_priority_values_first": True}, 0, 0),
+    "on, low values first: level 3": (
+        {"enable_priority_scheduling": True, "schedule_low_priority_values_first": True}, 3, 3),
+    "low-first alone does not turn it on": ({"schedule_low_priority_values_first": True}, 1,
+                                            None),
+}
+
+
+@pytest.mark.parametrize(("server_args", "level", "sent"), PRIORITIES.values(),
+                         ids=PRIORITIES.keys())
+def test_the_level_goes_to_sglang_in_its_own_convention(server_args, level, sent):
+    sig = installed_signature("srt/entrypoints/engine.py", "Engine", "async_generate")
+    p = GenerateParams(token_ids=(1, 2, 3), max_tokens=9, priority=level)
+    convention = SglangPriority.of(server_args)
+    for kw in (generate_kwargs("r", p, priority=convention),
+               generate_kwargs("r", p, max_new_tokens=1, handoff=H, priority=convention)):
+        assert kw.get("priority") == sent and ("priority" in kw) == (sent is not None)
+        sig.bind(object(), **kw)
+
+
+def test_sglangs_priority_switches_and_direction_are_the_ones_read():
+    """The server args the convention reads exist in the installed SGLang, with the
+    direction this adapter assumes: higher values first unless low-first is set."""
+    fields = sglang_source("srt/arg_groups/fields/schedule.py")
+    fields.require("enable_priority_scheduling", "schedule_low_priority_values_first",
+                   "abort_on_priority_when_disabled")
+    assert "higher priority integer values will be scheduled first by default" in \
+        fields.after("enable_priority_scheduling", 300)
+    assert "lower priority integer values first" in \
+        fields.after("schedule_low_priority_values_first", 300)
+    scheduler = sglang_source("srt/managers/scheduler.py")
+    scheduler.require("not self.enable_priority_scheduling",
+                      "and self.abort_on_priority_when_disabled")
+    from splitserve.components.engines.sglang.config import server_arg_names
+
+    assert {"enable_priority_scheduling",
+            "schedule_low_priority_values_first"} <= server_arg_names()
