@@ -2,17 +2,50 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.graphs import GraphPool
+from tests.integration.serve_helpers import ServeRun
 from tests.triton_mode import import_triton_interpreted
 
 REPO = Path(__file__).resolve().parent.parent
 
 pytest_plugins = ["tests.parallel"]  # module order and the lock for parallel workers
+
+# Dynamo's runtime in a test process (tests that call a graph's endpoints directly) logs
+# at INFO straight to the terminal, past pytest's capture (at interpreter exit, from an
+# xdist worker); its graphs' replicas run at this level too (splitserve.serve.runner).
+os.environ.setdefault("DYN_LOG", "warn")
+
+GRAPH_LOG_TAIL_LINES = 60
+_GRAPHS_BEFORE = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_GRAPHS_BEFORE] = len(ServeRun.started)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report ends with the log tail of every graph it started and of
+    every graph still running (the shared ones): what the processes said is in files,
+    not interleaved with pytest's progress, and shown only when it may explain a
+    failure."""
+    report = yield
+    if report.failed:
+        first = item.stash.get(_GRAPHS_BEFORE, len(ServeRun.started))
+        runs = [r for i, r in enumerate(ServeRun.started)
+                if i >= first or r.proc.poll() is None]
+        for run in runs:
+            lines = run.output().splitlines()[-GRAPH_LOG_TAIL_LINES:]
+            report.sections.append((f"graph log {run.log_path} (last {len(lines)} lines)",
+                                    "\n".join(lines) or "(empty)"))
+    return report
 
 
 def _has_gpu() -> bool:

@@ -19,11 +19,17 @@ from it, whatever directory pytest was started in."""
 
 
 class ServeRun(ServeProcess):
-    """A ``dynamo serve`` subprocess started in the repository root."""
+    """A ``dynamo serve`` subprocess started in the repository root.  Its output (the
+    supervisor's and every replica's, prefixed) goes to ``log_path`` under the test's
+    folder, never to the terminal; a failed test's report ends with its tail
+    (``tests/conftest.py``)."""
+
+    started: list[ServeRun] = []  # every run this test process started, in order
 
     def __init__(self, tmp: Path, graph: str, *args: str, env: dict | None = None,
                  cwd: Path | None = REPO) -> None:
         super().__init__(tmp, graph, *args, env=env, cwd=cwd)
+        ServeRun.started.append(self)
 
 
 def http_get_json(url: str, timeout_s: float = 10, token: str | None = None
