@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,12 +22,18 @@ from pydantic import (
     model_validator,
 )
 
-from splitserve.contracts.engine import EngineHandoff
+from splitserve.contracts.engine import TorchBlocksHandoff
 from splitserve.contracts.priority import DEFAULT_TABLE, PriorityTable
 
 from .prefill_queue import PrefillQueueConfig
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
+"""Version 2 made the job engine-neutral: version 1 required the decode worker's NIXL
+agent, block ids and block size at the top level, which engines that move KV themselves
+had to fake.  Version 2 carries them as an optional ``destination``."""
+READABLE_VERSIONS = (1, WIRE_VERSION)
+"""A version-1 job (from decode workers of the release before) is read as version 2: its
+blocks become the ``destination``, which only prefill engines that push KV look at."""
 ADDED_FIELDS = ("ignore_eos", "min_tokens")
 """Optional fields added to version 1 after its first release (see ``encode``)."""
 RETIRED_FIELDS = ("trace_id", "parent_span_id")
@@ -41,7 +47,7 @@ class PrefillRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    version: Literal[1] = Field(default=1, description="Wire format version.")
+    version: Literal[2] = Field(default=2, description="Wire format version.")
     request_id: str = Field(min_length=1, description="Request id; also the dedup key.")
     priority: StrictInt | StrictStr = Field(
         default="default", description="The request's priority level (0 = highest: its "
@@ -54,12 +60,12 @@ class PrefillRequest(BaseModel):
         default=0, ge=0, description="Leading prompt tokens whose KV the decode worker "
         "already holds; the prefill worker writes KV only for the rest.")
     decode_worker_id: str = Field(min_length=1, description="Decode worker to notify.")
-    nixl_agent: str = Field(min_length=1,
-                            description="NIXL agent name of the decode worker's KV memory.")
-    block_ids: list[int] = Field(
-        min_length=1, description="Destination KV block ids on the decode worker, in "
-        "order, for the tokens after `num_cached_tokens`.")
-    block_size: int = Field(ge=1, description="Tokens per KV block on the decode worker.")
+    destination: TorchBlocksHandoff | None = Field(
+        default=None, description="For prefill engines that write KV into blocks the "
+        "decode side reserved (capabilities.pushes_kv: torch over NIXL): the decode "
+        "worker's agent and block ids for the tokens after `num_cached_tokens`. None for "
+        "engines that move KV themselves (vLLM, SGLang, TensorRT-LLM) or have none (the "
+        "mocker): their handoff comes back on `handoff_subject`.")
     enqueued_at: float = Field(ge=0, description="Wall-clock time of enqueue (Unix s).")
     max_wait_s: float | None = Field(
         default=None, gt=0, description="The decode worker falls back to local prefill "
@@ -76,22 +82,34 @@ class PrefillRequest(BaseModel):
                             "before a stop token may end it (applies to the prefill's "
                             "first token too).")
     handoff_subject: str | None = Field(
-        default=None, min_length=1, description="For engines without a KV transfer path "
-        "(Dynamo's mocker): the NATS subject on which the decode worker waits for the "
-        "prefill result; the prefill worker sends it there as a request and acks the job "
-        "after the reply. When set, `nixl_agent` only names the decode worker and "
-        "`block_ids` are the logical blocks the prompt occupies (no KV memory exists). "
-        "None on the torch path, where the NIXL write itself announces the KV.")
-    handoff: EngineHandoff | None = Field(
-        default=None, description="For engines that move KV themselves (SGLang, "
-        "TensorRT-LLM, vLLM): a handoff the decode side already holds for the prefill "
-        "engine (versioned, tagged by `kind`). None when the prefill side creates it (an "
-        "SGLang bootstrap room, a TensorRT-LLM context result) and sends it back on "
-        "`handoff_subject`; jobs written before this field existed parse unchanged.")
+        default=None, min_length=1, description="The NATS subject on which the decode "
+        "worker waits for the prefill result (its first token and the engine's handoff: "
+        "a vLLM transfer, an SGLang bootstrap room, a TensorRT-LLM context result, or the "
+        "written blocks); the prefill worker sends it there as a request and acks the job "
+        "after the reply. A job without one cannot be handed over and is terminated.")
     trace_id: None = Field(default=None, description="Retired; null only (see "
                            "RETIRED_FIELDS).")
     parent_span_id: None = Field(default=None, description="Retired; null only (see "
                                  "RETIRED_FIELDS).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_version_1(cls, data: Any) -> Any:
+        """A version-1 job as version 2: its top-level blocks become the ``destination``
+        (for engines that do not push KV they were placeholders, and such engines never
+        read the destination); its ``handoff`` field was never written and stays refused
+        with a value."""
+        if not isinstance(data, dict) or data.get("version") != 1:
+            return data
+        data = dict(data, version=WIRE_VERSION)
+        blocks = {k: data.pop(k) for k in ("nixl_agent", "block_ids", "block_size")
+                  if k in data}
+        if data.get("handoff", 0) is None:
+            del data["handoff"]
+        if blocks:
+            data["destination"] = {**blocks,
+                                   "num_cached_tokens": data.get("num_cached_tokens", 0)}
+        return data
 
     @model_validator(mode="after")
     def _check_shape(self) -> PrefillRequest:
@@ -101,12 +119,20 @@ class PrefillRequest(BaseModel):
         if self.num_cached_tokens >= len(self.token_ids):
             raise ValueError(f"num_cached_tokens ({self.num_cached_tokens}) leaves nothing "
                              f"to prefill in {len(self.token_ids)} prompt tokens")
+        if any(t < 0 for t in self.token_ids):
+            raise ValueError("token ids must be >= 0")
+        dest = self.destination
+        if dest is None:
+            return self
         needed = len(self.token_ids) - self.num_cached_tokens
-        if len(self.block_ids) * self.block_size < needed:
-            raise ValueError(f"{len(self.block_ids)} blocks of {self.block_size} tokens "
+        if len(dest.block_ids) * dest.block_size < needed:
+            raise ValueError(f"{len(dest.block_ids)} blocks of {dest.block_size} tokens "
                              f"cannot hold the {needed} tokens to prefill")
-        if any(b < 0 for b in self.block_ids) or any(t < 0 for t in self.token_ids):
-            raise ValueError("token and block ids must be >= 0")
+        if any(b < 0 for b in dest.block_ids):
+            raise ValueError("block ids must be >= 0")
+        if dest.num_cached_tokens != self.num_cached_tokens:
+            raise ValueError(f"destination.num_cached_tokens ({dest.num_cached_tokens}) "
+                             f"differs from num_cached_tokens ({self.num_cached_tokens})")
         return self
 
     def level(self, table: PriorityTable = DEFAULT_TABLE) -> int:
@@ -171,7 +197,7 @@ def triage(data: bytes, now: float) -> Triage:
         return Triage("bad-shape", detail=f"not JSON: {exc}")
     if not isinstance(raw, dict):
         return Triage("bad-shape", detail=f"expected an object, got {type(raw).__name__}")
-    if raw.get("version") != WIRE_VERSION:
+    if raw.get("version") not in READABLE_VERSIONS:
         return Triage("unknown-version", detail=f"version {raw.get('version')!r}")
     try:
         request = PrefillRequest.model_validate(raw)

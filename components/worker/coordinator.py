@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -296,7 +295,6 @@ class EngineDecodeCoordinator:
         schedules it there."""
         timeout = self.settings.remote_prefill_timeout_s
         info = self.engine.info
-        block = info.kv_block_size
         dest: TorchBlocksHandoff | None = None
         if info.capabilities.pushes_kv:
             dest = await self.engine.reserve_remote(rid, params)
@@ -315,12 +313,9 @@ class EngineDecodeCoordinator:
                 job = PrefillRequest(
                     request_id=rid, priority=params.priority,
                     token_ids=list(params.token_ids),
-                    decode_worker_id=f"{self.worker_id:x}",
-                    nixl_agent=dest.nixl_agent if dest else f"{info.name}-{self.worker_id:x}",
-                    block_ids=(dest.block_ids if dest else
-                               list(range(math.ceil(len(params.token_ids) / block)))),
+                    decode_worker_id=f"{self.worker_id:x}", destination=dest,
                     num_cached_tokens=dest.num_cached_tokens if dest else 0,
-                    block_size=block, enqueued_at=time.time(), max_wait_s=timeout,
+                    enqueued_at=time.time(), max_wait_s=timeout,
                     temperature=params.temperature, top_p=params.top_p, seed=params.seed,
                     stop_token_ids=list(params.stop_token_ids),
                     ignore_eos=params.ignore_eos, min_tokens=params.min_tokens,

@@ -33,7 +33,6 @@ from splitserve.contracts.sections import Draining, PrefillTimings
 from splitserve.contracts.engine import (
     Engine,
     GenerateParams,
-    TorchBlocksHandoff,
 )
 from splitserve.components.prefill_queue import PrefillRequest
 
@@ -63,13 +62,6 @@ async def keep_alive(job, every_s: float) -> None:
             log.debug("in_progress for %s failed: %s", job.request.request_id, exc)
 
 
-def destination_of(req: PrefillRequest) -> TorchBlocksHandoff:
-    """The decode worker's reserved blocks named in a job (engines that push KV)."""
-    return TorchBlocksHandoff(nixl_agent=req.nixl_agent, block_ids=list(req.block_ids),
-                              block_size=req.block_size,
-                              num_cached_tokens=req.num_cached_tokens)
-
-
 def job_params(req: PrefillRequest) -> GenerateParams:
     """The engine's view of a job: the prompt, one token, the request's sampling and
     priority level."""
@@ -92,20 +84,23 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
     heartbeat = asyncio.create_task(keep_alive(job, settings.heartbeat_s))
     pending = None
     try:
-        if req.handoff_subject is None:
-            await job.term("no-handoff-subject")  # it waits for a transfer we cannot make
+        caps = engine.info.capabilities
+        if req.handoff_subject is None or (caps.pushes_kv and req.destination is None):
+            # It waits for a transfer this engine cannot make: no subject to hand over
+            # on, or no blocks to write into (a decode engine that does not take pushes).
+            await job.term("no-handoff-subject" if req.handoff_subject is None
+                           else "no-destination")
             outcome = "unservable"
             return outcome
         t0 = time.monotonic()
         params = job_params(req)
         transfer_s, usage = 0.0, None
-        caps = engine.info.capabilities
         if caps.handoff_before_prefill:
             ticket = await engine.begin_prefill(eid, params)
             pending = ticket.result
             first_token, handoff = 0, ticket.handoff  # the decode engine streams token 1
         else:
-            kwargs = {"destination": destination_of(req)} if caps.pushes_kv else {}
+            kwargs = {"destination": req.destination} if caps.pushes_kv else {}
             result = await asyncio.wait_for(engine.prefill(eid, params, **kwargs),
                                             settings.prefill_timeout_s)
             first_token, handoff = result.first_token, result.handoff

@@ -274,20 +274,21 @@ async def test_remote_timeout_falls_back_per_engine(nats_url: str) -> None:
             await tokens(rig.coord, "r9")
 
 
-async def test_job_carries_a_typed_handoff_and_old_jobs_still_parse() -> None:
-    from splitserve.contracts.engine import SglangBootstrapHandoff
+async def test_jobs_are_engine_neutral_and_old_jobs_still_parse() -> None:
     from splitserve.components.prefill_queue import PrefillRequest, triage
+    from splitserve.contracts.engine import TorchBlocksHandoff
 
     old = {"version": 1, "request_id": "o", "token_ids": [1, 2], "decode_worker_id": "d",
-           "nixl_agent": "a", "block_ids": [0], "block_size": 16, "enqueued_at": time.time()}
-    assert triage(json.dumps(old).encode(), time.time()).request.handoff is None
-    new = PrefillRequest.model_validate({**old, "handoff": {
-        "kind": "sglang-bootstrap", "bootstrap_host": "127.0.0.1", "bootstrap_port": 8998,
-        "bootstrap_room": 7}})
-    got = triage(new.encode(), time.time())
-    assert got.verdict == "ok"
-    assert got.request.handoff == SglangBootstrapHandoff(
-        bootstrap_host="127.0.0.1", bootstrap_port=8998, bootstrap_room=7)
+           "nixl_agent": "a", "block_ids": [0], "block_size": 16, "enqueued_at": time.time(),
+           "handoff_subject": "ns.d.handoff"}
+    got = triage(json.dumps(old).encode(), time.time())
+    assert got.verdict == "ok" and got.request.version == 2
+    assert got.request.destination == TorchBlocksHandoff(nixl_agent="a", block_ids=[0],
+                                                         block_size=16)
+    neutral = PrefillRequest(request_id="n", token_ids=[1, 2], decode_worker_id="d",
+                             enqueued_at=time.time(), handoff_subject="ns.d.handoff")
+    got = triage(neutral.encode(), time.time())
+    assert got.verdict == "ok" and got.request.destination is None
     bad = triage(json.dumps({**old, "handoff": {"kind": "nope"}}).encode(), time.time())
     assert bad.verdict == "bad-shape"
 

@@ -43,8 +43,9 @@ def fast_config(**over: object) -> PrefillQueueConfig:
 def make_request(request_id: str | None = None, **over: object) -> PrefillRequest:
     fields: dict[str, object] = {
         "request_id": request_id or uuid.uuid4().hex, "token_ids": list(range(1, 40)),
-        "decode_worker_id": "decode-0", "nixl_agent": "decode-0-agent",
-        "block_ids": [3, 7, 9], "block_size": 16, "enqueued_at": time.time(),
+        "decode_worker_id": "decode-0",
+        "destination": {"nixl_agent": "decode-0-agent", "block_ids": [3, 7, 9],
+                        "block_size": 16}, "enqueued_at": time.time(),
         "max_wait_s": 30.0}
     fields.update(over)
     return PrefillRequest.model_validate(fields)
@@ -169,7 +170,9 @@ async def test_full_queue_rejects_quickly(nats_url: str) -> None:
 async def test_full_by_bytes_rejects_quickly(nats_url: str) -> None:
     cfg = fast_config(max_bytes=4096)
     async with await PrefillQueue.connect(nats_url, namespace(), MODEL, cfg) as q:
-        big = {"token_ids": list(range(500)), "block_ids": list(range(40))}
+        big = {"token_ids": list(range(500)),
+               "destination": {"nixl_agent": "decode-0-agent", "block_ids": list(range(40)),
+                               "block_size": 16}}
         await q.enqueue(make_request(**big))
         with pytest.raises(QueueFull):
             await q.enqueue(make_request(**big))
@@ -239,7 +242,7 @@ async def test_malformed_and_expired_are_dropped_and_counted(nats_url: str) -> N
             js = nc.jetstream()
             subject = q.names.subjects[0]
             await js.publish(subject, b"not json")
-            await js.publish(subject, b'{"version": 2, "request_id": "future"}')
+            await js.publish(subject, b'{"version": 3, "request_id": "future"}')
             await js.publish(subject, b'{"version": 1, "request_id": "no-tokens"}')
         finally:
             await nc.close()

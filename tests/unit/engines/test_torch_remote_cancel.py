@@ -77,8 +77,8 @@ class Queue:
             msg = PrefillHandoff(request_id=job.request_id, first_token=42,
                                  disaggregated_params={"kind": "torch-blocks",
                                                        "nixl_agent": self.agent.name,
-                                                       "block_ids": job.block_ids,
-                                                       "block_size": job.block_size},
+                                                       "block_ids": job.destination.block_ids,
+                                                       "block_size": job.destination.block_size},
                                  prefill_worker_id="p1", compute_s=0.0, transfer_s=0.0)
             asyncio.get_running_loop().call_soon(self.inbox.take, msg.encode())
 
@@ -135,7 +135,8 @@ async def test_client_gone_while_the_prefill_is_remote_frees_blocks_and_stream(r
             break
         await asyncio.sleep(0.02)
     (job,) = queue.jobs
-    assert len(job.block_ids) == 3 and job.nixl_agent == "decode-test"  # 40 tokens / 16
+    assert len(job.destination.block_ids) == 3  # 40 tokens / 16
+    assert job.destination.nixl_agent == "decode-test"
     assert await used_blocks(runner, core) == 3 and runner.inflight() == 1
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

@@ -78,8 +78,7 @@ def test_every_role_serves_a_request_with_the_llms_end_id_rules():
 # ---- T5: the context phase keeps ignore_eos and min_tokens -----------------------------
 def test_prefill_job_carries_ignore_eos_and_min_tokens():
     req = PrefillRequest(request_id="r", token_ids=[1, 2], decode_worker_id="d",
-                         nixl_agent="a", block_ids=[0], block_size=16, enqueued_at=0.0,
-                         ignore_eos=True, min_tokens=4)
+                         enqueued_at=0.0, ignore_eos=True, min_tokens=4)
     p = job_params(req)
     assert p.ignore_eos and p.min_tokens == 4 and p.max_tokens == 1
 
@@ -87,8 +86,7 @@ def test_prefill_job_carries_ignore_eos_and_min_tokens():
 def test_prefill_jobs_without_the_new_fields_read_as_before():
     import json
 
-    base = dict(request_id="r", token_ids=[1, 2], decode_worker_id="d", nixl_agent="a",
-                block_ids=[0], block_size=16, enqueued_at=0.0)
+    base = dict(request_id="r", token_ids=[1, 2], decode_worker_id="d", enqueued_at=0.0)
     plain = json.loads(PrefillRequest(**base).encode())
     assert "ignore_eos" not in plain and "min_tokens" not in plain  # older readers forbid them
     both = PrefillRequest.model_validate_json(

@@ -14,7 +14,7 @@ from splitserve.components.prefill_queue import (
     triage,
 )
 
-from .factories import make_request, request_fields
+from .factories import make_request, request_fields, version_1_fields
 
 pytestmark = pytest.mark.unit
 
@@ -49,7 +49,9 @@ def test_deadline_comes_from_max_wait() -> None:
     ({"token_ids": []}, "token_ids"),
     ({"block_ids": [-1, 2, 3]}, ">= 0"),
     ({"block_size": 0}, "block_size"),
-    ({"version": 2}, "version"),
+    ({"destination": {"nixl_agent": "a", "block_ids": [4, 5, 6], "block_size": 16,
+                      "num_cached_tokens": 16}}, "differs from num_cached_tokens"),
+    ({"version": 3}, "version"),
     ({"surprise": True}, "surprise"),
     ({"max_wait_s": 0}, "max_wait_s"),
 ])
@@ -64,15 +66,34 @@ def test_invalid_requests_are_rejected(over: dict, message: str) -> None:
     (b"\xff\xfe", 0.0, "bad-shape"),
     (b"[1, 2]", 0.0, "bad-shape"),
     (b'{"request_id": "x"}', 0.0, "unknown-version"),
-    (json.dumps({**request_fields(), "version": 2}).encode(), 0.0, "unknown-version"),
-    (json.dumps({**request_fields(version=1), "block_size": "big"}).encode(), 0.0, "bad-shape"),
-    (json.dumps({**request_fields(version=1), "extra": 1}).encode(), 0.0, "bad-shape"),
+    (json.dumps({**request_fields(), "version": 3}).encode(), 0.0, "unknown-version"),
+    (json.dumps(request_fields(version=2, block_size="big")).encode(), 0.0, "bad-shape"),
+    (json.dumps(request_fields(version=2, extra=1)).encode(), 0.0, "bad-shape"),
+    (json.dumps(version_1_fields()).encode(), 1001.0, "ok"),
+    (json.dumps(version_1_fields(block_size="big")).encode(), 0.0, "bad-shape"),
+    (json.dumps(version_1_fields(extra=1)).encode(), 0.0, "bad-shape"),
 ])
 def test_triage(payload: bytes | None, now: float, verdict: str) -> None:
     data = make_request().encode() if payload is None else payload
     result = triage(data, now)
     assert result.verdict == verdict
     assert (result.request is not None) == (verdict in ("ok", "expired"))
+
+
+def test_a_job_needs_no_blocks_when_its_engine_moves_kv_itself() -> None:
+    req = make_request(destination=None, handoff_subject="ns.decode.handoff.0")
+    got = triage(req.encode(), now=1000.5).request
+    assert got == req and got.destination is None and "nixl_agent" not in req.encode().decode()
+
+
+def test_a_version_1_job_reads_as_version_2_with_its_blocks_as_the_destination() -> None:
+    got = triage(json.dumps(version_1_fields(num_cached_tokens=16, block_ids=[5, 6])).encode(),
+                 now=1000.5).request
+    assert got is not None and got.version == 2
+    assert got == make_request(num_cached_tokens=16, block_ids=[5, 6],
+                               handoff_subject="ns.decode.handoff.0")
+    with pytest.raises(ValidationError, match="handoff"):  # never written by version 1
+        PrefillRequest.model_validate(version_1_fields(handoff={"kind": "opaque"}))
 
 
 def test_no_deadline_never_expires() -> None:
