@@ -71,14 +71,6 @@ class Rejected(Exception):
         self.reason, self.retry_after_s = reason, retry_after_s
 
 
-def params_of(wreq: WorkerRequest) -> GenerateParams:
-    """The engine's view of a wire request (raises ValueError on an unusable one)."""
-    max_tokens = wreq.stop_conditions.max_tokens
-    if not wreq.token_ids or not max_tokens or max_tokens < 1:
-        raise ValueError("token_ids and max_tokens >= 1 are required")
-    return params_from_wire(wreq)
-
-
 def job_carries(params: GenerateParams) -> bool:
     """True when a prefill job can sample the first token as this request asks: jobs carry
     temperature, top-p, seed and the stop conditions, not penalties, bias, top-k, min-p
@@ -166,7 +158,7 @@ class EngineDecodeCoordinator:
         carries ``retry_after_s`` (the frontend answers 503 with Retry-After)."""
         try:
             wreq = WorkerRequest.model_validate(request)
-            params = params_of(wreq)
+            params = params_from_wire(wreq)
             self.engine.validate(params)
         except Exception as exc:  # noqa: BLE001 - the client gets the reason
             self._count("rejected")

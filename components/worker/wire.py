@@ -29,15 +29,20 @@ def priority_of(meta: RequestMeta) -> int:
     return DEFAULT_TABLE.level_of(meta.priority)
 
 
-def params_from_wire(wreq: WorkerRequest, default_max_tokens: int = 256) -> GenerateParams:
-    """The engine's view of a wire request; called once per request by every shell."""
+def params_from_wire(wreq: WorkerRequest) -> GenerateParams:
+    """The engine's view of a wire request; called once per request by every shell (the
+    aggregated one and the decode one alike).  Raises ValueError for a request no engine
+    can serve: no prompt, or no ``max_tokens`` >= 1 (the frontend always sets one; a
+    worker does not guess a length for other callers)."""
     s, sc, o = wreq.sampling_options, wreq.stop_conditions, wreq.output_options
+    if not wreq.token_ids or not sc.max_tokens or sc.max_tokens < 1:
+        raise ValueError("token_ids and max_tokens >= 1 are required")
 
     def given(v, neutral):
         return neutral if v is None else v
 
     return GenerateParams(
-        token_ids=tuple(wreq.token_ids), max_tokens=sc.max_tokens or default_max_tokens,
+        token_ids=tuple(wreq.token_ids), max_tokens=sc.max_tokens,
         temperature=given(s.temperature, 1.0), top_p=given(s.top_p, 1.0), seed=s.seed,
         stop_token_ids=tuple(wreq.eos_token_ids) + tuple(sc.stop_token_ids_hidden or ()),
         ignore_eos=bool(sc.ignore_eos), min_tokens=sc.min_tokens or 0,

@@ -13,7 +13,7 @@ from splitserve.components.worker.handoff import (
     handoff_subject,
 )
 from splitserve.contracts.wire import WorkerRequest
-from splitserve.components.worker.coordinator import params_of
+from splitserve.components.worker.wire import params_from_wire
 
 from .factories import collect, coordinator, request
 
@@ -58,7 +58,7 @@ async def test_prefill_job_carries_the_prompt_and_no_blocks():
 
 
 def test_engine_requests_map_the_parameters_and_the_handoff():
-    params = params_of(WorkerRequest.model_validate(request(40, max_tokens=9)))
+    params = params_from_wire(WorkerRequest.model_validate(request(40, max_tokens=9)))
     req = engine_request("m", "r1", params)
     assert req["token_ids"] == list(params.token_ids) and req["eos_token_ids"] == [2]
     assert req["stop_conditions"] == {"max_tokens": 9, "ignore_eos": False}
