@@ -74,3 +74,20 @@ def test_only_the_last_chunk_carries_the_finish_reason_and_usage():
     assert last["finish_reason"] == "length"
     assert last["completion_usage"]["completion_tokens"] == 2
     assert last["completion_usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+
+
+@pytest.mark.parametrize("stop", [{}, {"max_tokens": None}, {"max_tokens": 0}])
+def test_every_shell_refuses_a_request_without_max_tokens(stop):
+    # The aggregated and decode shells read requests through this one function: neither
+    # makes up a length for a caller that gave none.
+    raw = {"token_ids": [1, 2], "stop_conditions": stop}
+    with pytest.raises(ValueError, match="max_tokens"):
+        params_from_wire(WorkerRequest.model_validate(raw))
+    assert params_from_wire(WorkerRequest.model_validate(
+        {**raw, "stop_conditions": {"max_tokens": 1}})).max_tokens == 1
+
+
+def test_every_shell_refuses_a_request_without_a_prompt():
+    with pytest.raises(ValueError, match="token_ids"):
+        params_from_wire(WorkerRequest.model_validate(
+            {"token_ids": [], "stop_conditions": {"max_tokens": 4}}))
