@@ -1,8 +1,9 @@
 """Policy files as a product: one strict schema, versions in etcd, hot reload.
 
 ``schema`` validates files, ``store`` keeps immutable versions in etcd, ``signing``
-authenticates them, ``watch`` lets a running component follow the current version,
-``cli`` is ``dynamo policy``.
+authenticates them, ``watch`` lets a running component follow the current version
+(``component.follow_policy``, which the supervisor names in each run config).  The
+``dynamo policy`` command is ``splitserve/cli/policy_cmd.py``.
 """
 
 from .canonical import canonical_dict, canonical_json, canonical_yaml, policy_sha256, unified_diff
