@@ -1,6 +1,7 @@
 """How the frontend reaches workers: straight to a worker pool, or through the router.
 
-``Backend.stream(request, meta)`` yields the worker's output chunks as dicts.  With a
+``Backend.stream(call, meta)`` sends a ``request.WorkerCall`` and yields the worker's
+output chunks as dicts.  With a
 Router in the graph, the frontend asks the router for a worker (one small RPC), streams
 from that worker directly (tokens never pass through the router), and tells the router
 when the request is over so it can account load and latency.  With
@@ -44,6 +45,7 @@ from splitserve.contracts.wire import (
 
 from .errors import APIError, overloaded, upstream_error
 from .migration import BackendMetrics, Resumable, WorkerUnreachable, final_chunk, migrate
+from .request import WorkerCall
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +69,15 @@ class StreamMeta:
     """Instance id of the router replica that placed the request: its release goes there."""
 
 
-async def stream_from_worker(client, request: dict, worker_id: int, context,
+async def stream_from_worker(client, call: WorkerCall, worker_id: int, context,
                              meta_out: dict) -> AsyncIterator[dict]:
-    """Chunks of ``request`` served by ``worker_id``; raises WorkerUnreachable when the
+    """Chunks of ``call`` served by ``worker_id``; raises WorkerUnreachable when the
     connection fails, the stream breaks, or it ends before any output.
 
     Sets ``meta_out["finished"]`` once a final chunk (finish reason, no error) passed.
     """
     try:
-        stream = await client.direct(request, worker_id, context=context)
+        stream = await client.direct(call.to_wire(), worker_id, context=context)
     except Exception as exc:  # noqa: BLE001 - connection refused, instance gone, ...
         raise WorkerUnreachable(worker_id, exc) from None
     produced = drained = False
@@ -111,7 +113,8 @@ async def stream_from_worker(client, request: dict, worker_id: int, context,
 class Backend(Protocol):
     def ready(self) -> bool: ...
 
-    def stream(self, request: dict, meta: StreamMeta, context) -> AsyncIterator[dict]: ...
+    def stream(self, call: WorkerCall, meta: StreamMeta, context
+               ) -> AsyncIterator[dict]: ...
 
 
 class DirectBackend:
@@ -139,9 +142,10 @@ class DirectBackend:
     def ready(self) -> bool:
         return bool(self.candidates())
 
-    async def stream(self, request: dict, meta: StreamMeta, context) -> AsyncIterator[dict]:
+    async def stream(self, call: WorkerCall, meta: StreamMeta, context
+                     ) -> AsyncIterator[dict]:
         attempt = 0
-        resume = Resumable(request)
+        resume = Resumable(call)
         while True:
             workers = self.candidates()
             if not workers:
@@ -155,18 +159,20 @@ class DirectBackend:
             self._next += 1
             meta.worker_id = wid
             try:
-                async for chunk in stream_from_worker(self.client, request, wid, context, {}):
+                async for chunk in stream_from_worker(self.client, call, wid, context, {}):
                     resume.seen(chunk)
                     yield chunk
                 return
             except WorkerUnreachable as exc:
                 self.down[wid] = time.monotonic()
-                if not migrate(exc, resume, request, attempt, self.migration_limit,
-                               self.metrics):
+                moved = migrate(exc, resume, call, attempt, self.migration_limit,
+                                self.metrics)
+                if moved is None:
                     if resume.mid_stream and resume.left() <= 0:
                         yield final_chunk()
                         return
                     raise upstream_error(str(exc), 502 if resume.mid_stream else 503) from None
+                call = moved
                 attempt += 1
 
 
@@ -290,32 +296,36 @@ class RoutedBackend:
                              code="no_router") from None
         return await self.route(call, meta.router_id)
 
-    async def stream(self, request: dict, meta: StreamMeta, context) -> AsyncIterator[dict]:
+    async def stream(self, call: WorkerCall, meta: StreamMeta, context
+                     ) -> AsyncIterator[dict]:
         failed: list[int] = []
-        resume = Resumable(request)
+        resume = Resumable(call)
         while True:
             reply = await self.place(RouteCall(
-                request_id=meta.request_id, token_ids=request["token_ids"],
+                request_id=meta.request_id, token_ids=list(call.token_ids),
                 priority=meta.priority, user=meta.user, metadata=meta.metadata,
                 max_tokens=resume.left(), failed_workers=failed), meta)
             self._check_reply(reply, failed)
-            self._apply_reply(request, reply, meta, resume.left())
+            self._note_reply(reply, meta)
+            placed_call = call.placed(reply, resume.left())
             try:
                 # aclosing: if our consumer stops early, the placement is released now
                 # (as ok or cancelled), not whenever the inner generator is collected.
                 async with contextlib.aclosing(
-                        self._stream_placed(request, reply, meta, context)) as placed:
+                        self._stream_placed(placed_call, reply, meta, context)) as placed:
                     async for chunk in placed:
                         resume.seen(chunk)
                         yield chunk
                 return
             except WorkerUnreachable as exc:
-                if not migrate(exc, resume, request, len(failed), self.migration_limit,
-                               self.metrics):
+                moved = migrate(exc, resume, call, len(failed), self.migration_limit,
+                                self.metrics)
+                if moved is None:
                     if resume.mid_stream and resume.left() <= 0:
                         yield final_chunk()
                         return
                     raise upstream_error(str(exc), 502 if resume.mid_stream else 503) from None
+                call = moved
                 failed.append(reply.worker_id)
 
     def _check_reply(self, reply: RouteReply, failed: list[int]) -> None:
@@ -333,23 +343,13 @@ class RoutedBackend:
             raise overloaded(f"{what} ({reply.reason})", retry_after_s=2, code=reply.reason)
 
     @staticmethod
-    def _apply_reply(request: dict, reply: RouteReply, meta: StreamMeta,
-                     max_tokens: int) -> None:
+    def _note_reply(reply: RouteReply, meta: StreamMeta) -> None:
+        """What the placement tells the accounting (the call itself: ``placed``)."""
         meta.route_reason = reply.reason
         meta.class_name = reply.class_name
         meta.worker_id = reply.worker_id
-        own = request["extra_args"]["splitserve"]
-        own["priority"] = reply.class_name
-        own.pop("priority_level", None)
-        if reply.class_level is not None:
-            own["priority_level"] = reply.class_level
-        capped = reply.max_tokens if reply.max_tokens is not None else max_tokens
-        request["stop_conditions"]["max_tokens"] = min(capped, max_tokens)
-        own.pop("prefill_locally", None)
-        if reply.prefill_locally:
-            own["prefill_locally"] = True
 
-    async def _stream_placed(self, request: dict, reply: RouteReply, meta: StreamMeta,
+    async def _stream_placed(self, call: WorkerCall, reply: RouteReply, meta: StreamMeta,
                              context) -> AsyncIterator[dict]:
         """Stream from the worker the router chose; always releases the placement."""
         started = time.monotonic()
@@ -357,7 +357,7 @@ class RoutedBackend:
         state: dict = {}
         try:
             client = await self.worker_client(reply.endpoint, reply.worker_id)
-            async for chunk in stream_from_worker(client, request, reply.worker_id, context,
+            async for chunk in stream_from_worker(client, call, reply.worker_id, context,
                                                   state):
                 yield chunk
             outcome = "ok"

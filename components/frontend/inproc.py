@@ -23,6 +23,7 @@ from splitserve.contracts.wire import ReleaseCall, RouteCall, RouteReply
 
 from .backend import BackendMetrics, RoutedBackend, StreamMeta
 from .errors import APIError, upstream_error
+from .request import WorkerCall
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class InProcessBackend(RoutedBackend):
             log.exception("routing %s failed", call.request_id)
             raise upstream_error(f"routing failed: {exc}", 503, "routing_failed") from None
 
-    async def _stream_placed(self, request: dict, reply: RouteReply, meta: StreamMeta,
+    async def _stream_placed(self, call: WorkerCall, reply: RouteReply, meta: StreamMeta,
                              context) -> AsyncIterator[dict]:
         """The worker's stream, telling the service when the first token arrives (its
         prompt then leaves the work ahead of later requests on that worker, and its TTFT
@@ -73,7 +74,7 @@ class InProcessBackend(RoutedBackend):
         far teaches admission before a long answer ends)."""
         tokens = 0
         async with contextlib.aclosing(
-                super()._stream_placed(request, reply, meta, context)) as placed:
+                super()._stream_placed(call, reply, meta, context)) as placed:
             async for chunk in placed:
                 if tokens < PROGRESS_TOKENS and chunk.get("token_ids"):
                     before, tokens = tokens, tokens + len(chunk["token_ids"])

@@ -12,7 +12,9 @@ import logging
 from prometheus_client import CollectorRegistry, Counter
 
 from splitserve.contracts.metrics import PREFIX
-from splitserve.contracts.wire import KV_SOURCE, FinishReason, output_chunk
+from splitserve.contracts.wire import FinishReason, output_chunk
+
+from .request import WorkerCall
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +72,14 @@ class WorkerUnreachable(Exception):
 
 
 class Resumable:
-    """A request's prompt and the tokens its workers streamed so far.
+    """A request's first call and the tokens its workers streamed so far.
 
     Called by the backends for every chunk they pass on; after a worker breaks, the
     request continues on another worker from the prompt plus those tokens.
     """
 
-    def __init__(self, request: dict) -> None:
-        self.prompt = list(request["token_ids"])
-        stop = request["stop_conditions"]
-        self.max_tokens = int(stop["max_tokens"])
-        self.min_tokens = int(stop.get("min_tokens") or 0)
+    def __init__(self, call: WorkerCall) -> None:
+        self.first = call
         self.generated: list[int] = []
         self.drained = 0
         """Moves so far because a worker handed the request back at its drain deadline."""
@@ -94,25 +93,14 @@ class Resumable:
 
     def left(self) -> int:
         """Tokens the request may still produce."""
-        return self.max_tokens - len(self.generated)
+        return self.first.max_tokens - len(self.generated)
 
-    def continue_in(self, request: dict, kv_source: dict | None = None) -> None:
-        """Rewrite ``request`` to continue after the tokens streamed so far; with
-        ``kv_source`` (the drained worker kept the KV of all of them but the last) the
-        next worker reads that KV instead of recomputing it."""
-        n = len(self.generated)
-        request["token_ids"] = self.prompt + self.generated
-        stop = request["stop_conditions"]
-        stop["max_tokens"] = self.left()
-        if self.min_tokens:
-            stop["min_tokens"] = max(0, self.min_tokens - n)
-        meta = (request.get("extra_args") or {}).get("splitserve")
-        if meta is None:
-            return
-        if kv_source is not None and kv_source.get("tokens") == len(request["token_ids"]) - 1:
-            meta[KV_SOURCE] = kv_source
-        else:
-            meta.pop(KV_SOURCE, None)
+    def continued(self, call: WorkerCall, kv_source: dict | None = None) -> WorkerCall:
+        """``call`` continued after the tokens streamed so far; with ``kv_source`` (the
+        drained worker kept the KV of all of them but the last) the next worker reads
+        that KV instead of recomputing it."""
+        return call.resumed(self.first.token_ids, self.generated, self.first.max_tokens,
+                            self.first.min_tokens or 0, kv_source)
 
 
 def final_chunk() -> dict:
@@ -120,11 +108,11 @@ def final_chunk() -> dict:
     return output_chunk([], FinishReason.LENGTH)
 
 
-def migrate(exc: WorkerUnreachable, resume: Resumable, request: dict, attempt: int,
-            limit: int, metrics: BackendMetrics) -> bool:
-    """After ``exc``: whether the request moves to another worker; if so, ``request`` is
-    rewritten to resume after the tokens already streamed.  Counts the failure and the
-    move.  ``attempt``: moves so far.  A worker failure moves it while fewer than
+def migrate(exc: WorkerUnreachable, resume: Resumable, call: WorkerCall, attempt: int,
+            limit: int, metrics: BackendMetrics) -> WorkerCall | None:
+    """After ``exc``: the call that moves the request to another worker (resuming after
+    the tokens already streamed), or None when it does not move.  Counts the failure and
+    the move.  ``attempt``: moves so far.  A worker failure moves it while fewer than
     ``limit`` moves were for failures; a worker that handed it back at its drain deadline
     (a planned move, even with ``limit`` 0: no client should see a scale-down) moves it
     up to ``DRAINED_MOVES`` times."""
@@ -137,9 +125,8 @@ def migrate(exc: WorkerUnreachable, resume: Resumable, request: dict, attempt: i
     log.warning("%s%s", exc, ("; resuming on another worker after "
                               f"{len(resume.generated)} tokens" if resume.mid_stream
                               else "; retrying on another worker") if move else "")
-    if move:
-        resume.drained += exc.drained
-        metrics.migrated(resume.mid_stream, exc.drained)
-        if resume.mid_stream:
-            resume.continue_in(request, exc.kv_source)
-    return move
+    if not move:
+        return None
+    resume.drained += exc.drained
+    metrics.migrated(resume.mid_stream, exc.drained)
+    return resume.continued(call, exc.kv_source) if resume.mid_stream else call

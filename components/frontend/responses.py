@@ -1,7 +1,7 @@
 """OpenAI response shapes: choices, stream chunks, usage and log-probabilities.
 
-Pure functions of what the workers returned; ``app.py`` calls them once per chunk (stream)
-or once per request (non-stream).  Log-probabilities follow OpenAI's two shapes: chat
+Pure functions of what the workers returned; the renderers (``render.py``) call them once
+per chunk (stream) or once per request (non-stream).  Log-probabilities follow OpenAI's two shapes: chat
 ``choices[].logprobs.content[] = {token, logprob, bytes, top_logprobs}`` and completions
 ``choices[].logprobs = {tokens, token_logprobs, top_logprobs, text_offset}``.
 """
@@ -120,45 +120,41 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def object_name(kind: str, stream: bool) -> str:
-    if kind == "chat":
-        return "chat.completion.chunk" if stream else "chat.completion"
-    return "text_completion"
+def chat_stream_choice(index: int, finish: str | None, first: bool, logprobs: Any,
+                       fields: dict[str, Any]) -> dict[str, Any]:
+    """One choice of a chat stream chunk: the role on the first, then ``fields``
+    (content, reasoning_content, tool_calls); ``logprobs`` already in chat's shape."""
+    delta: dict[str, Any] = {"role": "assistant"} if first else {}
+    delta.update(fields)
+    lp = {"content": logprobs, "refusal": None} if logprobs is not None else None
+    return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
 
 
-def stream_choice(kind: str, index: int, text: str | None, finish: str | None, first: bool,
-                  logprobs: Any = None, fields: dict[str, Any] | None = None
-                  ) -> dict[str, Any]:
-    """One choice of a stream chunk; ``logprobs`` already in the endpoint's shape; chat's
-    ``fields`` (content, reasoning_content, tool_calls) stand for ``text`` when given."""
-    if kind == "chat":
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if fields is not None:
-            delta.update(fields)
-        elif text:
-            delta["content"] = text
-        lp = {"content": logprobs, "refusal": None} if logprobs is not None else None
-        return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
+def completion_stream_choice(index: int, text: str | None, finish: str | None,
+                             logprobs: Any = None) -> dict[str, Any]:
+    """One choice of a completions stream chunk."""
     return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
 
 
-def final_choice(kind: str, index: int, text: str, finish: str | None,
-                 logprobs: Any = None, message: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
-    """One choice of a non-streamed answer; ``logprobs`` already in the endpoint's shape;
-    chat's ``message`` (with reasoning or tool calls) stands for ``text`` when given."""
-    if kind == "chat":
-        lp = {"content": logprobs, "refusal": None} if logprobs is not None else None
-        return {"index": index, "message": message or {"role": "assistant", "content": text},
-                "finish_reason": finish, "logprobs": lp}
+def chat_final_choice(index: int, finish: str | None, logprobs: Any,
+                      message: dict[str, Any]) -> dict[str, Any]:
+    """One choice of a non-streamed chat answer; ``message`` holds the content,
+    reasoning and tool calls."""
+    lp = {"content": logprobs, "refusal": None} if logprobs is not None else None
+    return {"index": index, "message": message, "finish_reason": finish, "logprobs": lp}
+
+
+def completion_final_choice(index: int, text: str, finish: str | None,
+                            logprobs: Any = None) -> dict[str, Any]:
+    """One choice of a non-streamed completions answer."""
     return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
 
 
-def envelope(request_id: str, kind: str, stream: bool, created: int, model: str,
+def envelope(request_id: str, object_name: str, created: int, model: str,
              choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None
              ) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": request_id, "object": object_name(kind, stream),
-                            "created": created, "model": model, "choices": choices}
+    body: dict[str, Any] = {"id": request_id, "object": object_name, "created": created,
+                            "model": model, "choices": choices}
     if usage_obj is not None:
         body["usage"] = usage_obj
     return body

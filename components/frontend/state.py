@@ -1,6 +1,5 @@
-"""What every stage of a frontend request reads: the process's ``FrontendState`` (built
-once by ``main``) and the ``Prepared`` request (built by ``app.prepare``, read by the
-stages that route, stream and render it)."""
+"""What every stage of a frontend request reads: the process's ``FrontendState``, built
+once by ``main`` (the request's own types, one per stage, are in ``request.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from splitserve.contracts.engine import EngineRequestParams
 
 from .backend import Backend
 from .backlog import TokenizeBacklog
-from .chat_output import OutputPlan
 from .errors import APIError, service_unavailable
 from .metrics import FrontendMetrics
 from .textcodec import TextCodec
@@ -70,19 +68,3 @@ class FrontendState:
         return service_unavailable(f"the service is unavailable: {', '.join(down)} is down "
                                    f"({err.message}); retry later",
                                    retry_after_s=max(2.0, err.retry_after_s or 0))
-
-
-@dataclass
-class Prepared:
-    """A validated request, tokenised and ready to send."""
-
-    kind: str  # "chat" or "completion"
-    req: Any
-    token_ids: list[int]
-    max_tokens: int
-    request_id: str
-    priority: str
-    plan: OutputPlan = field(default_factory=OutputPlan)
-    """How the answer's text splits into reasoning, content and tool calls."""
-    responses: Any = None
-    """A Responses API request (kind "responses"): the request as the client sent it."""

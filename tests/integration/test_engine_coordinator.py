@@ -393,8 +393,8 @@ async def test_frontend_answers_503_with_retry_after_for_a_refused_request(
             def ready(self) -> bool:
                 return True
 
-            def stream(self, request, meta, context):
-                return rig.coord.generate(request)
+            def stream(self, call, meta, context):
+                return rig.coord.generate(call.to_wire())
 
         state = FrontendState(model_name="SmolLM2-135M-Instruct",
                               codec=TextCodec.from_dir(smollm2_dir),

@@ -29,7 +29,8 @@ class ScriptedBackend:
     def ready(self) -> bool:
         return True
 
-    async def stream(self, request, meta, context):
+    async def stream(self, call, meta, context):
+        request = call.to_wire()  # what the worker would receive
         self.requests.append(request)
         n = min(len(self.ids), request["stop_conditions"]["max_tokens"])
         for i, t in enumerate(self.ids[:n]):

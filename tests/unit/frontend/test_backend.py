@@ -17,7 +17,8 @@ from splitserve.components.frontend.backend import (
 )
 from splitserve.components.frontend.errors import APIError
 from splitserve.components.frontend.migration import DRAINED_MOVES
-from splitserve.contracts.wire import drained_chunk
+from splitserve.components.frontend.request import WorkerCall
+from splitserve.contracts.wire import PROTOCOL_VERSION, drained_chunk
 from splitserve.components.router.service import RouterService
 from splitserve.components.router.service_config import load_policy
 from splitserve.components.router.service_config import RouterComponentConfig
@@ -86,10 +87,9 @@ class RouterClient:
         return self.handler(request)
 
 
-def request(max_tokens: int = 2, min_tokens: int | None = None) -> dict:
-    stop = {"max_tokens": max_tokens, **({"min_tokens": min_tokens} if min_tokens else {})}
-    return {"token_ids": [1, 2, 3], "stop_conditions": stop,
-            "extra_args": {"splitserve": {}}}
+def request(max_tokens: int = 2, min_tokens: int | None = None) -> WorkerCall:
+    return WorkerCall(model="m", token_ids=(1, 2, 3), max_tokens=max_tokens, request_id="r",
+                      priority="default", min_tokens=min_tokens)
 
 
 def collect(backend, meta=None, req=None) -> list[dict]:
@@ -385,6 +385,7 @@ def test_the_worker_gets_the_class_and_level_the_router_resolved(header, name, l
     backend = RoutedBackend(RouterClient(svc, svc.route), connect, metrics=BackendMetrics())
     collect(backend, StreamMeta("r", header))
     sent = workers.requests[-1]
-    assert sent["extra_args"]["splitserve"] == {"priority": name, "priority_level": level}
-    sent["model"] = "m"
+    own = sent["extra_args"]["splitserve"]
+    assert own.pop("request_id") == "r" and own.pop("version") == PROTOCOL_VERSION
+    assert own == {"priority": name, "priority_level": level}
     assert params_from_wire(WorkerRequest.model_validate(sent)).priority == level

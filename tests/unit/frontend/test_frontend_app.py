@@ -31,7 +31,8 @@ class ScriptedBackend:
     def ready(self) -> bool:
         return self.up
 
-    async def stream(self, request, meta, context):
+    async def stream(self, call, meta, context):
+        request = call.to_wire()  # what the worker would receive
         self.requests.append(request)
         if self.fail:
             raise self.fail

@@ -39,7 +39,8 @@ class LogprobBackend:
     def ready(self) -> bool:
         return True
 
-    async def stream(self, request, meta, context):
+    async def stream(self, call, meta, context):
+        request = call.to_wire()  # what the worker would receive
         self.requests.append(request)
         wreq = WorkerRequest.model_validate(request)
         top_n, prompt_n = wreq.output_options.logprobs, wreq.output_options.prompt_logprobs
@@ -391,7 +392,7 @@ def test_sglang_and_trtllm_get_the_penalties_they_take():
 
 
 def test_closing_a_fan_out_closes_every_choice():
-    from splitserve.components.frontend.choices import merged
+    from splitserve.components.frontend.pipeline import merged
     from splitserve.components.frontend.responses import Event
 
     closed: list[int] = []

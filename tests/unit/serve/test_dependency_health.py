@@ -134,7 +134,7 @@ class _Backend:
     def ready(self) -> bool:
         return self.up
 
-    async def stream(self, request, meta, context):
+    async def stream(self, call, meta, context):
         raise overloaded("no worker can take the request (all-filtered)", retry_after_s=2,
                          code="all-filtered")
         yield  # pragma: no cover - makes this an async generator

@@ -232,7 +232,8 @@ class Backend:
     def ready(self) -> bool:
         return True
 
-    async def stream(self, request, meta, context):
+    async def stream(self, call, meta, context):
+        request = call.to_wire()  # what the worker would receive
         from splitserve.contracts.wire import output_chunk
 
         yield output_chunk([self.token], "length", prompt_tokens=len(request["token_ids"]),
