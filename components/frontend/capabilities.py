@@ -99,13 +99,13 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("response_format", CHAT, lambda v: v is None or v == {"type": "text"},
                ENGINE, "json_object and json_schema, enforced by token masks"),
     Capability("tools", CHAT, _is_empty_list, FRONTEND, "calls are read from the answer by "
-               "Frontend.tool_call_parser (hermes, llama3_json, pythonic); tool_choice auto "
-               "needs one"),
+               "vLLM's parser for the model's format (Frontend.tool_call_parser, or "
+               "chosen from the chat template)"),
     Capability("tool_choice", CHAT, lambda v: v in (None, "none", "auto"), ENGINE,
                "none and auto on every engine; required and a named function force the "
                "call with a JSON schema (structured output)"),
     Capability("parallel_tool_calls", CHAT, lambda v: v is None or type(v) is bool,
-               FRONTEND, "false: one call at most"),
+               FRONTEND, "false: one call at most; required: at most 8"),
     Capability("functions", CHAT, _is_empty_list, NOBODY, "deprecated: send tools"),
     Capability("function_call", CHAT, lambda v: v is None or v == "none", NOBODY,
                "deprecated: send tool_choice"),

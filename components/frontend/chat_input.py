@@ -3,7 +3,8 @@
 Called by ``app.prepare`` (in the tokenizer pool) for chat and Responses API requests:
 ``parse_request`` validates the body (a Responses request becomes the chat request it
 stands for), ``chat_history`` gives the messages and tools for the template, and
-``output_plan`` says how the answer's text will be split.
+``output_plan`` says how the answer's text will be split (and by which of vLLM's
+parsers, ``formats.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from .capabilities import GraphEngines
 from .chat_output import OutputPlan
 from .errors import APIError, bad_request
+from .formats import load
 from .openai_types import ChatCompletionRequest, CompletionRequest, parse_json, validate
 from .tools import NamedToolChoice, choice_mode, render_history
 
@@ -33,13 +35,15 @@ def parse_request(kind: str, raw: bytes, engines: GraphEngines) -> tuple[Any, An
 
 
 def output_plan(req: ChatCompletionRequest, tool_parser: str | None,
-                reasoning_parser: str | None) -> OutputPlan:
-    """How this request's answers are read; tool_choice auto without a configured
-    tool-call parser is a 400 (the calls could not be found in the answer)."""
+                reasoning_parser: str | None, tokenizer: Any) -> OutputPlan:
+    """How this request's answers are read (called in the tokenizer threads: the first
+    request that needs a parser imports vLLM's, see ``formats.load``); tool_choice auto
+    without a tool-call parser is a 400 (the calls could not be found in the answer)."""
     mode = choice_mode(req.tools, req.tool_choice)
     if mode == "auto" and tool_parser is None:
         raise bad_request("tools with tool_choice auto need a tool call parser, and this "
-                          "server has none (Frontend.tool_call_parser); send tool_choice "
+                          "server has none (Frontend.tool_call_parser: the model's chat "
+                          "template writes calls in no format it knows); send tool_choice "
                           "required or a named function, or none", "tool_choice",
                           "unsupported_parameter")
     named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) \
@@ -49,9 +53,33 @@ def output_plan(req: ChatCompletionRequest, tool_parser: str | None,
     # everything before </think> as reasoning would take the whole answer.
     constrained = mode in ("named", "required") or (
         req.response_format is not None and req.response_format.answer_schema() is not None)
-    return OutputPlan(mode=mode, tool_parser=tool_parser,
-                      reasoning_parser=None if constrained else reasoning_parser,
-                      named=named, parallel=req.parallel_tool_calls)
+    reasoning = None if constrained else reasoning_parser
+    tool = tool_parser if mode == "auto" else None
+    try:
+        fmt = load(tool, reasoning, tokenizer)
+    except ValueError as exc:  # the model's tokenizer lacks the format's markers
+        raise APIError(500, f"cannot read this model's answers: {exc}",
+                       type_="server_error", code="output_format_unavailable") from None
+    request, skip = None, True
+    if fmt is not None:
+        request = _parser_request(req, mode)
+        skip = fmt.skip_special_tokens(request) if tool is not None else True
+    return OutputPlan(mode=mode, tool_parser=tool_parser, reasoning_parser=reasoning,
+                      named=named, parallel=req.parallel_tool_calls, stream=req.stream,
+                      format=fmt, request=request, skip_special_tokens=skip)
+
+
+def _parser_request(req: ChatCompletionRequest, mode: str) -> Any:
+    """The request as vLLM's parsers read it: its tools (typed as vLLM types them) and
+    whether calls are looked for."""
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest as ParserRequest,
+    )
+
+    tools = [{"type": "function", "function": t.function.described()}
+             for t in req.tools or []] if mode == "auto" else None
+    return ParserRequest(model=req.model, messages=[], tools=tools,
+                         tool_choice="auto" if mode == "auto" else "none")
 
 
 def chat_history(req: ChatCompletionRequest, tool_parser: str | None,

@@ -9,8 +9,7 @@ from pydantic import Field, field_validator
 from splitserve.components.router.service_config import RouterComponentConfig
 from splitserve.contracts.config import ComponentConfig
 
-from .reasoning_parsers import check_reasoning_parser
-from .tool_parsers import check_tool_parser
+from .formats import check_reasoning_parser, check_tool_parser
 
 # Sections a router (in process or not) can send requests to.
 ROUTABLE = ("Worker", "DecodeWorker")
@@ -74,15 +73,17 @@ class FrontendConfig(ComponentConfig):
         "second): a count alone would refuse a burst of short prompts as readily as a pile "
         "of 100k-token ones.")
     tool_call_parser: str | None = Field(
-        None, description="How tool calls are read from the model's answer when "
-        "tool_choice is auto, by vLLM's parser names: `hermes` (<tool_call>{json}"
-        "</tool_call>), `llama3_json` ({\"name\": ..., \"parameters\": ...}) or "
-        "`pythonic` ([f(x=1)]).  Unset: tools with tool_choice auto are refused "
-        "(required and a named function need no parser: the engine forces JSON).")
+        None, description="How tool calls are read from the answer when tool_choice is "
+        "auto: one of vLLM's tool-call parser names (`hermes`, `llama3_json`, `mistral`, "
+        "`qwen3_coder`, `deepseek_v3`, `kimi_k2`, `glm45`, `openai` for gpt-oss, ...; "
+        "vLLM's parsers do the reading).  Unset: chosen from the model's chat template "
+        "(docs/api.md, 'Tool-call and reasoning formats'); a template that renders no "
+        "tools gets `hermes`, the format the frontend then describes the tools in.")
     reasoning_parser: str | None = Field(
-        None, description="Splits a reasoning model's <think>...</think> into "
-        "reasoning_content: `deepseek_r1` (the answer starts inside the reasoning) or "
-        "`qwen3` (reasoning only after an opening <think>).  Unset: all text is content.")
+        None, description="Splits a reasoning model's thinking into reasoning_content: one "
+        "of vLLM's reasoning parser names (`deepseek_r1`, `qwen3`, `glm45`, `kimi_k2`, "
+        "`mistral`, `openai_gptoss`, ...).  Unset: chosen from the model's chat template "
+        "(none when it does not think).")
     routing: Literal["router", "in_process"] = Field(
         "router", description="Where routing decisions are made when the graph routes: "
         "`router` asks the graph's Router process (one RPC per request, one release "

@@ -4,10 +4,13 @@ history (tool definitions, past calls, tool results) rendered for the chat templ
 ``tool_choice`` decides how calls are found:
 
 - ``none`` (or no tools): the answer is text; the tools are not shown to the model.
-- ``auto``: the model decides; the configured tool-call parser finds calls in its text.
+- ``auto``: the model decides; the tool-call parser (``formats.py``) finds calls in its
+  text.
 - ``required`` / a named function: the engine's structured output forces the answer to
-  be JSON of a given schema (an array of ``{name, arguments}``, or the named function's
-  arguments), so even a small model emits a valid call; no parser is involved.
+  be JSON of a given schema (an array of ``{name, arguments}`` of at most
+  ``MAX_PARALLEL_CALLS`` items, one with ``parallel_tool_calls: false``; or the named
+  function's arguments), so even a small model emits a valid call; no parser is
+  involved.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .tool_parsers import TOOL_PARSERS, HermesParser, ParsedCall
+from .tool_prompts import Call, prompt_format
+
+
+MAX_PARALLEL_CALLS = 8
+"""Most calls a ``required`` answer may hold (OpenAI sets no number; eight covers a call
+per item of a short list, and bounds what a looping model can spend)."""
 
 
 def check_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -116,11 +124,11 @@ def forced_schema(tools: list[ToolDef], choice: ToolChoice | None,
                                                "arguments": t.function.schema()},
               "required": ["name", "arguments"], "additionalProperties": False}
              for t in tools]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                              "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
-    if not parallel:
-        schema["maxItems"] = 1
-    return schema
+    # The array is bounded: a small model held to an open-ended array can repeat one call
+    # until max_tokens, and an answer cut there is no call at all.
+    return {"type": "array", "minItems": 1,
+            "maxItems": MAX_PARALLEL_CALLS if parallel else 1,
+            "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
 
 
 def _forced_instructions(tools: list[ToolDef], mode: str, named: str | None) -> str:
@@ -147,7 +155,7 @@ def render_history(messages: list[dict[str, Any]], tools: list[ToolDef] | None,
     """
     mode = choice_mode(tools, choice)
     shown = tools if mode != "none" else None
-    fmt = TOOL_PARSERS.get(parser or "", HermesParser)
+    fmt = prompt_format(parser)
     out: list[dict[str, Any]] = []
     for m in messages:
         calls: list[ToolCallIn] = m.get("tool_calls") or []
@@ -160,7 +168,7 @@ def render_history(messages: list[dict[str, Any]], tools: list[ToolDef] | None,
             if m.get("tool_call_id"):
                 msg["tool_call_id"] = m["tool_call_id"]
         elif calls:
-            written = fmt.render_calls([ParsedCall(c.function.name, c.function.arguments)
+            written = fmt.render_calls([Call(c.function.name, c.function.arguments)
                                         for c in calls])
             msg["content"] = f"{msg['content']}\n{written}" if msg["content"] else written
         out.append(msg)

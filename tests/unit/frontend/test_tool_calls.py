@@ -42,9 +42,13 @@ def test_streamed_calls_arrive_as_tool_call_deltas(codec):
     chunks = [openai.types.chat.ChatCompletionChunk.model_validate(e)
               for e in sse_events(c, "/v1/chat/completions", chat(tools=TOOLS))]
     content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    calls = [tc for ch in chunks for tc in ch.choices[0].delta.tool_calls or []]
-    assert content == "Checking. " and len(calls) == 1
-    assert calls[0].id.startswith("call_") and calls[0].function.name == "get_weather"
+    pieces = [tc for ch in chunks for tc in ch.choices[0].delta.tool_calls or []]
+    assert content == "Checking. " and {tc.index for tc in pieces} == {0}
+    first = pieces[0]  # the call's id and name, then its arguments as they stream
+    assert first.id.startswith("call_") and first.function.name == "get_weather"
+    assert all(tc.id is None and tc.function.name is None for tc in pieces[1:])
+    arguments = "".join(tc.function.arguments or "" for tc in pieces)
+    assert json.loads(arguments) == {"city": "Paris"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -119,6 +123,7 @@ def test_bad_tool_requests_are_400_naming_the_parameter(codec, extra, param):
 
 
 def test_history_with_calls_and_results_is_rendered_in_the_parsers_format(codec):
+    """A template without tools sees past calls as the Hermes format writes them."""
     c, backend = scripted(codec, "It is sunny in Paris.")
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [
@@ -133,8 +138,19 @@ def test_history_with_calls_and_results_is_rendered_in_the_parsers_format(codec)
     assert "tool\nsunny, 21 C" in prompt
 
 
-def test_reasoning_content_is_split_streamed_and_not(codec):
-    c, _ = scripted(codec, "<think>France's capital.</think>Paris.",
+@pytest.fixture(scope="module")
+def think_codec(smollm2_dir):
+    """The served model's tokenizer with a reasoning model's <think> and </think> tokens
+    (vLLM's deepseek_r1 parser finds them by id)."""
+    from splitserve.components.frontend.textcodec import TextCodec
+
+    from .families import THINK, family_tokenizer
+
+    return TextCodec(family_tokenizer(str(smollm2_dir), tuple(THINK)), 2048)
+
+
+def test_reasoning_content_is_split_streamed_and_not(think_codec):
+    c, _ = scripted(think_codec, "<think>France's capital.</think>Paris.",
                     reasoning_parser="deepseek_r1")
     msg = c.post("/v1/chat/completions", json=chat()).json()["choices"][0]["message"]
     assert (msg["reasoning_content"], msg["content"]) == ("France's capital.", "Paris.")
