@@ -47,7 +47,7 @@ def prepare(state: FrontendState, parsed: Parsed) -> Prepared:
     req, where = parsed.req, parsed.endpoint.prompt_param
     plan = OutputPlan()
     if parsed.endpoint.templated:
-        plan = output_plan(req, state.tool_call_parser, state.reasoning_parser)
+        plan = output_plan(req, state.tool_call_parser, state.reasoning_parser, codec.tok)
         msgs, tools = chat_history(req, state.tool_call_parser, codec.template_has_tools)
         _check_length(codec, sum(len(m["content"]) for m in msgs), where)
         ids = codec.chat_ids(msgs, tools)
