@@ -10,6 +10,7 @@ from pathlib import Path
 
 from splitserve.contracts.kit.component import ComponentContext, run
 
+from . import formats
 from .app import FrontendState, build_app
 from .backend import BackendMetrics, DirectBackend, RoutedBackend
 from .capabilities import graph_engines
@@ -88,6 +89,7 @@ async def main(ctx: ComponentContext) -> None:
                                           ctx.run.common.effective_context_length(),
                                           cfg.tokenizer)
     log.info("tokenising with %s", state.codec.encoder)
+    await asyncio.to_thread(_choose_formats, state, cfg)
     ctx.report("ready", endpoint=url)
     log.info("serving %s at %s (links: %s)", state.model_name, url, ", ".join(links))
     await ctx.stopping.wait()
@@ -115,6 +117,29 @@ async def _in_process_backend(ctx: ComponentContext, cfg: FrontendConfig,
     log.info("routing in process (no Router process); this replica keeps its own "
              "accounting")
     return backend, routing
+
+
+def _choose_formats(state: FrontendState, cfg: FrontendConfig) -> None:
+    """The tool-call and reasoning formats: named in the config, else from the model's
+    chat template (``formats.resolve``); logged once.  vLLM's parsers are imported now
+    when a parser was named or the model thinks (then every request needs one), else on
+    the first request with tools (seconds, once: ``formats.load``)."""
+    codec = state.codec
+    chosen = formats.resolve(cfg.tool_call_parser, cfg.reasoning_parser,
+                             codec.tok.chat_template, codec.template_has_tools)
+    state.tool_call_parser, state.reasoning_parser = chosen.tool, chosen.reasoning
+    log.info("tool calls: %s, reasoning: %s (%s)", chosen.tool or "none",
+             chosen.reasoning or "none", chosen.why)
+    named = cfg.tool_call_parser is not None or cfg.reasoning_parser is not None
+    if not named and chosen.reasoning is None:
+        return
+    try:
+        formats.load(chosen.tool, chosen.reasoning, codec.tok)
+    except ValueError as exc:  # the tokenizer lacks the format's markers
+        if named:
+            raise  # a parser the operator named must fit: fail the start
+        log.warning("answers are not split into reasoning: %s", exc)
+        state.reasoning_parser = None
 
 
 def _load_codec(model_dir: str | None, context_length: int,
