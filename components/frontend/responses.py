@@ -15,6 +15,7 @@ from typing import Any
 from splitserve.contracts.wire import NO_LOGPROB, FinishReason, TokenLogprobs
 
 from .textcodec import TextCodec
+from .token_bytes import token_bytes_of
 
 OPENAI_FINISH: dict[FinishReason, str] = {
     FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
@@ -71,8 +72,10 @@ class LogprobShaper:
         return out
 
     def _entry(self, tok: int, lp: float) -> dict[str, Any]:
-        text = self.text(tok)
-        return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode())}
+        # The token's own bytes, not its decoded text's: a token holding part of a UTF-8
+        # character decodes alone to U+FFFD.
+        return {"token": self.text(tok), "logprob": _finite(lp),
+                "bytes": list(token_bytes_of(self.codec)(tok))}
 
     def completion(self, ids: list[int], lps: TokenLogprobs | None,
                    first_is_unscored: bool = False) -> dict[str, Any]:
