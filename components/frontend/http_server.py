@@ -257,6 +257,13 @@ class GuardedH11Protocol(H11Protocol):
         else:
             detail = f": {exc}" if exc is not None and str(exc) else ""
             err = APIError(400, f"invalid HTTP request{detail}", code="invalid_http_request")
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # A handler is running (it was reading the body when the bad bytes came): this
+            # answer is the connection's last, so the handler sees the client gone and its
+            # own answer, which could no longer be written, is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
         self._answer_and_linger(err)
 
     def _headers_too_large(self) -> APIError:

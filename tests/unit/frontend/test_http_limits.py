@@ -279,3 +279,42 @@ def test_a_stopping_server_answers_every_connection_it_accepted(codec):
             assert err["type"] == "service_unavailable" and headers["retry-after"] == "1"
         else:
             assert status == 200 and json.loads(answer)["choices"], raw[:300]
+
+
+@pytest.mark.parametrize("body", [
+    b"zz\r\nhello\r\n0\r\n\r\n",            # a chunk size that is not hex
+    b"5\r\nhello world\r\n0\r\n\r\n",       # a chunk longer than its size
+    b"5\r\nhello",                          # the connection ends mid-chunk
+])
+def test_a_malformed_chunked_body_gets_400_and_logs_no_traceback(server, body, caplog):
+    addr, _ = server
+    s = connect(addr)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+              b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+    if body.endswith(b"hello"):
+        s.shutdown(socket.SHUT_WR)
+    raw = read_response(s)
+    if raw:  # a body cut by the client's close may get no answer at all
+        assert parse(raw)[0] == (408 if body.endswith(b"hello") else 400), raw[:300]
+    time.sleep(0.3)  # let the server finish with the connection
+    still_serving(addr)
+    tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert not tracebacks, [r.getMessage() for r in tracebacks]
+
+
+def test_a_bad_chunk_while_the_body_is_read_gets_400_and_logs_no_traceback(server, caplog):
+    """The handler is already reading the body when a malformed chunk arrives: the
+    protocol answers 400 and the handler, whose answer can no longer be written, stops
+    without an error (it used to log a traceback: write() after write_eof())."""
+    addr, _ = server
+    s = connect(addr)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+              b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"5\r\n{\"a\":\r\n")
+    time.sleep(0.3)  # the handler is waiting for the rest of the body
+    s.sendall(b"not-hex\r\nxx\r\n0\r\n\r\n")
+    assert parse(read_response(s))[0] == 400
+    time.sleep(LIMITS.body_timeout_s + 2.5)  # past the body deadline and the linger
+    still_serving(addr)
+    tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert not tracebacks, [r.getMessage() for r in tracebacks]
