@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_CLASSES: tuple[str, ...] = ("high", "default", "low")
-"""The built-in QoS classes' names, most important first (``components/qos/classes.py``
+"""The built-in QoS classes' names, most important first (``components/router/qos/classes.py``
 builds its default classes from these)."""
 
 DEFAULT_CLASS = "default"

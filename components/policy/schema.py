@@ -35,7 +35,7 @@ from pydantic_core import PydanticCustomError
 
 from splitserve.components.disagg.config import parse_disaggregated_router
 from splitserve.components.disagg.registry import DeciderRegistry, default_decider_registry
-from splitserve.components.qos import QosConfig
+from splitserve.components.router.qos import QosConfig
 from splitserve.components.router.builtin import BUILTIN_CONFIGS
 from splitserve.components.router.config import parse_router_config
 from splitserve.components.router.registry import PluginRegistry, default_registry

@@ -1,6 +1,6 @@
 """The router's admission queue: admitted requests wait here for a slot, by least slack.
 
-Adapter around the pure ``SlackQueue`` (``components/qos/slack_queue.py``): each waiting
+Adapter around the pure ``SlackQueue`` (``components/router/qos/slack_queue.py``): each waiting
 route call holds a future; a release (or a waiter's own deadline) moves the queue.  The
 fleet view comes in as two numbers (requests placed, workers routable), so the same queue
 serves the router process and an in-process router in the frontend.
@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Literal
 
-from splitserve.components.qos.slack_queue import QueueConfig, SlackQueue
+from splitserve.components.router.qos.slack_queue import QueueConfig, SlackQueue
 
 Outcome = Literal["go", "doomed", "full"]
 

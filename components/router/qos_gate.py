@@ -1,7 +1,7 @@
 """QoS admission in the router process: class resolution, per-worker prediction, verdict,
 and the calibration of every prediction against what the frontend measured.
 
-Glue between the pure QoS core (`components/qos/`) and what the router observes: the
+Glue between the pure QoS core (`components/router/qos/`) and what the router observes: the
 worker its policy picked (and the other candidates), each worker's prefix hit, its own
 placements, and every finished request's timings (release calls), which teach the
 per-worker TTFT and TPOT fits (`qos.predictor`).  The same gate runs in the Router
@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from splitserve.contracts.metrics import PREFIX
 from splitserve.contracts.wire import ReleaseCall, RouteCall
-from splitserve.components.qos import (
+from splitserve.components.router.qos import (
     AdmissionRequest,
     ClassResolution,
     Estimate,
@@ -43,7 +43,7 @@ from splitserve.components.qos import (
     admit,
     resolve_class,
 )
-from splitserve.components.qos.predictor import Calibration, LatencyPredictor
+from splitserve.components.router.qos.predictor import Calibration, LatencyPredictor
 
 from .types import WorkerState
 

@@ -26,7 +26,7 @@ from splitserve.contracts.wire import (
     RouterStatus,
     WorkerLoad,
 )
-from splitserve.components.qos import Verdict
+from splitserve.components.router.qos import Verdict
 
 from .admission_queue import AdmissionQueue
 from .core import Router

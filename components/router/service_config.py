@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from splitserve.components.qos import QosConfig
+from splitserve.components.router.qos import QosConfig
 from splitserve.contracts.config import ComponentConfig
 
 from .builtin import BUILTIN_CONFIGS, builtin_config

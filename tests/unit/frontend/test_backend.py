@@ -370,7 +370,7 @@ QOS_CLASSES = [{"name": n, "ttft_ms": 1000, "tpot_ms": 100}
     ("high", "high", 0), ("default", "default", 1), ("low", "low", 2), ("batch", "batch", 3),
     (None, "default", 1), ("Batch", "batch", 3), ("urgent", "default", 1)])
 def test_the_worker_gets_the_class_and_level_the_router_resolved(header, name, level):
-    from splitserve.components.qos import QosConfig
+    from splitserve.components.router.qos import QosConfig
     from splitserve.components.worker.wire import params_from_wire
     from splitserve.contracts.wire import WorkerRequest
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from splitserve.components.qos import default_classes
+from splitserve.components.router.qos import default_classes
 from splitserve.components.policy import (
     canonical_dict,
     canonical_json,

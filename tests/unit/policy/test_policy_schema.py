@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from splitserve.components.qos import QosConfig, default_classes, resolve_class
+from splitserve.components.router.qos import QosConfig, default_classes, resolve_class
 from splitserve.components.policy import PolicyError, export_schema, load_policy_file, parse_policy
 from splitserve.components.policy.schema import policy_schema
 

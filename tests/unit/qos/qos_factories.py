@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from splitserve.components.qos import AdmissionRequest, Estimate, QosConfig
-from splitserve.components.qos.types import RateSource
+from splitserve.components.router.qos import AdmissionRequest, Estimate, QosConfig
+from splitserve.components.router.qos.types import RateSource
 
 
 def config(**fields: Any) -> QosConfig:

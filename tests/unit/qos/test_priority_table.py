@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from splitserve.components.qos import QosConfig
-from splitserve.components.qos.classes import default_classes
+from splitserve.components.router.qos import QosConfig
+from splitserve.components.router.qos.classes import default_classes
 from splitserve.components.router.service import RouterService
 from splitserve.components.router.service_config import RouterComponentConfig, load_policy
 from splitserve.contracts.prefill_queue import PrefillQueueConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.components.qos import admit, may_preempt, retry_after_s
+from splitserve.components.router.qos import admit, may_preempt, retry_after_s
 
 from .qos_factories import config, estimate, request
 

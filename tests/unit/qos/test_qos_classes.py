@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from splitserve.components.qos import QosConfig, build_estimator, resolve_class
+from splitserve.components.router.qos import QosConfig, build_estimator, resolve_class
 from splitserve.contracts.validation import error_paths
 
 from .qos_factories import config

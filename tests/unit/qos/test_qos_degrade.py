@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.components.qos import LoadSignals, admit
+from splitserve.components.router.qos import LoadSignals, admit
 
 from .qos_factories import config, estimate, request
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.components.qos import Backlog, EstimatorParams, LatencyEstimator
+from splitserve.components.router.qos import Backlog, EstimatorParams, LatencyEstimator
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.components.qos.predictor import MIN_SAMPLES, LatencyPredictor
+from splitserve.components.router.qos.predictor import MIN_SAMPLES, LatencyPredictor
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.components.qos.slack_queue import QueueConfig, SlackQueue
+from splitserve.components.router.qos.slack_queue import QueueConfig, SlackQueue
 
 pytestmark = pytest.mark.unit
 

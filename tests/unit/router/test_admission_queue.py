@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from splitserve.contracts.wire import ReleaseCall, RouteCall
-from splitserve.components.qos import QosConfig
+from splitserve.components.router.qos import QosConfig
 from splitserve.components.router.service import RouterService
 from splitserve.components.router.service_config import load_policy
 from splitserve.components.router.service_config import RouterComponentConfig

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from splitserve.cli import qos_cmd
 from splitserve.cli.main import app
-from splitserve.components.qos import QosConfig
+from splitserve.components.router.qos import QosConfig
 from splitserve.components.router.qos_gate import QosGate
 
 pytestmark = pytest.mark.unit

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from splitserve.components.frontend.config import FrontendConfig
 from splitserve.contracts.wire import ReleaseCall, RouteCall
-from splitserve.components.qos import QosConfig
+from splitserve.components.router.qos import QosConfig
 from splitserve.components.router.qos_gate import QosGate, outcome_of
 from splitserve.components.router.types import WorkerState
 
@@ -214,7 +214,7 @@ def test_shadow_mode_never_refuses_but_counts_what_it_would_refuse():
 
 
 def cal(would: bool, ttft_ms: float, tpot_ms: float | None):
-    from splitserve.components.qos.predictor import Calibration
+    from splitserve.components.router.qos.predictor import Calibration
     return Calibration("default", "1", would, True, True, 100.0, ttft_ms, 20.0, tpot_ms, 1.0)
 
 

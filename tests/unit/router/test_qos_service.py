@@ -11,7 +11,7 @@ import time
 import pytest
 
 from splitserve.contracts.wire import ReleaseCall, RouteCall
-from splitserve.components.qos import QosConfig
+from splitserve.components.router.qos import QosConfig
 from splitserve.components.router.service import RouterService
 from splitserve.components.router.service_config import load_policy
 from splitserve.components.router.service_config import RouterComponentConfig
