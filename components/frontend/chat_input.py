@@ -63,7 +63,7 @@ def output_plan(req: ChatCompletionRequest, tool_parser: str | None,
     request, skip = None, True
     if fmt is not None:
         request = _parser_request(req, mode)
-        skip = fmt.skip_special_tokens(request) if tool is not None else True
+        skip = fmt.skip_special_tokens
     return OutputPlan(mode=mode, tool_parser=tool_parser, reasoning_parser=reasoning,
                       named=named, parallel=req.parallel_tool_calls, stream=req.stream,
                       format=fmt, request=request, skip_special_tokens=skip)

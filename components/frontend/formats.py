@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 import importlib.util
 import threading
 from dataclasses import dataclass
@@ -188,14 +189,12 @@ class LoadedFormat:
     reasoning: str | None
     parser_cls: type
     tokenizer: Any
+    skip_special_tokens: bool
+    """Whether a request with tools may be detokenised without its special tokens (vLLM's
+    parsers turn this off where their markers are special tokens)."""
 
     def new(self, tools: list[Any] | None) -> Any:
         return self.parser_cls(self.tokenizer, tools)
-
-    def skip_special_tokens(self, request: Any) -> bool:
-        """Whether the answer may be detokenised without its special tokens (vLLM's
-        parsers turn this off where their markers are special tokens)."""
-        return bool(self.new(request.tools).adjust_request(request).skip_special_tokens)
 
 
 def load(tool: str | None, reasoning: str | None, tokenizer: Any) -> LoadedFormat | None:
@@ -205,7 +204,13 @@ def load(tool: str | None, reasoning: str | None, tokenizer: Any) -> LoadedForma
     if tool is None and reasoning is None:
         return None
     with _LOAD:
-        return _loaded(tool, reasoning, tokenizer)
+        first = _loaded.cache_info().currsize == 0
+        loaded = _loaded(tool, reasoning, tokenizer)
+        if first:
+            # vLLM brought torch and some million objects that live as long as the
+            # process: keep the collector from scanning them at every full collection.
+            gc.freeze()
+        return loaded
 
 
 @functools.lru_cache(maxsize=8)
@@ -213,8 +218,15 @@ def _loaded(tool: str | None, reasoning: str | None, tokenizer: Any) -> LoadedFo
     cls = _parser_class(tool, reasoning)
     tok = _cached_tokenizer(tokenizer)
     try:
-        cls(tok)  # what vLLM checks at its start: the tokenizer has the format's markers
+        parser = cls(tok)  # what vLLM checks at start: the tokenizer has the markers
     except Exception as exc:
         raise ValueError(f"the model's tokenizer cannot be read with tool call parser "
                          f"{tool!r} / reasoning parser {reasoning!r}: {exc}") from exc
-    return LoadedFormat(tool, reasoning, cls, tok)
+    skip = True
+    if tool is not None:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        probe = ChatCompletionRequest(model="-", messages=[], tool_choice="auto", tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {}}}])
+        skip = bool(parser.adjust_request(probe).skip_special_tokens)
+    return LoadedFormat(tool, reasoning, cls, tok, skip)

@@ -180,3 +180,40 @@ def test_schema_held_answers_are_not_split_as_reasoning(codec):
     msg = c.post("/v1/chat/completions", json=chat(response_format={
         "type": "json_object"})).json()["choices"][0]["message"]
     assert msg["content"] == '{"city": "Paris"}' and "reasoning_content" not in msg
+
+
+@pytest.fixture(scope="module")
+def kimi_codec(smollm2_dir):
+    """The served model's tokenizer with Kimi K2's tool-call markers as special tokens, as
+    in Kimi's own tokenizer: a detokenizer that skips special tokens would drop them."""
+    from transformers import AutoTokenizer
+
+    from splitserve.components.frontend.textcodec import TextCodec
+
+    from .families import KIMI
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    tok.add_special_tokens({"additional_special_tokens": KIMI})
+    return TextCodec(tok, 2048)
+
+
+KIMI_CALL = ("Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+             '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+             "<|tool_calls_section_end|>")
+
+
+def test_calls_marked_with_special_tokens_reach_the_parser(kimi_codec):
+    c, _ = scripted(kimi_codec, KIMI_CALL, tool_call_parser="kimi_k2")
+    msg = c.post("/v1/chat/completions", json=chat(tools=TOOLS)).json()["choices"][0][
+        "message"]
+    assert msg["content"] == "Checking." and len(msg["tool_calls"]) == 1
+    assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+    events = sse_events(c, "/v1/chat/completions", chat(tools=TOOLS))
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    arguments = "".join(tc["function"].get("arguments", "") for d in deltas
+                        for tc in d.get("tool_calls", []))
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert "".join(d.get("content") or "" for d in deltas) == "Checking."
+    # Without tools the same markers are special tokens, skipped as before.
+    plain = c.post("/v1/chat/completions", json=chat()).json()["choices"][0]["message"]
+    assert "<|tool_call_begin|>" not in plain["content"]
