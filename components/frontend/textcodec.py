@@ -176,11 +176,13 @@ class TextCodec:
         """Token ids of a raw completion prompt (the client owns it: specials are parsed)."""
         return self._encode(True, [prompt])[0]
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def detokenizer(self, stop: list[str]) -> Detokenizer:
-        return Detokenizer(self, list(stop))
+    def detokenizer(self, stop: list[str], keep_special_tokens: bool = False) -> Detokenizer:
+        """A request's detokenizer; ``keep_special_tokens`` for answers whose format
+        marks its parts with special tokens (a tool-call parser asks for it)."""
+        return Detokenizer(self, list(stop), keep_special_tokens=keep_special_tokens)
 
 
 def _fast_ids(fast, specials: bool, texts: list[str]) -> list[list[int]]:
@@ -195,6 +197,8 @@ class Detokenizer:
 
     codec: TextCodec
     stop: list[str]
+    keep_special_tokens: bool = False
+    """Special tokens are text too (the end-of-sequence token never is)."""
     ids: list[int] = field(default_factory=list)
     prefix_offset: int = 0
     read_offset: int = 0
@@ -204,8 +208,9 @@ class Detokenizer:
     def _decode_new(self) -> str:
         # Decode a short window so that merges across token boundaries (spaces, multi-byte
         # characters) come out right without re-decoding the whole output every step.
-        prefix = self.codec.decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self.codec.decode(self.ids[self.prefix_offset:])
+        skip = not self.keep_special_tokens
+        prefix = self.codec.decode(self.ids[self.prefix_offset:self.read_offset], skip)
+        full = self.codec.decode(self.ids[self.prefix_offset:], skip)
         if full.endswith("\ufffd") or len(full) <= len(prefix):
             return ""  # an unfinished UTF-8 character: wait for more tokens
         self.prefix_offset = self.read_offset
@@ -216,6 +221,8 @@ class Detokenizer:
         """Add tokens; return the text that is now safe to send (may be empty)."""
         if self.stopped:
             return ""
+        if self.keep_special_tokens:
+            token_ids = [t for t in token_ids if t not in self.codec.eos_token_ids]
         self.ids.extend(token_ids)
         text = self.held + self._decode_new()
         if self.stop:
