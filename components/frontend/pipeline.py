@@ -174,7 +174,8 @@ async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
     becomes an error within a bounded time, and stops the worker early when a stop
     string matched.
     """
-    detok = state.codec.detokenizer(p.req.stop_list())
+    detok = state.codec.detokenizer(p.req.stop_list(),
+                                    keep_special_tokens=not p.plan.skip_special_tokens)
     context = state.context_factory(meta.request_id) if state.context_factory else None
     chunks = state.backend.stream(call, meta, context).__aiter__()
     last = started
