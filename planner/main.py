@@ -44,7 +44,7 @@ async def main(ctx: ComponentContext) -> None:
     from splitserve.components.prefill_queue import PrefillQueue
 
     queue = await PrefillQueue.connect(os.environ["NATS_SERVER"], ctx.namespace,
-                                       ctx.run.common.model, cfg.prefill_queue,
+                                       ctx.run.common.served_model_name, cfg.prefill_queue,
                                        client_name="planner")
     depth = queue.depth_monitor()
     await depth.start()

@@ -51,7 +51,6 @@ class EngineGraphs:
 
     agg: tuple[str, str, tuple[str, ...]]
     disagg: tuple[str, str]
-    weights_key: str          # engine_args field of the weights directory
     memory_key: str           # engine_args field of the GPU memory share
     agg_sections: tuple[str, ...]
 
@@ -59,15 +58,15 @@ class EngineGraphs:
 ENGINES = {
     "sglang": EngineGraphs(("graphs.agg_router:Frontend", "configs/sglang_agg.yaml", ()),
                            ("graphs.disagg:Frontend", "configs/sglang_disagg.yaml"),
-                           "model_path", "mem_fraction_static", ("Worker",)),
+                           "mem_fraction_static", ("Worker",)),
     "trtllm": EngineGraphs(("graphs.agg_router:Frontend", "configs/trtllm_agg.yaml", ()),
                            ("graphs.disagg:Frontend", "configs/trtllm_disagg.yaml"),
-                           "model", "free_gpu_memory_fraction", ("Worker",)),
+                           "free_gpu_memory_fraction", ("Worker",)),
     # vLLM's reference is the same decode engine prefilling locally (forced local).
     "vllm": EngineGraphs(("graphs.disagg:Frontend", "configs/vllm_disagg_gpu.yaml",
                           (f"--DecodeWorker.disaggregated_router={FORCED_LOCAL}",)),
                          ("graphs.disagg:Frontend", "configs/vllm_disagg_gpu.yaml"),
-                         "model", "extra_engine_args.gpu_memory_utilization",
+                         "extra_engine_args.gpu_memory_utilization",
                          ("DecodeWorker", "PrefillWorker")),
 }
 
@@ -83,11 +82,11 @@ def gpu_count() -> int:
 
 
 def overrides(eng: EngineGraphs, sections: tuple[str, ...], model: str, gpus: int,
-              disagg: bool) -> list[str]:
-    """Command-line overrides: the local weights, and sharing one GPU when there is one."""
-    out = [f"--Frontend.model_dir={model}", "--Frontend.port=0"]
-    for s in sections:
-        out.append(f"--{s}.engine_args.{eng.weights_key}={model}")
+              disagg: bool, served: str = "meta-llama/Llama-3.1-8B-Instruct") -> list[str]:
+    """Command-line overrides: the model (every engine loads Common.model), the name
+    clients send, and sharing one GPU when there is one."""
+    out = [f"--Common.model={model}", f"--Common.served_model_name={served}",
+           f"--Frontend.model_dir={model}", "--Frontend.port=0"]
     if disagg and gpus < 2:
         out += ["--Common.allow_shared_devices=true", "--PrefillWorker.devices=[0]"]
         out += [f"--{s}.engine_args.{eng.memory_key}=0.4" for s in sections]
@@ -225,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     graph, config, extra = eng.agg
     run, url = start(tmp / "agg", graph, config,
                      [*overrides(eng, eng.agg_sections, a.model, gpus, graph.endswith(
-                         "disagg:Frontend")), *extra], a.start_timeout_s)
+                         "disagg:Frontend"), a.served_model), *extra], a.start_timeout_s)
     try:
         expected = [ask(url, q, a.max_tokens, a.served_model) for q in PROMPTS]
     finally:
@@ -234,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
 
     graph, config = eng.disagg
     run, url = start(tmp / "disagg", graph, config,
-                     [*overrides(eng, ("DecodeWorker", "PrefillWorker"), a.model, gpus, True),
+                     [*overrides(eng, ("DecodeWorker", "PrefillWorker"), a.model, gpus, True,
+                                 a.served_model),
                       f"--DecodeWorker.disaggregated_router={FORCED_REMOTE}",
                       "--Common.restart.backoff_initial_s=1"], a.start_timeout_s)
     try:

@@ -81,11 +81,21 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    """The exported, weight-less SmolLM2 directory (tokenizer + config), cached per user."""
-    from splitserve.contracts.kit.cache import model_cache_dir
-    from splitserve.contracts.kit.model_dir import export_model_dir, served_model_name
+    """The packaged default model's exported, weight-less directory (tokenizer + config),
+    cached per user."""
+    from splitserve.contracts.model_files import PACKAGED_MODEL, model_dir
 
-    return export_model_dir(model_cache_dir(served_model_name()))
+    return model_dir(PACKAGED_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, smollm2_dir) -> dict[str, Path]:
+    """Tiny random models of the Llama family (Llama, SmolLM, Mistral, Qwen2, Qwen3) as
+    Hugging Face directories with the SmolLM2 tokenizer, written once per session from a
+    fixed seed (tests/fixtures/tiny_models.py): family name -> directory."""
+    from tests.fixtures.tiny_models import write_tiny_models
+
+    return write_tiny_models(tmp_path_factory.mktemp("tiny-models"), smollm2_dir)
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,7 @@ async def run_decode(ctx: ComponentContext, cfg) -> None:
         h = await registry.host_engine(ctx, cfg, "decode", stack)
         if h is None:
             return
-        queue = await PrefillQueue.connect(nats_url, ns, ctx.run.common.model,
+        queue = await PrefillQueue.connect(nats_url, ns, ctx.run.common.served_model_name,
                                            cfg.prefill_queue, client_name="decode-worker")
         stack.push_async_callback(bounded, queue.close)
         depth = queue.depth_monitor()

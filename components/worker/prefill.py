@@ -42,7 +42,7 @@ async def run_prefill(ctx: ComponentContext, cfg) -> None:
         if h is None:
             return
         engine, worker_id = h.engine, h.worker_id
-        queue = await PrefillQueue.connect(nats_url, ns, ctx.run.common.model,
+        queue = await PrefillQueue.connect(nats_url, ns, ctx.run.common.served_model_name,
                                            cfg.prefill_queue, client_name="prefill-worker")
         stack.push_async_callback(bounded, queue.close)
         nc = await connect_nats(nats_url, name="prefill-handoff")

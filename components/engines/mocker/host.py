@@ -38,7 +38,7 @@ async def host_mocker(ctx: ComponentContext, cfg, role: Role,
     worker_id = endpoint.connection_id()
     metrics = WorkerMetrics()
     ctx.serve_metrics(metrics.registry)
-    eng = MockerEngine({c.role: c for c in children}, ctx.run.common.model,
+    eng = MockerEngine({c.role: c for c in children}, ctx.run.common.served_model_name,
                        args.block_size, args.num_gpu_blocks, cfg.engine_idle_timeout_s)
     died = asyncio.ensure_future(first_exit(children))
     stack.callback(died.cancel)

@@ -6,7 +6,7 @@ By default one replica is one mocker process serving one simulated engine (``--n
 supervisor's replica count is the worker count and a crashed engine is restarted on its
 own; ``workers_per_process`` packs several engines into one process for big fleets.
 
-Lifecycle: export the weight-less model directory, start ``python -m dynamo.mocker``,
+Lifecycle: find the model's directory (or export the packaged default's), start ``python -m dynamo.mocker``,
 wait until the instance it owns appears under ``v1/instances/<ns>/<component>/generate/``
 in etcd, report "ready"; on SIGTERM stop the child (SIGTERM, bounded wait, SIGKILL);
 if the child exits on its own, exit non-zero so the supervisor restarts this replica.
@@ -25,7 +25,13 @@ from pathlib import Path
 
 from splitserve.contracts.kit.etcd import get_prefix
 from splitserve.contracts.kit.waiting import poll_until
-from splitserve.contracts.kit.model_dir import export_model_dir
+from splitserve.contracts.model_files import (
+    PACKAGED_MODEL,
+    export_model_dir,
+    locate,
+    model_cache_dir,
+    read_model_info,
+)
 from splitserve.components.engines.mocker.config import MockerEngineArgs
 from splitserve.contracts.kit.procs import spawn, terminate
 from splitserve.contracts.kit.component import ComponentContext, endpoint_path
@@ -43,21 +49,31 @@ class MockerExited(RuntimeError):
         self.code = code
 
 
-def model_dir_for(cfg: MockerEngineArgs) -> Path:
-    """Where the model directory lives: the configured cache or ~/.cache/splitserve."""
-    root = Path(cfg.model_cache_dir) if cfg.model_cache_dir else (
-        Path.home() / ".cache" / "splitserve" / "models")
-    return root / "SmolLM2-135M-Instruct"
+def model_dir_for(cfg: MockerEngineArgs, model: str) -> Path:
+    """The directory the mocker reads ``model``'s config.json and tokenizer from (its
+    simulated KV geometry: layers, KV heads, head dimension, dtype): the model's own
+    directory or cached snapshot, or the packaged default's weight-less export (in
+    ``model_cache_dir`` when configured; the first export on a machine takes about
+    30 s).  Called in a thread at start."""
+    found = locate(model)  # None only for the packaged default
+    if found is not None:
+        return found
+    dst = (Path(cfg.model_cache_dir) / PACKAGED_MODEL if cfg.model_cache_dir
+           else model_cache_dir(PACKAGED_MODEL))
+    return export_model_dir(dst)
 
 
 def mocker_argv(cfg: MockerEngineArgs, *, namespace: str, component: str, model_dir: Path,
                 model_name: str, request_plane: str,
-                max_model_len: int | None = None) -> list[str]:
+                max_model_len: int | None = None,
+                kv_bytes_per_token: int | None = None) -> list[str]:
     """The full ``python -m dynamo.mocker`` command line for one replica (pure).
 
     ``max_model_len`` is ``Common.context_length`` when configured (the mocker then
     refuses longer sequences like a real engine); None leaves the mocker unbounded, the
     frontend's check against the model's own window being the limit.
+    ``kv_bytes_per_token`` (``kv_geometry``) sizes the simulated KV transfers unless
+    ``extra_args`` sets it.
     """
     argv = [
         sys.executable, "-m", "dynamo.mocker",
@@ -80,7 +96,18 @@ def mocker_argv(cfg: MockerEngineArgs, *, namespace: str, component: str, model_
         argv += ["--kv-transfer-bandwidth", str(cfg.kv_transfer_bandwidth)]
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
+    given = {a.split("=", 1)[0] for a in cfg.extra_args}
+    if kv_bytes_per_token is not None and "--kv-bytes-per-token" not in given:
+        argv += ["--kv-bytes-per-token", str(kv_bytes_per_token)]
     return argv + list(cfg.extra_args)
+
+
+def kv_geometry(model_dir: Path) -> int | None:
+    """KV bytes per token of the model in ``model_dir``, from its config.json (layers x
+    K and V x KV heads x head dimension x the dtype's bytes).  Dynamo's mocker computes
+    it too, but takes the head dimension as hidden size / heads, which is wrong for
+    models whose config.json names a head dimension of its own."""
+    return read_model_info(model_dir).kv_bytes_per_token()
 
 
 def mocker_env(base: dict[str, str]) -> dict[str, str]:
@@ -175,11 +202,12 @@ async def run_mocker(ctx: ComponentContext, cfg: MockerEngineArgs,
     """
     component = ctx.run.component.lower()
     ctx.report("loading", progress="exporting model directory")
-    model_dir = await asyncio.to_thread(export_model_dir, model_dir_for(cfg))
+    model_dir = await asyncio.to_thread(model_dir_for, cfg, ctx.run.common.model)
     argv = mocker_argv(cfg, namespace=ctx.namespace, component=component, model_dir=model_dir,
-                       model_name=ctx.run.common.model,
+                       model_name=ctx.run.common.served_model_name,
                        request_plane=ctx.run.common.request_plane,
-                       max_model_len=ctx.run.common.context_length)
+                       max_model_len=ctx.run.common.context_length,
+                       kv_bytes_per_token=kv_geometry(model_dir))
     log.info("starting mocker: %s", " ".join(argv[1:]))
     # Own session so a terminal's Ctrl-C reaches only the supervisor; parent-death
     # signal so a SIGKILLed replica cannot leave an engine registered behind it.

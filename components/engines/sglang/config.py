@@ -15,8 +15,9 @@ import json
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from splitserve.contracts.model_files import checked_model
 from splitserve.contracts.models import StrictModel
 
 Role = Literal["agg", "prefill", "decode"]
@@ -66,8 +67,10 @@ def server_arg_names() -> frozenset[str]:
 class SglangEngineArgs(StrictModel):
     """Arguments of one in-process SGLang engine (``sglang.Engine``)."""
 
-    model_path: str = Field("meta-llama/Llama-3.1-8B-Instruct", min_length=1,
-                            description="Hugging Face id or local directory of the weights.")
+    model_path: str | None = Field(None, min_length=1, description="This pool's model, "
+                                   "when it is not Common.model: a local directory or a "
+                                   "hub id in the local cache; null: Common.model.  SGLang "
+                                   "gets the directory either way (nothing is downloaded).")
     tp_size: int = Field(1, ge=1, description="Tensor-parallel GPUs per engine.")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
         "auto", description="Weights and activations (SGLang's --dtype).")
@@ -118,6 +121,11 @@ class SglangEngineArgs(StrictModel):
         default_factory=dict, description="Further ServerArgs fields, by name, passed "
         "through unchanged; unknown names are refused.")
 
+    @field_validator("model_path")
+    @classmethod
+    def _model_found(cls, v: str | None) -> str | None:
+        return checked_model(v)
+
     @model_validator(mode="after")
     def _checked_by_sglang(self) -> SglangEngineArgs:
         for key in self.extra_server_args:
@@ -134,8 +142,10 @@ class SglangEngineArgs(StrictModel):
             if key not in names:
                 raise ValueError(f"extra_server_args.{key}: not a field of SGLang's "
                                  "ServerArgs")
+        # Common.model is known only to the plan: a placeholder path stands for it here.
+        args = self if self.model_path else self.model_copy(update={"model_path": "model"})
         for role in ("prefill", "decode"):
-            built = check_server_args(server_args_kwargs(self, role, "model",
+            built = check_server_args(server_args_kwargs(args, role, "model",
                                                          "tcp://127.0.0.1:1"))
             if role == "decode":
                 resolved = resolved_radix_cache(built)
@@ -188,8 +198,9 @@ def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
     listens) turns SGLang's ZMQ KV-event publisher on; ``host`` is what SGLang's
     listeners bind (a prefill engine's bootstrap server among them): loopback unless the
     graph is opened for multi-node use; ``bootstrap_port`` is this replica's (the
-    configured base port plus the replica index).  Token ids in, token ids out: the
-    frontend owns the tokenizer.
+    configured base port plus the replica index).  ``args.model_path`` is the model's
+    directory (the registry's factory fills in Common.model's).  Token ids in, token
+    ids out: the frontend owns the tokenizer.
     """
     kw: dict[str, Any] = {
         "model_path": args.model_path, "served_model_name": served_name,

@@ -45,6 +45,7 @@ from splitserve.contracts.engine import (
     WithoutPrefixLookup,
 )
 from splitserve.contracts.wire import FinishReason
+from splitserve.contracts.kit.model_dir import weights_dir
 
 from . import kv_relay, process
 from .config import Role, SglangEngineArgs, decode_radix_cache, server_args_kwargs
@@ -362,7 +363,11 @@ async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
 def make_engine(ctx, cfg, role: Role) -> SglangEngine:
     """The registry's factory: the section's engine for ``role``, not started (bootstrap
     ports are unique per replica; the routable host is advertised apart from the bind
-    address)."""
+    address).  SGLang gets the model's directory: the section's own model, else
+    Common.model (a hub id becomes its cached snapshot: nothing is downloaded)."""
     common = ctx.run.common
-    return SglangEngine(cfg.engine_args, common.model, role, host=common.bind_host,
+    args = cfg.engine_args
+    path = weights_dir(args.model_path or common.model)
+    return SglangEngine(args.model_copy(update={"model_path": str(path)}),
+                        common.served_model_name, role, host=common.bind_host,
                         advertise_host=common.advertised_host(), replica=ctx.run.replica)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from splitserve.contracts.model_files import checked_model
 from splitserve.contracts.models import StrictModel
 
 Role = Literal["agg", "prefill", "decode"]
@@ -35,8 +36,10 @@ MAPPED = frozenset({"model", "tensor_parallel_size", "backend", "kv_cache_config
 class TrtllmEngineArgs(StrictModel):
     """Arguments of one in-process TensorRT-LLM engine (``tensorrt_llm.LLM``)."""
 
-    model: str = Field("meta-llama/Llama-3.1-8B-Instruct", min_length=1,
-                       description="Hugging Face id or local directory of the weights.")
+    model: str | None = Field(None, min_length=1, description="This pool's model, when it "
+                              "is not Common.model: a local directory or a hub id in the "
+                              "local cache; null: Common.model.  TensorRT-LLM gets the "
+                              "directory either way (nothing is downloaded).")
     tensor_parallel_size: int = Field(1, ge=1, description="Tensor-parallel GPUs.")
     free_gpu_memory_fraction: float = Field(
         0.85, gt=0, lt=1, description="Fraction of the GPU memory left after the weights "
@@ -71,6 +74,11 @@ class TrtllmEngineArgs(StrictModel):
         default_factory=dict, description="Further LLM API arguments, passed unchanged "
         "(not checked here: TensorRT-LLM is not installable off GPU machines).")
 
+    @field_validator("model")
+    @classmethod
+    def _model_found(cls, v: str | None) -> str | None:
+        return checked_model(v)
+
     @field_validator("extra_llm_args")
     @classmethod
     def _not_mapped(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +95,8 @@ class TrtllmEngineArgs(StrictModel):
 def llm_kwargs(args: TrtllmEngineArgs, role: Role, *, local_prefill: bool = False) -> dict[str, Any]:
     """Keyword arguments of ``tensorrt_llm.LLM`` for one engine; called once at start
     (``local_prefill`` is accepted for symmetry with the other engines and unused).
+    ``args.model`` is the model's directory (the registry's factory fills in
+    Common.model's).
 
     Prefill and decode roles get a cache transceiver (how the engines move KV); a
     decode engine keeps serving ``context_and_generation`` requests for local prefills,

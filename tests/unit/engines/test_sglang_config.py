@@ -22,6 +22,13 @@ sglang_module("sglang.srt.server_args")  # skips the module without SGLang
 pytestmark = pytest.mark.unit
 
 EP = "tcp://127.0.0.1:5557"
+MODEL = "/models/Llama-3.1-8B-Instruct"
+
+
+def filled(args: SglangEngineArgs) -> SglangEngineArgs:
+    """``args`` with the model's directory, as the registry's factory (``make_engine``)
+    fills it in from Common.model."""
+    return args.model_copy(update={"model_path": MODEL})
 
 
 @pytest.mark.parametrize(("role", "mode"), [("agg", "null"), ("prefill", "prefill"),
@@ -29,9 +36,10 @@ EP = "tcp://127.0.0.1:5557"
 def test_each_role_builds_the_real_server_args(role, mode):
     from sglang.srt.server_args import ServerArgs
 
-    args = SglangEngineArgs(tp_size=2, page_size=32, mem_fraction_static=0.7)
+    args = filled(SglangEngineArgs(tp_size=2, page_size=32, mem_fraction_static=0.7))
     sa = check_server_args(server_args_kwargs(args, role, "llama", EP))
     assert isinstance(sa, ServerArgs)
+    assert (sa.model_path, sa.served_model_name) == (MODEL, "llama")
     assert (sa.disaggregation_mode, sa.tp_size, sa.page_size) == (mode, 2, 32)
     # structured output (on by default) needs SGLang's tokenizer for its grammar backend
     assert sa.mem_fraction_static == 0.7 and not sa.skip_tokenizer_init
@@ -48,7 +56,7 @@ def test_each_role_builds_the_real_server_args(role, mode):
 
 def test_cli_flags_are_sglangs_own():
     # structured output off: SGLang runs without its tokenizer, a flag of its own
-    argv = to_cli_args(server_args_kwargs(SglangEngineArgs(structured_output=False),
+    argv = to_cli_args(server_args_kwargs(filled(SglangEngineArgs(structured_output=False)),
                                           "prefill", "m", EP))
     for flag in ("--model-path", "--disaggregation-mode", "--disaggregation-bootstrap-port",
                  "--kv-events-config", "--skip-tokenizer-init", "--page-size"):

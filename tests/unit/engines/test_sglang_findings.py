@@ -123,7 +123,8 @@ def test_sglangs_own_resolution_agrees_with_the_decode_radix_cache_setting():
     )
 
     for asked in (False, True):
-        a = args(decode_radix_cache=asked)
+        # the model's directory is filled in by the registry's factory (make_engine)
+        a = args(decode_radix_cache=asked, model_path="/models/m")
         for role, expect in (("decode", asked), ("prefill", True)):
             built = check_server_args(server_args_kwargs(a, role, "m", "tcp://127.0.0.1:1"))
             assert resolved_radix_cache(built) is expect, (role, asked)

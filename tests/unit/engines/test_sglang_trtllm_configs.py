@@ -29,13 +29,17 @@ def _plan(res) -> dict:
     ("sglang", "graphs.agg_router:Frontend", "configs/sglang_agg.yaml"),
     ("trtllm", "graphs.agg_router:Frontend", "configs/trtllm_agg.yaml"),
 ])
-def test_dry_run_prints_the_engine_plan(engine, graph, config):
+def test_dry_run_prints_the_engine_plan(engine, graph, config, tiny_models):
     if engine == "sglang":
         sglang_module("sglang.srt.server_args")  # validation runs SGLang's parser
-    res = dry_run(graph, config)
-    _plan(res)
+    missing = dry_run(graph, config)  # the configs' /models/... is not on this machine
+    assert missing.exit_code == 2 and "Common.model: '/models/Llama-3.1-8B-Instruct' " \
+        "does not exist" in missing.output, missing.output
+    res = dry_run(graph, config, f"--Common.model={tiny_models['llama']}")
+    plan = _plan(res)
     assert f'"engine": "{engine}"' in res.output
-    assert "meta-llama/Llama-3.1-8B-Instruct" in res.output
+    assert plan["common"]["served_model_name"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert plan["common"]["model"] == str(tiny_models["llama"])
 
 
 def test_router_block_size_must_match_the_engine():

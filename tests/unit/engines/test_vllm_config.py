@@ -49,7 +49,7 @@ def test_engine_args_carry_the_configured_values():
     ea = to_engine_args(args, "/m", "served", "tcp://127.0.0.1:5999",
                         {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
                          "kv_buffer_device": "cpu"})
-    assert (ea.model, ea.served_model_name, ea.dtype) == ("/m", "served", "float32")
+    assert (ea.model, ea.served_model_name, ea.dtype) == ("/m", "served", "auto")
     assert (ea.max_model_len, ea.max_num_seqs, ea.block_size) == (2048, 8, 128)
     assert ea.enable_prefix_caching and ea.enforce_eager and not ea.disable_log_stats
     assert ea.max_logprobs == 3

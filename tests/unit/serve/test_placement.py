@@ -22,13 +22,21 @@ pytestmark = pytest.mark.unit
 
 GRAPH = "graphs.disagg:Frontend"
 ROOT_DIR = Path(__file__).resolve().parents[3]
+STAND_IN: list[str] = []  # --Common.model=<a tiny model>, set by the fixture below
+
+
+@pytest.fixture(autouse=True)
+def model_stand_in(tiny_models):
+    """The GPU configs' model (/models/Llama-3.1-8B-Instruct) is not on this machine and
+    the plan checks it is there: a tiny model directory stands in."""
+    STAND_IN[:] = [f"--Common.model={tiny_models['llama']}"]
 
 
 def plan_of(config: str, overrides: list[str] | None = None):
     path = ROOT_DIR / "configs" / config
     g = load_graph(GRAPH)
-    return build_plan(g, GRAPH, yaml.safe_load(path.read_text()), str(path), overrides,
-                      g.defined)
+    return build_plan(g, GRAPH, yaml.safe_load(path.read_text()), str(path),
+                      [*STAND_IN, *(overrides or [])], g.defined)
 
 
 def errors_of(config: str, overrides: list[str]) -> str:
@@ -85,7 +93,7 @@ def test_dry_run_shows_devices_and_bootstrap_ports_per_replica():
     from splitserve.cli.main import app
 
     res = CliRunner().invoke(app, [
-        "serve", GRAPH, "-f", "configs/sglang_disagg.yaml", "--dry-run",
+        "serve", GRAPH, "-f", "configs/sglang_disagg.yaml", "--dry-run", *STAND_IN,
         "--PrefillWorker.replicas=2", "--PrefillWorker.devices=[1, 2]"])
     assert res.exit_code == 0, res.output
     assert "replica 0: CUDA_VISIBLE_DEVICES=1 bootstrap_port=8998" in res.output

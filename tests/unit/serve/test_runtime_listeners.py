@@ -53,11 +53,22 @@ def runtime_env(monkeypatch):
     return RecordingRuntime.created
 
 
+STAND_IN: list[str] = []  # --Common.model=<a tiny model>, set by the fixture below
+
+
+@pytest.fixture(autouse=True)
+def model_stand_in(tiny_models):
+    """The config's model (/models/Llama-3.1-8B-Instruct) is not on this machine and the
+    plan checks it is there: a tiny model directory stands in."""
+    STAND_IN[:] = [f"--Common.model={tiny_models['llama']}"]
+
+
 def config_file(tmp_path: Path) -> Path:
     """A prefill worker's resolved config, as a manifest mounts it (bind host loopback)."""
     path = ROOT_DIR / "configs" / "trtllm_disagg.yaml"
     g = load_graph(GRAPH)
-    plan = build_plan(g, GRAPH, yaml.safe_load(path.read_text()), str(path), None, g.defined)
+    plan = build_plan(g, GRAPH, yaml.safe_load(path.read_text()), str(path), STAND_IN,
+                      g.defined)
     cfg = plan.run_config(plan.component("PrefillWorker"), 0, tmp_path / "status.json")
     out = tmp_path / "PrefillWorker.json"
     out.write_text(json.dumps(cfg.model_dump(mode="json")))
