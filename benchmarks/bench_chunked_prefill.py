@@ -26,7 +26,7 @@ from splitserve.components.engines.torch_cpu import (  # noqa: E402
     EngineCore,
     Request,
     configure_threads,
-    load_smollm2,
+    load_model,
 )
 
 SETTINGS = [(2048, None), (512, None), (512, 256), (256, 128)]
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=str(REPO / "benchmarks/results/chunked_prefill.json"))
     args = p.parse_args(argv)
     configure_threads(args.threads)
-    model = load_smollm2()
+    model = load_model()
     rows = []
     for budget, chunk in SETTINGS:
         row = scenario(model, budget, chunk, args.long_prompt)

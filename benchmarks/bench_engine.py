@@ -25,7 +25,7 @@ from splitserve.components.engines.torch_cpu import (
     Request,
     chat_prompt_ids,
     configure_threads,
-    load_smollm2,
+    load_model,
 )
 
 QUESTIONS = [
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/engine_decode.json")
     args = ap.parse_args()
     threads = configure_threads(args.threads)
-    loaded = load_smollm2(progress=lambda stage, frac: None, keep_hf_model=True)
+    loaded = load_model(progress=lambda stage, frac: None, keep_hf_model=True)
     prompts = [
         chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS
     ]

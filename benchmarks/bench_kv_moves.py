@@ -36,7 +36,7 @@ from splitserve.contracts.engine import GenerateParams  # noqa: E402
 from splitserve.components.engines.torch_cpu import (  # noqa: E402
     EngineConfig,
     EngineCore,
-    load_smollm2,
+    load_model,
 )
 from splitserve.components.engines.torch_cpu.adapter import TorchEngine  # noqa: E402
 from splitserve.components.engines.torch_cpu.runner import EngineRunner  # noqa: E402
@@ -90,7 +90,7 @@ def exporter(source: TorchEngine, rid: str, writes: list):
 
 
 async def main(repeats: int) -> dict:
-    model = load_smollm2()
+    model = load_model()
     vocab = model.config.vocab_size
     blocks = (max(CONTEXTS) + BEFORE + AFTER) // BLOCK + 8
     with tempfile.TemporaryDirectory() as tmp, EmbeddedInfra(Path(tmp)) as infra:

@@ -137,11 +137,11 @@ def main() -> None:
 
     import torch
 
-    from splitserve.components.engines.torch_cpu import configure_threads, load_smollm2
+    from splitserve.components.engines.torch_cpu import configure_threads, load_model
 
     load_before = os.getloadavg()[0]
     threads = configure_threads()
-    loaded = load_smollm2(progress=lambda stage, frac: None)
+    loaded = load_model(progress=lambda stage, frac: None)
     chats, long = prompts(loaded.tokenizer)
     rows = {}
     if not args.skip_torch:

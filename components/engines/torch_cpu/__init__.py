@@ -1,4 +1,5 @@
-"""CPU reference engine: SmolLM2-135M-Instruct with a paged, prefix-cached KV pool.
+"""CPU reference engine: Llama-family models (Llama, Mistral, Qwen2, Qwen3, SmolLM) from a
+Hugging Face directory, with a paged, prefix-cached KV pool.
 
 A compact Llama forward pass (ours; transformers only reads the checkpoint),
 continuous batching with chunked prefill and preemption, KV events for the
@@ -14,8 +15,8 @@ __getattr__ = lazy_exports(__name__, globals(), {
     ".config": ("EngineConfig", "ModelConfig"),
     ".engine": ("EngineCore",),
     ".kv_cache": ("KVCacheManager",),
-    ".loader": ("CHATML_TEMPLATE", "LoadedModel", "chat_prompt_ids", "configure_threads",
-                "default_num_threads", "load_smollm2"),
+    ".loader": ("LoadedModel", "UnsupportedModel", "chat_prompt_ids", "configure_threads",
+                "default_num_threads", "load_model"),
     ".request": ("EngineStats", "FinishReason", "RemoteKvAllocation", "Request",
                  "RequestOutput"),
     "splitserve.contracts.block_events": ("BlockRemoved", "BlockStored", "KvEvent",
@@ -23,7 +24,6 @@ __getattr__ = lazy_exports(__name__, globals(), {
 })
 
 __all__ = [
-    "CHATML_TEMPLATE",
     "BlockRemoved",
     "BlockStored",
     "EngineConfig",
@@ -37,9 +37,10 @@ __all__ = [
     "RemoteKvAllocation",
     "Request",
     "RequestOutput",
+    "UnsupportedModel",
     "chat_prompt_ids",
     "configure_threads",
     "default_num_threads",
     "hash_block",
-    "load_smollm2",
+    "load_model",
 ]

@@ -11,7 +11,8 @@ from splitserve.contracts.models import StrictModel
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape and constants of a Llama-family checkpoint, as the forward pass needs them."""
+    """Shape and constants of a Llama-family checkpoint, as the forward pass needs them
+    (read from its config.json by the loader)."""
 
     vocab_size: int
     hidden_size: int
@@ -21,9 +22,9 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
-    rope_theta: float
-    rope_scaling_factor: float  # linear position scaling; 1.0 = none
-    max_position_embeddings: int
+    rope_inv_freq: tuple[float, ...]  # [head_dim / 2] RoPE inverse frequencies, scaling applied
+    rope_attention_scaling: float  # multiplies cos and sin (yarn); 1.0 for the others
+    max_position_embeddings: int  # positions served (capped at a sliding window's length)
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
 
@@ -34,7 +35,7 @@ class ModelConfig:
 
 
 class EngineConfig(StrictModel):
-    """Limits of one engine instance; every field has a safe default for SmolLM2-135M."""
+    """Limits of one engine instance; every field has a safe default for a small model."""
 
     block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV block.")
     num_blocks: int = Field(

@@ -1,6 +1,6 @@
 """Bringing the torch engine up in a worker process, for any role.
 
-Loads SmolLM2 (reporting progress; the endpoint is registered only once it is loaded,
+Loads the graph's model (``Common.model``, reporting progress; the endpoint is registered only once it is loaded,
 so readiness means "can answer"), runs the engine core on its own thread
 (``EngineRunner``) and, where the role publishes KV events, sends the core's events to
 Dynamo's KvEventPublisher straight from the runner.  Disaggregated roles get a NIXL
@@ -29,13 +29,13 @@ from .adapter import TorchEngine
 from .runner import EngineRunner
 
 
-def build_core(args, threads: int, progress):
-    """Load SmolLM2 and build the engine core (runs in a thread: it takes seconds)."""
-    from . import EngineConfig, EngineCore, configure_threads, load_smollm2
+def build_core(args, model: str, threads: int, progress):
+    """Load ``model`` and build the engine core (runs in a thread: it takes seconds)."""
+    from . import EngineConfig, EngineCore, configure_threads, load_model
     from .grammar import JsonGrammars
 
     configure_threads(threads)
-    loaded = load_smollm2(progress=progress)
+    loaded = load_model(model, progress=progress)
     cfg = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                        max_running=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens,
                        max_chunk_tokens=args.max_chunk_tokens)
@@ -56,7 +56,7 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
     def progress(stage: str, fraction: float) -> None:
         ctx.report("loading", detail=f"{stage} {fraction:.0%}")
 
-    core = await asyncio.to_thread(build_core, args, threads, progress)
+    core = await asyncio.to_thread(build_core, args, ctx.run.common.model, threads, progress)
     endpoint = ctx.endpoint(ctx.run.component, "generate")
     on_events = None
     if role in PUBLISHES_KV:

@@ -1,4 +1,8 @@
-"""A compact Llama forward pass over a flat batch of tokens and the paged KV cache.
+"""A compact Llama-family forward pass over a flat batch of tokens and the paged KV cache.
+
+The family's variants are the weights' own: biases on the attention projections (Qwen2,
+or Llama with ``attention_bias``) and on the MLP (``mlp_bias``), a per-head RMSNorm of
+queries and keys before RoPE (Qwen3), an explicit head dimension, tied embeddings.
 
 One call computes a whole engine step: prefill chunks of some sequences and one
 decode token of others, packed as rows of one ``[R, hidden]`` activation so the
@@ -25,6 +29,8 @@ class LayerWeights:
 
     attn_norm: torch.Tensor  # [hidden]
     qkv: Linear  # hidden -> (H + 2 * KVH) * D
+    q_norm: torch.Tensor | None  # [D], per-head RMSNorm of queries before RoPE (Qwen3)
+    k_norm: torch.Tensor | None  # [D], the same for keys
     o: Linear  # H * D -> hidden
     mlp_norm: torch.Tensor  # [hidden]
     gate_up: Linear  # hidden -> 2 * intermediate
@@ -44,30 +50,55 @@ class LlamaWeights:
 
     @classmethod
     def from_state_dict(cls, sd: Mapping[str, torch.Tensor], cfg: ModelConfig) -> LlamaWeights:
-        """Build from a Hugging Face ``LlamaForCausalLM`` state dict; called once at load."""
+        """Build from a Hugging Face ``*ForCausalLM`` state dict of the Llama family
+        (Llama, Mistral, Qwen2, Qwen3); called once at load. Biases and per-head norms
+        are used where the checkpoint has them."""
         layers = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
-            qkv = torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")], dim=0)
-            gate_up = torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
+            attn, mlp = p + "self_attn.", p + "mlp."
+            qkv = torch.cat([sd[attn + f"{n}_proj.weight"] for n in ("q", "k", "v")], dim=0)
+            gate_up = torch.cat([sd[mlp + "gate_proj.weight"], sd[mlp + "up_proj.weight"]])
             layers.append(
                 LayerWeights(
-                    attn_norm=sd[p + "input_layernorm.weight"].float().contiguous(),
-                    qkv=Linear(qkv),
-                    o=Linear(sd[p + "self_attn.o_proj.weight"]),
-                    mlp_norm=sd[p + "post_attention_layernorm.weight"].float().contiguous(),
-                    gate_up=Linear(gate_up),
-                    down=Linear(sd[p + "mlp.down_proj.weight"]),
+                    attn_norm=_vector(sd, p + "input_layernorm.weight"),
+                    qkv=Linear(qkv, _fused_bias(sd, [attn + f"{n}_proj" for n in "qkv"])),
+                    q_norm=_vector(sd, attn + "q_norm.weight", optional=True),
+                    k_norm=_vector(sd, attn + "k_norm.weight", optional=True),
+                    o=Linear(sd[attn + "o_proj.weight"], sd.get(attn + "o_proj.bias")),
+                    mlp_norm=_vector(sd, p + "post_attention_layernorm.weight"),
+                    gate_up=Linear(gate_up, _fused_bias(sd, [mlp + "gate_proj", mlp + "up_proj"])),
+                    down=Linear(sd[mlp + "down_proj.weight"], sd.get(mlp + "down_proj.bias")),
                 )
             )
         embed = sd["model.embed_tokens.weight"].float().contiguous()
         head = embed if cfg.tie_word_embeddings else sd["lm_head.weight"]
         cos, sin = rope_tables(
-            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling_factor
+            cfg.rope_inv_freq, cfg.max_position_embeddings, cfg.rope_attention_scaling
         )
         return cls(
-            embed, layers, sd["model.norm.weight"].float().contiguous(), Linear(head), cos, sin
+            embed, layers, _vector(sd, "model.norm.weight"), Linear(head, sd.get("lm_head.bias")),
+            cos, sin,
         )
+
+
+def _vector(sd: Mapping[str, torch.Tensor], key: str, optional: bool = False):
+    if optional and key not in sd:
+        return None
+    return sd[key].float().contiguous()
+
+
+def _fused_bias(sd: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor | None:
+    """The biases of projections fused into one matmul, concatenated like their weights
+    (zeros for a part without one); None when none of them has a bias."""
+    if all(n + ".bias" not in sd for n in names):
+        return None
+    parts = []
+    for n in names:
+        bias = sd.get(n + ".bias")
+        parts.append(bias.float() if bias is not None
+                     else torch.zeros(sd[n + ".weight"].shape[0], dtype=torch.float32))
+    return torch.cat(parts)
 
 
 @dataclass
@@ -114,10 +145,13 @@ def forward(
     for li, layer in enumerate(w.layers):
         h = rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)
         qkv = layer.qkv(h)  # [R, (H + 2 * KVH) * D]
-        q = apply_rope(qkv[:, : heads * dim].reshape(rows, heads, dim), cos, sin)  # [R, H, D]
-        k = apply_rope(
-            qkv[:, heads * dim : (heads + kvh) * dim].reshape(rows, kvh, dim), cos, sin
-        )  # [R, KVH, D]
+        q = qkv[:, : heads * dim].reshape(rows, heads, dim)  # [R, H, D]
+        k = qkv[:, heads * dim : (heads + kvh) * dim].reshape(rows, kvh, dim)  # [R, KVH, D]
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+        if layer.k_norm is not None:
+            k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = qkv[:, (heads + kvh) * dim :].reshape(rows, kvh, dim)  # [R, KVH, D]
         k_cache = pool[:, li, 0]  # [blocks, bs, KVH, D] view into the pool
         v_cache = pool[:, li, 1]

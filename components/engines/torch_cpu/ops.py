@@ -22,7 +22,7 @@ _ROW_MULTIPLE = 4
 
 
 class Linear:
-    """``y = x @ W^T`` with batch-invariant rounding.
+    """``y = x @ W^T (+ b)`` with batch-invariant rounding.
 
     Built once at load time from a ``[out, in]`` weight. Three measured rules
     keep each output row bitwise independent of how many rows are computed:
@@ -33,8 +33,10 @@ class Linear:
     chunks of at most 768 whose partial products are added in a fixed order.
     """
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         wt = weight.detach().to(torch.float32).t().contiguous()  # [in, out]
+        # Added after the product, row by row: batch-invariant like the rest.
+        self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
         n_chunks = -(-wt.shape[0] // _MAX_K_CHUNK)
         size = -(-wt.shape[0] // n_chunks)
         self.in_features = wt.shape[0]
@@ -55,27 +57,39 @@ class Linear:
             y = x[:, a:b] @ w
             for (a, b), w in zip(self.bounds[1:], self.chunks[1:], strict=True):
                 y += x[:, a:b] @ w
+        if self.bias is not None:
+            y += self.bias
         return y[:rows] if pad else y
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim: x [rows, hidden] -> [rows, hidden]."""
+    """RMSNorm over the last dim: x [..., n] -> [..., n] (weight [n]): the hidden state,
+    or each head's query and key (Qwen3's per-head norms)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
+def default_inv_freq(head_dim: int, theta: float) -> tuple[float, ...]:
+    """RoPE's unscaled inverse frequencies ``theta ** (-2i / head_dim)``, computed as
+    transformers computes them."""
+    exps = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    return tuple((1.0 / (theta**exps)).tolist())
+
+
 def rope_tables(
-    head_dim: int, max_positions: int, theta: float, scaling_factor: float
+    inv_freq: tuple[float, ...], max_positions: int, attention_scaling: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Precompute cos and sin, each [max_positions, head_dim], for rotate-half RoPE.
 
-    Called once at load. Tables (instead of computing per step) keep RoPE to
-    multiplies and adds, which round the same for every row.
+    ``inv_freq`` [head_dim / 2] carries the checkpoint's scaling (linear, llama3, yarn);
+    ``attention_scaling`` multiplies both tables (yarn's). Called once at load. Tables
+    (instead of computing per step) keep RoPE to multiplies and adds, which round the
+    same for every row.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    pos = torch.arange(max_positions, dtype=torch.float32) / scaling_factor
-    freqs = torch.outer(pos, inv_freq)  # [max_positions, head_dim / 2]
+    inv = torch.tensor(inv_freq, dtype=torch.float32)
+    pos = torch.arange(max_positions, dtype=torch.float32)
+    freqs = torch.outer(pos, inv)  # [max_positions, head_dim / 2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
-    return emb.cos(), emb.sin()
+    return emb.cos() * attention_scaling, emb.sin() * attention_scaling
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

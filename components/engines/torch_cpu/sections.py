@@ -1,5 +1,5 @@
-"""Config sections with ``engine: torch`` (the CPU reference engine with the real SmolLM2
-model): Worker, DecodeWorker and PrefillWorker.  ``SECTIONS`` is what the engine
+"""Config sections with ``engine: torch`` (the CPU reference engine, serving the graph's
+``Common.model`` of the Llama family): Worker, DecodeWorker and PrefillWorker.  ``SECTIONS`` is what the engine
 registry reads."""
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ class TorchEngineArgs(StrictModel):
     """Arguments of the CPU reference engine."""
 
     block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV block.")
-    num_blocks: int = Field(1024, ge=4, description="KV blocks in the pool (46 KB per token "
-                            "in fp32: 1024 blocks of 16 tokens is about 750 MB).")
+    num_blocks: int = Field(1024, ge=4, description="KV blocks in the pool, each holding "
+                            "every layer's K and V in float32 (layers x 2 x KV heads x head "
+                            "dim x 4 bytes per token: 46 KB for SmolLM2-135M, so 1024 blocks "
+                            "of 16 tokens is about 750 MB).")
     max_num_seqs: int = Field(32, ge=1, description="Requests decoded together per step.")
     # Defaults from benchmarks/bench_chunked_prefill.py (a running decode, a 3,000-token
     # prompt and seven short requests): 2048/none gave the short requests 16.4 s and the

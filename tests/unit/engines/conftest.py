@@ -11,16 +11,17 @@ from splitserve.components.engines.torch_cpu import (
     EngineCore,
     LoadedModel,
     configure_threads,
-    load_smollm2,
+    load_model,
 )
 
 
 @pytest.fixture(scope="session")
 def smollm2() -> LoadedModel:
-    """SmolLM2-135M-Instruct with the transformers model kept as the reference."""
+    """The packaged default model (SmolLM2-135M-Instruct) with the transformers model kept
+    as the reference."""
     if "PYTEST_XDIST_WORKER" not in os.environ:  # under xdist: one thread (tests/parallel.py)
         configure_threads()
-    return load_smollm2(keep_hf_model=True)
+    return load_model(keep_hf_model=True)
 
 
 @pytest.fixture

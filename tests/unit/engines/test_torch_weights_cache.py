@@ -9,10 +9,11 @@ import torch
 def test_cached_weights_equal_the_gguf_dequantisation(smollm2):
     from transformers import AutoModelForCausalLM
 
-    from splitserve.components.engines.torch_cpu.loader import smollm2_location
+    from splitserve.contracts.model_files import gguf_path
 
-    directory, name = smollm2_location()
-    gguf = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+    path = gguf_path()
+    gguf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                dtype=torch.float32)
     ours, theirs = smollm2.hf_model.state_dict(), gguf.state_dict()
     assert set(ours) == set(theirs)
     different = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
