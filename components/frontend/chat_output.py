@@ -105,12 +105,14 @@ class ChoiceOutput:
             return self._required() if final else Delta()
         if self.parser is None:
             return Delta(content=text)
-        if token_ids is None:
-            token_ids = self._encode(text)
         if not self.plan.stream:
             self.text.append(text)
-            self.ids += token_ids
+            if token_ids is None and self.plan.format.reads_ids:
+                token_ids = self._encode(text)
+            self.ids += token_ids or []
             return self._whole() if final else Delta()
+        if token_ids is None:
+            token_ids = self._encode(text)
         if not text and not token_ids and not final:
             return Delta()
         out = Delta()

@@ -192,6 +192,9 @@ class LoadedFormat:
     skip_special_tokens: bool
     """Whether a request with tools may be detokenised without its special tokens (vLLM's
     parsers turn this off where their markers are special tokens)."""
+    reads_ids: bool
+    """Whether a whole answer is parsed from its token ids (harmony) rather than its
+    text (every other format)."""
 
     def new(self, tools: list[Any] | None) -> Any:
         return self.parser_cls(self.tokenizer, tools)
@@ -229,4 +232,5 @@ def _loaded(tool: str | None, reasoning: str | None, tokenizer: Any) -> LoadedFo
         probe = ChatCompletionRequest(model="-", messages=[], tool_choice="auto", tools=[
             {"type": "function", "function": {"name": "f", "parameters": {}}}])
         skip = bool(parser.adjust_request(probe).skip_special_tokens)
-    return LoadedFormat(tool, reasoning, cls, tok, skip)
+    harmony = tool == HARMONY_TOOL or reasoning == HARMONY_REASONING
+    return LoadedFormat(tool, reasoning, cls, tok, skip, reads_ids=harmony)
