@@ -43,8 +43,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def url(graph_pool):
-    return graph_pool.get("graphs.agg:Frontend", "configs/agg.yaml",
-                          "--Frontend.tool_call_parser=hermes")[1]
+    # The README's main graph as it ships: tool_choice auto works without naming a parser
+    # (SmolLM2's template renders no tools, so the frontend chooses hermes).
+    return graph_pool.get("graphs.agg:Frontend", "configs/agg.yaml")[1]
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +101,22 @@ def test_openai_tool_calls_streamed_and_not(c):
 
 
 def test_openai_auto_tool_choice_parses(c):
-    r = c.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOL], max_tokens=40,
-                                  temperature=0)
-    ch = r.choices[0]
-    assert ch.finish_reason in ("stop", "length", "tool_calls")
-    for call in ch.message.tool_calls or []:
-        json.loads(call.function.arguments)
+    for stream in (False, True):
+        r = c.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOL], max_tokens=40,
+                                      temperature=0, stream=stream)
+        if stream:
+            chunks = list(r)
+            finish = next(ch.choices[0].finish_reason for ch in reversed(chunks)
+                          if ch.choices and ch.choices[0].finish_reason)
+            calls = [tc for ch in chunks if ch.choices
+                     for tc in ch.choices[0].delta.tool_calls or []]
+            assert finish in ("stop", "length", "tool_calls")
+            assert (finish == "tool_calls") == bool(calls) or finish == "length"
+            continue
+        ch = r.choices[0]
+        assert ch.finish_reason in ("stop", "length", "tool_calls"), ch
+        for call in ch.message.tool_calls or []:
+            json.loads(call.function.arguments)
 
 
 def test_openai_logprobs_and_n(c):
