@@ -53,7 +53,7 @@ async def main(ctx: ComponentContext) -> None:
         target = next((n for n in links if n.endswith("Worker")), "Worker")
         backend = DirectBackend(await ctx.endpoint(target, "generate").client(),
                                 migration_limit=cfg.migration_limit, metrics=backend_metrics)
-    state = FrontendState(model_name=ctx.run.common.model, codec=None, backend=backend,
+    state = FrontendState(model_name=ctx.run.common.served_model_name, codec=None, backend=backend,
                           metrics=metrics,
                           max_inflight=cfg.max_inflight,
                           default_max_tokens=cfg.default_max_tokens,
@@ -85,7 +85,7 @@ async def main(ctx: ComponentContext) -> None:
     port = server.servers[0].sockets[0].getsockname()[1]
     url = f"http://{cfg.host}:{port}"
     ctx.report("loading", endpoint=url, detail="loading tokenizer")
-    state.codec = await asyncio.to_thread(_load_codec, cfg.model_dir,
+    state.codec = await asyncio.to_thread(_load_codec, cfg.model_dir, ctx.run.common.model,
                                           ctx.run.common.effective_context_length(),
                                           cfg.tokenizer)
     log.info("tokenising with %s", state.codec.encoder)
@@ -142,15 +142,14 @@ def _choose_formats(state: FrontendState, cfg: FrontendConfig) -> None:
         state.reasoning_parser = None
 
 
-def _load_codec(model_dir: str | None, context_length: int,
+def _load_codec(model_dir: str | None, model: str, context_length: int,
                 encoder: TokenizerBackend = "auto") -> TextCodec:
-    if model_dir:
-        return TextCodec.from_dir(Path(model_dir), context_length, encoder)
-    from splitserve.contracts.kit.cache import model_cache_dir
-    from splitserve.contracts.kit.model_dir import export_model_dir, served_model_name
+    """The tokenizer of ``Frontend.model_dir`` when set, else of ``Common.model``'s own
+    directory (the packaged model's export for the default)."""
+    from splitserve.contracts.model_files import model_dir as dir_of
 
-    return TextCodec.from_dir(export_model_dir(model_cache_dir(served_model_name())),
-                              context_length, encoder)
+    return TextCodec.from_dir(Path(model_dir) if model_dir else dir_of(model), context_length,
+                              encoder)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,11 @@ from .textcodec import TextCodec
 
 
 def parse(state: FrontendState, endpoint: Endpoint, raw: bytes, priority: str) -> Parsed:
-    """Stage 1: the body validated for ``endpoint``; APIError(400) on a client mistake
-    (a model this graph does not serve included)."""
+    """Stage 1: the body validated for ``endpoint``; APIError(400) on a client mistake,
+    404 ``model_not_found`` for a model this graph does not serve (as OpenAI answers)."""
     req, responses = parse_request(endpoint, raw, state.engines)
     if req.model != state.model_name:
-        raise APIError(400, f"model '{req.model}' is not served here; available: "
+        raise APIError(404, f"the model '{req.model}' does not exist here; available: "
                        f"{state.model_name}", param="model", code="model_not_found")
     return Parsed(endpoint, req, priority, responses)
 

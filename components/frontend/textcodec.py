@@ -96,14 +96,19 @@ class TextCodec:
         import json
 
         from splitserve.contracts.kit.model_dir import load_tokenizer
+        from splitserve.contracts.model_files import read_model_info
 
         tok = load_tokenizer(model_dir)
         cfg_path = Path(model_dir) / "config.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        info = read_model_info(Path(model_dir)) if cfg else None
         if context_length is None:
-            context_length = int(cfg.get("max_position_embeddings", 2048))
+            context_length = info.context_length if info else 2048
         vocab = cfg.get("vocab_size")
-        return cls(tok, context_length, int(vocab) if vocab else None, encoder)
+        codec = cls(tok, context_length, int(vocab) if vocab else None, encoder)
+        if info is not None:  # generation_config.json's end-of-sequence ids stop too
+            codec.eos_token_ids = sorted({*codec.eos_token_ids, *info.eos_token_ids})
+        return codec
 
     def _encode(self, specials: bool, texts: list[str]) -> list[list[int]]:
         """Token ids of ``texts``, control tokens parsed (``specials``) or read as text."""

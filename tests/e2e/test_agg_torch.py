@@ -84,18 +84,19 @@ def test_32_concurrent_requests_equal_their_sequential_outputs(agg):
         assert out == sequential[p], p
 
 
-@pytest.mark.parametrize("body, code", [
-    ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, "model_not_found"),
-    ({"model": MODEL, "messages": []}, "invalid_value"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+@pytest.mark.parametrize("body, status, code", [
+    ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404,
+     "model_not_found"),
+    ({"model": MODEL, "messages": []}, 400, "invalid_value"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400,
      "invalid_value"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 9000},
-     "context_length_exceeded"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "invalid_value"),
+     400, "context_length_exceeded"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, 400, "invalid_value"),
 ])
-def test_bad_input_gets_400_and_server_keeps_serving(agg, body, code):
+def test_bad_input_gets_4xx_and_server_keeps_serving(agg, body, status, code):
     r = httpx.post(f"{agg}/v1/chat/completions", json=body, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["code"] == code
+    assert r.status_code == status and r.json()["error"]["code"] == code
     r = httpx.post(f"{agg}/v1/chat/completions", content=b"{oops", timeout=30,
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"

@@ -121,7 +121,7 @@ def test_stop_string_truncates_and_stops_worker(codec):
 @pytest.mark.parametrize("payload, status, code, param", [
     (b"{not json", 400, "invalid_json", None),
     (b"[1, 2]", 400, "invalid_json", None),
-    (chat_body(model="gpt-4"), 400, "model_not_found", "model"),
+    (chat_body(model="gpt-4"), 404, "model_not_found", "model"),
     (chat_body(messages=[]), 400, "invalid_value", "messages"),
     (chat_body(max_tokens=0), 400, "invalid_value", "max_tokens"),
     (chat_body(max_tokens=-5), 400, "invalid_value", "max_tokens"),
