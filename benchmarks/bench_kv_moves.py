@@ -40,7 +40,7 @@ from splitserve.components.engines.torch_cpu import (  # noqa: E402
 )
 from splitserve.components.engines.torch_cpu.adapter import TorchEngine  # noqa: E402
 from splitserve.components.engines.torch_cpu.runner import EngineRunner  # noqa: E402
-from splitserve.components.kv_transfer import KvTransferAgent, KvTransferConfig  # noqa: E402
+from splitserve.components.engines.torch_cpu.kv_transfer import KvTransferAgent, KvTransferConfig  # noqa: E402
 from splitserve.infra.embedded import EmbeddedInfra  # noqa: E402
 
 CONTEXTS = (1024, 4096, 8000)  # SmolLM2 holds 8,192 positions: 8,000 leaves room to decode

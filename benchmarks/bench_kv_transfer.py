@@ -1,6 +1,6 @@
 """KV transfer throughput between two processes over NIXL, against an in-process copy.
 
-The receiver is a separate process (``splitserve.components.kv_transfer.peer``) holding a
+The receiver is a separate process (``splitserve.components.engines.torch_cpu.kv_transfer.peer``) holding a
 registered pool; this process writes ``n`` blocks of its own pool into it with
 ``KvTransferAgent.write_blocks`` (direct path, arrival notification attached) and times
 each call from start to completion.  Two block orders per size:
@@ -54,7 +54,7 @@ def memcpy_gbps(nbytes: int, reps: int) -> float:
 
 
 async def transfer_rows(etcd: str, reps: int, progress_thread: bool) -> list[dict]:
-    from splitserve.components.kv_transfer import KvTransferAgent, KvTransferConfig
+    from splitserve.components.engines.torch_cpu.kv_transfer import KvTransferAgent, KvTransferConfig
 
     pool = torch.randn(NUM_BLOCKS, *BLOCK_SHAPE)
     cfg = KvTransferConfig(namespace="bench", staging_bytes=0, timeout_s=60,
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedInfra(Path(tmp)) as ep:
         shape = ",".join(str(x) for x in (NUM_BLOCKS, *BLOCK_SHAPE))
         peer = subprocess.Popen(
-            [sys.executable, "-m", "splitserve.components.kv_transfer.peer",
+            [sys.executable, "-m", "splitserve.components.engines.torch_cpu.kv_transfer.peer",
              "--name", "bench-decode", "--etcd", ep.etcd, "--namespace", "bench",
              "--shape", shape, "--staging-bytes", "0"]
             + (["--progress-thread"] if args.receiver_progress_thread else []),

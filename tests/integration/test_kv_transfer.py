@@ -1,6 +1,6 @@
 """KV transfer between two real processes: NIXL (UCX over DRAM), etcd for discovery.
 
-The receiving (decode) side runs in a child process, ``splitserve.components.kv_transfer.peer``,
+The receiving (decode) side runs in a child process, ``splitserve.components.engines.torch_cpu.kv_transfer.peer``,
 driven by JSON lines; its pool is random from a seed, so this process can rebuild what
 the pool must hold afterwards.  The sending (prefill) side is this process.
 """
@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from splitserve.components.kv_transfer import (
+from splitserve.components.engines.torch_cpu.kv_transfer import (
     AgentDirectory,
     KvTransferAgent,
     KvTransferConfig,
     PeerNotFound,
     TransferError,
 )
-from splitserve.components.kv_transfer.peer import seeded_pool
+from splitserve.components.engines.torch_cpu.kv_transfer.peer import seeded_pool
 from splitserve.infra.embedded import EmbeddedInfra
 from splitserve.kernels.kv_fp8 import compress, error_bound
 from splitserve.kernels.kv_pack import kv_pack
@@ -51,7 +51,7 @@ class Peer:
         self.log = log
         with open(log, "ab") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "splitserve.components.kv_transfer.peer",
+                [sys.executable, "-m", "splitserve.components.engines.torch_cpu.kv_transfer.peer",
                  "--name", name, "--etcd", etcd, "--namespace", NS, "--seed", str(seed),
                  "--shape", ",".join(map(str, shape)), *extra],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)

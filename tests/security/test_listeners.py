@@ -126,7 +126,7 @@ def test_a_kv_transfer_agent_started_outside_serve_stays_on_loopback():
     code = (
         "import json, os, sys, torch\n"
         "sys.path.insert(0, os.getcwd())\n"
-        "from splitserve.components.kv_transfer.nixl_port import NixlPort\n"
+        "from splitserve.components.engines.torch_cpu.kv_transfer.nixl_port import NixlPort\n"
         "from tests.security.test_listeners import listeners\n"
         "port = NixlPort('probe', 'UCX')\n"
         "port.register(torch.zeros(4096))\n"

@@ -98,7 +98,7 @@ async def _start_agent(ctx: ComponentContext, cfg, role: Role, core, worker_id: 
     KV moves (None for other aggregated ones)."""
     if role == "agg" and not cfg.kv_moves:
         return None
-    from splitserve.components.kv_transfer import KvTransferAgent
+    from splitserve.components.engines.torch_cpu.kv_transfer import KvTransferAgent
 
     agent = KvTransferAgent(f"{role}-{worker_id:x}", core.kv_pool(),
                             etcd_endpoints=os.environ["ETCD_ENDPOINTS"],

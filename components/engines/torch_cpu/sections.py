@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from splitserve.contracts.models import StrictModel
-from splitserve.components.kv_transfer.config import KvTransferConfig
+from splitserve.components.engines.torch_cpu.kv_transfer.config import KvTransferConfig
 from splitserve.contracts.sections import (
     EngineDecodeSection,
     EnginePrefillSection,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from splitserve.components.kv_transfer.layout import PoolLayout
-from splitserve.components.kv_transfer.payload import build_fp8, staged_nbytes
+from splitserve.components.engines.torch_cpu.kv_transfer.layout import PoolLayout
+from splitserve.components.engines.torch_cpu.kv_transfer.payload import build_fp8, staged_nbytes
 from splitserve.kernels import kv_fp8, kv_pack
 
 from .kernel_factories import FLOAT_DTYPES, block_ids, needs_interpreter, pool

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from splitserve.components.kv_transfer import PoolLayout
+from splitserve.components.engines.torch_cpu.kv_transfer import PoolLayout
 
 
 def layout(*, layers=2, block_size=4, heads=3, head_dim=8, dtype="float32", tp_size=1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from splitserve.components.kv_transfer import KvTransferConfig
+from splitserve.components.engines.torch_cpu.kv_transfer import KvTransferConfig
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.components.kv_transfer import BlockRun, merge_runs, run_descs, staged_runs
-from splitserve.components.kv_transfer.descriptors import check_block_ids
+from splitserve.components.engines.torch_cpu.kv_transfer import BlockRun, merge_runs, run_descs, staged_runs
+from splitserve.components.engines.torch_cpu.kv_transfer.descriptors import check_block_ids
 
 pytestmark = pytest.mark.unit
 

@@ -11,11 +11,11 @@ import asyncio
 import pytest
 import torch
 
-from splitserve.components.kv_transfer import Arrival, TransferError
-from splitserve.components.kv_transfer.inbox import Inbox
-from splitserve.components.kv_transfer.messages import KvArrived, StagedInfo, StageRequest
-from splitserve.components.kv_transfer.payload import build_fp8, staged_nbytes
-from splitserve.components.kv_transfer.staging import StagingAllocator
+from splitserve.components.engines.torch_cpu.kv_transfer import Arrival, TransferError
+from splitserve.components.engines.torch_cpu.kv_transfer.inbox import Inbox
+from splitserve.components.engines.torch_cpu.kv_transfer.messages import KvArrived, StagedInfo, StageRequest
+from splitserve.components.engines.torch_cpu.kv_transfer.payload import build_fp8, staged_nbytes
+from splitserve.components.engines.torch_cpu.kv_transfer.staging import StagingAllocator
 from splitserve.kernels.kv_fp8 import compress, error_bound
 from splitserve.kernels.kv_pack import kv_pack
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from splitserve.components.kv_transfer import (
+from splitserve.components.engines.torch_cpu.kv_transfer import (
     LayoutMismatch,
     PoolLayout,
     needed_src_ranks,

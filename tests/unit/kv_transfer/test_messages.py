@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from splitserve.components.kv_transfer import AgentRecord, agent_key
-from splitserve.components.kv_transfer.messages import (
+from splitserve.components.engines.torch_cpu.kv_transfer import AgentRecord, agent_key
+from splitserve.components.engines.torch_cpu.kv_transfer.messages import (
     MAGIC,
     KvArrived,
     Region,

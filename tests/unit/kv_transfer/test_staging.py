@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.components.kv_transfer.staging import StagingAllocator
+from splitserve.components.engines.torch_cpu.kv_transfer.staging import StagingAllocator
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ JSON line on stdout:
 * ``{"cmd": "dump", "path": "pool.pt"}`` -> ``{"dumped": "pool.pt"}``
 * ``{"cmd": "exit"}`` or end of input -> close the agent (record removed) and exit.
 
-Usage: ``python -m splitserve.components.kv_transfer.peer --name D --etcd URL
+Usage: ``python -m splitserve.components.engines.torch_cpu.kv_transfer.peer --name D --etcd URL
 --shape 32,2,2,4,3,8 [--seed 0] [--tp-size 1 --tp-rank 0 --total-heads H]``
 """
 
