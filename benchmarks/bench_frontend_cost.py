@@ -67,17 +67,36 @@ def prompt(i: int, words: int, rng: random.Random) -> str:
     return f"Request {i}: " + " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-async def load(url: str, rate: float, seconds: float, words: int, seed: int) -> list[dict]:
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+def body_of(i: int, words: int, rng: random.Random, tools: int) -> tuple[str, dict]:
+    """``/v1/completions`` with one output token, or (``tools`` > 0) a chat request with
+    tools and tool_choice auto whose ``tools``-token answer goes through the tool-call
+    parser."""
+    if not tools:
+        return "/v1/completions", {"model": MODEL, "prompt": prompt(i, words, rng),
+                                   "max_tokens": 1}
+    return "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": prompt(i, words, rng)}],
+        "tools": TOOLS, "tool_choice": "auto", "max_tokens": tools}
+
+
+async def load(url: str, rate: float, seconds: float, words: int, seed: int,
+               tools: int = 0) -> list[dict]:
     import aiohttp
 
     rng = random.Random(seed)
-    bodies = [{"model": MODEL, "prompt": prompt(i, words, rng), "max_tokens": 1}
-              for i in range(int(rate * seconds))]
+    bodies = [body_of(i, words, rng, tools) for i in range(int(rate * seconds))]
 
-    async def one(s: aiohttp.ClientSession, body: dict) -> dict:
+    async def one(s: aiohttp.ClientSession, path_body: tuple[str, dict]) -> dict:
+        path, body = path_body
         t0 = time.perf_counter()
         try:
-            async with s.post(f"{url}/v1/completions", json=body) as r:
+            async with s.post(f"{url}{path}", json=body) as r:
                 data = await r.json(content_type=None)
                 out = {"status": r.status, "s": time.perf_counter() - t0}
                 if r.status == 200:
@@ -106,7 +125,7 @@ def pct(xs: list[float], q: float) -> float | None:
 def one_round(url: str, pid: int, args, seed: int) -> dict:
     c0 = tree_cpu_s(pid)
     t0 = time.monotonic()
-    res = asyncio.run(load(url, args.rate, args.seconds, args.words, seed))
+    res = asyncio.run(load(url, args.rate, args.seconds, args.words, seed, args.tools))
     wall = time.monotonic() - t0
     cpu = tree_cpu_s(pid) - c0
     ok = [r for r in res if r["status"] == 200]
@@ -204,11 +223,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--speedup", type=float, default=100.0)
     p.add_argument("--profile", default=None, help="write py-spy's top functions here")
     p.add_argument("--native", action="store_true", help="profile native frames too")
+    p.add_argument("--tools", type=int, default=0, help="send chat requests with tools "
+                   "(tool_choice auto) and this many output tokens, which the frontend's "
+                   "tool-call parser reads, instead of one-token completions")
     p.add_argument("--splitserve-overrides", nargs="*", default=[])
     p.add_argument("--out", default=str(REPO / "benchmarks/results/frontend_cost.json"))
     args = p.parse_args(argv)
     out = {"command": "python benchmarks/bench_frontend_cost.py " + " ".join(argv or sys.argv[1:]),
-           "rate": args.rate, "seconds": args.seconds, "words": args.words,
+           "rate": args.rate, "seconds": args.seconds, "words": args.words, "tools": args.tools,
            "cpus": os.cpu_count(), "sides": [run_side(s, args) for s in args.sides]}
     sides = {s["side"]: s for s in out["sides"]}
     if len(sides) == 2:
