@@ -16,6 +16,7 @@ import concurrent.futures as cf
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -33,14 +34,19 @@ STREAMS = 9
 MAX_TOKENS = 600
 
 
-def one_stream(url: str, i: int) -> tuple[str | None, int, float]:
-    """(finish reason, completion tokens, longest pause between chunks in s)."""
+def one_stream(url: str, i: int, streaming: threading.Semaphore | None = None
+               ) -> tuple[str | None, int, float]:
+    """(finish reason, completion tokens, longest pause between chunks in s); releases
+    ``streaming`` once its first chunk arrived."""
     c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
     last, gap, finish, tokens = time.monotonic(), 0.0, None, 0
     stream = c.completions.create(model=MODEL, prompt=f"stream {i}: " + "tell me more " * 20,
                                   max_tokens=MAX_TOKENS, stream=True,
                                   stream_options={"include_usage": True})
     for ch in stream:
+        if streaming is not None:
+            streaming.release()
+            streaming = None
         now = time.monotonic()
         gap, last = max(gap, now - last), now
         if ch.choices and ch.choices[0].finish_reason:
@@ -55,6 +61,21 @@ def migrated_mid_stream(url: str) -> float:
                   reason="worker-failed-mid-stream")
 
 
+def resumed_mid_stream(url: str) -> float:
+    """Streams resumed on another worker after their tokens so far: cut when the drained
+    worker's mocker was killed, or handed back by the worker at its drain deadline
+    (which of the two happens first depends on the machine's load)."""
+    return migrated_mid_stream(url) + metric(
+        f"{url}/metrics", "splitserve_frontend_migrations_total", reason="worker-drained")
+
+
+def all_streaming(streaming: threading.Semaphore, n: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    for _ in range(n):
+        assert streaming.acquire(timeout=max(0.0, deadline - time.monotonic())), \
+            "not every stream got its first token"
+
+
 def scale(run, n: int) -> None:
     code, body = http_post_json(run.control() + "/v1/components/Worker/replicas",
                                 {"replicas": n}, token=run.token())
@@ -66,15 +87,16 @@ def test_scale_down_mid_stream_loses_no_stream(tmp_path):
                            "configs/mocker_agg_router.yaml", "--Worker.replicas=3",
                            "--Worker.drain_timeout_s=2", "--Router.policy=round_robin")
     try:
+        streaming = threading.Semaphore(0)
         with cf.ThreadPoolExecutor(STREAMS) as pool:
-            futs = [pool.submit(one_stream, url, i) for i in range(STREAMS)]
-            time.sleep(1.5)  # every stream is running
+            futs = [pool.submit(one_stream, url, i, streaming) for i in range(STREAMS)]
+            all_streaming(streaming, STREAMS)  # every stream is running
             scale(run, 2)
             results = [f.result(timeout=240) for f in futs]
         assert [r[:2] for r in results] == [("length", MAX_TOKENS)] * STREAMS, results
         wait_until(lambda: len(run.replicas("Worker")) == 2, 60, what="scaled down to 2")
         # round robin put three streams on the removed worker; its 2 s drain cut them
-        assert migrated_mid_stream(url) >= 1
+        assert resumed_mid_stream(url) >= 1
         assert run.stop() == 0, run.output()[-3000:]
     finally:
         run.kill_all()

@@ -3,6 +3,8 @@ the mocker, and handed to the frontend's context check and the mocker's max mode
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from pydantic import ValidationError
 
 from splitserve.components.engines.mocker.config import MockerEngineArgs
 from splitserve.components.engines.mocker.process import mocker_argv
+from splitserve.components.frontend.textcodec import TextCodec
 from splitserve.contracts.config import CommonConfig, ConfigError
 from splitserve.serve.graph import load_graph
 from splitserve.serve.plan import build_plan
@@ -62,7 +65,12 @@ def test_mocker_gets_max_model_len_only_when_configured():
         MockerEngineArgs(extra_args=["--max-model-len", "5"])
 
 
-def test_frontend_codec_uses_the_configured_window(smollm2_dir):
+def test_frontend_codec_uses_the_configured_window(smollm2_dir, tiny_models):
     from splitserve.components.frontend.main import _load_codec
 
-    assert _load_codec(str(smollm2_dir), 100000).context_length == 100000
+    assert _load_codec(str(smollm2_dir), "unused", 100000).context_length == 100000
+    # without Frontend.model_dir: Common.model's own files, its own window when unset
+    qwen3 = tiny_models["qwen3"]
+    own = json.loads((qwen3 / "config.json").read_text())["max_position_embeddings"]
+    assert _load_codec(None, str(qwen3), 512).context_length == 512
+    assert TextCodec.from_dir(qwen3).context_length == own
