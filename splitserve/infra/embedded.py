@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.request
@@ -200,7 +201,9 @@ class EmbeddedInfra:
         """Record endpoints, ports and pids so `dynamo infra down|status` can find them."""
         state = {"endpoints": asdict(self.endpoints), "ports": self.ports, "pids": self.pids(),
                  "run_dir": str(self.run_dir)}
-        path.write_text(json.dumps(state, indent=2))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # readers see it whole
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, path)
 
     def stop(self, grace_s: float = 5.0) -> dict[str, int | None]:
         """Stop NATS, then etcd (components may still deregister until the very end)."""

@@ -123,7 +123,11 @@ def _prepare_secrets(run_dir: Path, policy_key_file: Path | None) -> tuple[str, 
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2))
+    """Write ``path`` whole or not at all: readers (`dynamo status`, whoever waits for the
+    ready file) see the old file or the new one, never a truncated one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
 
 
 def _publish_run_info(info: dict, run_dir: Path, registry_dir: Path | None) -> Path | None:
