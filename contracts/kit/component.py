@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import json
 import logging
 import os
 import signal
@@ -24,6 +23,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from splitserve.contracts.kit.files import write_json_whole
 from splitserve.contracts.kit.waiting import poll_until
 from splitserve.contracts.config import LOOPBACK
 from splitserve.contracts.config import ComponentRunConfig
@@ -122,9 +122,7 @@ class ComponentContext:
         payload = {"state": state, "pid": os.getpid(), "time": time.time(), **extra}
         if self.metrics_url:
             payload.setdefault("metrics", self.metrics_url)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(payload))
-        tmp.replace(path)
+        write_json_whole(path, payload)
 
 
 def configure_logging(component: str, replica: int, level: str) -> None:

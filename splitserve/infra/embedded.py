@@ -7,15 +7,14 @@ under a per-run directory, so two runs on one machine never collide.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from splitserve.contracts.kit.files import write_json_whole
 from splitserve.contracts.kit.procs import find_binary, free_port, spawn, terminate
 
 log = logging.getLogger(__name__)
@@ -201,9 +200,7 @@ class EmbeddedInfra:
         """Record endpoints, ports and pids so `dynamo infra down|status` can find them."""
         state = {"endpoints": asdict(self.endpoints), "ports": self.ports, "pids": self.pids(),
                  "run_dir": str(self.run_dir)}
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # readers see it whole
-        tmp.write_text(json.dumps(state, indent=2))
-        os.replace(tmp, path)
+        write_json_whole(path, state, indent=2)
 
     def stop(self, grace_s: float = 5.0) -> dict[str, int | None]:
         """Stop NATS, then etcd (components may still deregister until the very end)."""

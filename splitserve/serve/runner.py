@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -16,6 +15,7 @@ from rich.table import Table
 
 from splitserve.infra.embedded import EmbeddedInfra, InfraEndpoints
 from splitserve.serve.control import ControlServer, supervisor_handler
+from splitserve.contracts.kit.files import write_json_whole
 from splitserve.contracts.kit.credentials import (
     CONTROL_TOKEN_FILE,
     POLICY_KEY_FILE,
@@ -123,11 +123,9 @@ def _prepare_secrets(run_dir: Path, policy_key_file: Path | None) -> tuple[str, 
 
 
 def _write_json(path: Path, data: dict) -> None:
-    """Write ``path`` whole or not at all: readers (`dynamo status`, whoever waits for the
-    ready file) see the old file or the new one, never a truncated one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    """Write ``path`` whole: readers (`dynamo status`, whoever waits for the ready file)
+    never see a truncated one."""
+    write_json_whole(path, data, indent=2)
 
 
 def _publish_run_info(info: dict, run_dir: Path, registry_dir: Path | None) -> Path | None:
