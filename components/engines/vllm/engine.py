@@ -75,9 +75,21 @@ Role = Literal["agg", "prefill", "decode"]
 
 # How long vLLM's engine-core process may take to stop after SIGTERM before vLLM
 # force-kills it.  vLLM's default of 5 s was too short for an engine with a NIXL
-# connector on 2 busy cores (it stops its worker process and NIXL agent first); the
-# graph's shutdown deadline (Common.shutdown_timeout_s, 20 s) still bounds the replica.
+# connector on 2 busy cores (it stops its worker process and NIXL agent first).
 STOP_TIMEOUT_S = 15.0
+# What the replica keeps of the graph's shutdown deadline (Common.shutdown_timeout_s)
+# after vLLM's engine stop, for the rest of its exit: the runtime's deregistration and
+# the interpreter's teardown, which took over 4 s on 2 busy cores.
+EXIT_MARGIN_S = 10.0
+
+
+def stop_budget_s(shutdown_timeout_s: float) -> float:
+    """vLLM's engine-stop budget inside a graph whose shutdown deadline is
+    ``shutdown_timeout_s``: ``STOP_TIMEOUT_S`` at most, and ``EXIT_MARGIN_S`` left over
+    for the replica's own exit, so a slow engine stop is cut by vLLM (which kills its
+    engine process) rather than by the supervisor (which kills the replica, an unclean
+    exit)."""
+    return max(1.0, min(STOP_TIMEOUT_S, shutdown_timeout_s - EXIT_MARGIN_S))
 
 
 class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, WithoutKvMoves):
@@ -93,7 +105,8 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
 
     def __init__(self, args: VllmEngineArgs, served_name: str, role: Role = "agg",
                  kv_transfer: VllmKvTransfer | None = None, *,
-                 model: str = PACKAGED_MODEL) -> None:
+                 model: str = PACKAGED_MODEL,
+                 stop_timeout_s: float = STOP_TIMEOUT_S) -> None:
         if (role == "agg") != (kv_transfer is None):
             raise ValueError(f"a {role} vLLM engine needs "
                              f"{'no' if role == 'agg' else 'a'} kv_transfer config")
@@ -102,6 +115,7 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
         self.model = args.model or model  # Common.model unless the section names its own
         self.role = role
         self.kv_transfer = kv_transfer
+        self.stop_timeout_s = stop_timeout_s
         self.info = EngineInfo(name="vllm", kv_block_size=args.block_size,
                                capabilities=EngineCapabilities(
                                    local_prefill=True, pushes_kv=False,
@@ -160,7 +174,7 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
             except Exception as exc:  # noqa: BLE001 - the engine is shut down next anyway
                 log.warning("aborting %d requests at shutdown failed: %s", len(self._active),
                             exc)
-        await asyncio.to_thread(self._engine.shutdown, STOP_TIMEOUT_S)
+        await asyncio.to_thread(self._engine.shutdown, self.stop_timeout_s)
         self._engine = None
 
     # ---- requests -----------------------------------------------------------------------
@@ -280,9 +294,11 @@ def make_engine(ctx, cfg, role: Role) -> VllmEngine:
     """The registry's factory: the section's engine for ``role``, not started.  Only an
     aggregated or decode engine relays KV events; a prefill engine's would go nowhere."""
     common = ctx.run.common
+    stop_s = stop_budget_s(common.shutdown_timeout_s)
     if role == "agg":
-        return VllmEngine(cfg.engine_args, common.served_model_name, model=common.model)
+        return VllmEngine(cfg.engine_args, common.served_model_name, model=common.model,
+                          stop_timeout_s=stop_s)
     args = (cfg.engine_args if role == "decode"
             else cfg.engine_args.model_copy(update={"kv_events": False}))
     return VllmEngine(args, common.served_model_name, role, kv_transfer=cfg.kv_transfer,
-                      model=common.model)
+                      model=common.model, stop_timeout_s=stop_s)

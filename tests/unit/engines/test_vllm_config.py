@@ -104,3 +104,25 @@ def test_router_block_size_must_equal_vllms(tmp_path):
                   ["--Router.block_size=16"])
     msg = str(exc.value)
     assert "Worker.engine_args.block_size" in msg and "Router.block_size 16" in msg
+
+
+def test_vllm_stop_leaves_the_replica_time_to_exit_inside_the_graph_deadline():
+    """vLLM's engine stop is cut by vLLM itself before the supervisor's deadline, so a
+    slow stop on busy cores is not an unclean exit; the packaged vLLM configs give it
+    its full budget."""
+    from splitserve.components.engines.vllm.engine import (
+        EXIT_MARGIN_S,
+        STOP_TIMEOUT_S,
+        stop_budget_s,
+    )
+    from splitserve.contracts.config import CommonConfig
+
+    default = CommonConfig.model_fields["shutdown_timeout_s"].default
+    assert stop_budget_s(default) <= default - EXIT_MARGIN_S
+    assert stop_budget_s(300) == STOP_TIMEOUT_S and stop_budget_s(5) == 1.0
+    root = Path(__file__).resolve().parents[3] / "configs"
+    import yaml
+    for name in ("vllm_agg.yaml", "vllm_agg_router.yaml", "vllm_disagg.yaml",
+                 "vllm_disagg_gpu.yaml"):
+        deadline = yaml.safe_load((root / name).read_text())["Common"]["shutdown_timeout_s"]
+        assert stop_budget_s(deadline) == STOP_TIMEOUT_S, name
