@@ -460,6 +460,14 @@ class ComponentRunConfig(StrictModel):
     """``module:function`` that makes a component follow live policy versions (``dynamo
     policy apply``), named by the supervisor, which stands above the policy store; None:
     the config file's settings stay in force."""
+    pool: str | None = None
+    """The model pool this replica serves (a key of the config's ``Models``); None: the
+    graph's first model (``Common.model``).  A pool's processes get the pool's model in
+    ``common``, and its own Dynamo namespace (``<namespace>-<pool>``), so its workers,
+    router, prefill queue, KV events and policies are its own."""
+    pools: dict[str, CommonConfig] = {}
+    """Every other model pool of the graph, by pool name, as its processes see
+    ``common``: the frontend serves each under its ``served_model_name``."""
 
     @model_validator(mode="after")
     def _engines_declared(self) -> ComponentRunConfig:

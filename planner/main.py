@@ -48,8 +48,10 @@ async def main(ctx: ComponentContext) -> None:
                                        client_name="planner")
     depth = queue.depth_monitor()
     await depth.start()
+    several = bool(ctx.run.pool or ctx.run.pools)  # the frontend serves several models
     source = MetricsSource(control_url, components=cfg.components,
-                           queue_depth=lambda: depth.depth, control_token=token)
+                           queue_depth=lambda: depth.depth, control_token=token,
+                           model=ctx.run.common.served_model_name if several else None)
     metrics = PlannerMetrics()
     ctx.serve_metrics(metrics.registry)
     planner = Planner(policy, source, _connector(cfg, control_url, token), metrics)

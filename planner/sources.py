@@ -32,9 +32,14 @@ FRONTEND_SERIES = {"requests": F + "requests_total", "prompt_tokens": F + "promp
                    "itl_sum": F + "itl_seconds_sum", "itl_count": F + "itl_seconds_count"}
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Sum every sample of a Prometheus text exposition by sample name (labels dropped)."""
-    return prometheus.totals(prometheus.parse(text))
+def parse_metrics(text: str, **labels: str) -> dict[str, float]:
+    """Sum every sample of a Prometheus text exposition by sample name (labels dropped);
+    with ``labels``, only the samples that carry them (a frontend serving several
+    models: ``model="qwen3"``)."""
+    samples = prometheus.parse(text)
+    if not labels:
+        return prometheus.totals(samples)
+    return {name: prometheus.value(samples, name, **labels) for name in samples}
 
 
 @dataclass(frozen=True)
@@ -121,13 +126,16 @@ class MetricsSource:
                  DEFAULT_COMPONENTS, frontend: str = "Frontend",
                  queue_depth: Callable[[], int | None] | None = None,
                  gpu_metric: str | None = None, client: httpx.AsyncClient | None = None,
-                 timeout_s: float = 5.0, control_token: str | None = None) -> None:
+                 timeout_s: float = 5.0, control_token: str | None = None,
+                 model: str | None = None) -> None:
         self.control_url = control_url.rstrip("/")
         # The supervisor's bearer token goes to the control endpoint only, not to scrapes.
         self._control_headers = ({"Authorization": f"Bearer {control_token}"}
                                  if control_token else {})
         self.components = dict(components)
         self.frontend = frontend
+        # A frontend serving several models: only this pool's model's requests count.
+        self.frontend_labels = {"model": model} if model else {}
         self.queue_depth = queue_depth
         self.gpu_metric = gpu_metric
         self._owns_client = client is None
@@ -135,11 +143,11 @@ class MetricsSource:
         self._previous: FrontendTotals | None = None
         self.scrape_errors = 0
 
-    async def _scrape(self, url: str) -> tuple[str, dict[str, float] | None]:
+    async def _scrape(self, url: str, **labels: str) -> tuple[str, dict[str, float] | None]:
         try:
             reply = await self._client.get(url)
             reply.raise_for_status()
-            return url, parse_metrics(reply.text)
+            return url, parse_metrics(reply.text, **labels)
         except (httpx.HTTPError, ValueError):
             self.scrape_errors += 1  # a replica going away mid-scrape is routine
             return url, None
@@ -156,8 +164,8 @@ class MetricsSource:
         front = next((r for r in rows if r.get("component") == self.frontend
                       and r.get("state") == "ready" and r.get("endpoint")), None)
         front_url = front["endpoint"].rstrip("/") + "/metrics" if front else None
-        results = dict(await asyncio.gather(*(self._scrape(u) for u in
-                                              [*urls, *([front_url] if front_url else [])])))
+        fronts = [self._scrape(front_url, **self.frontend_labels)] if front_url else []
+        results = dict(await asyncio.gather(*(self._scrape(u) for u in urls), *fronts))
         scrapes = {u: v for u, v in results.items() if v is not None}
         totals = None
         if front_url and front_url in scrapes:

@@ -50,16 +50,17 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
     except APIError as err:
         err = state.outage(err)
         state.metrics.requests.labels(label, "rejected" if err.status == 503 else
-                                      "invalid", str(err.status)).inc()
+                                      "invalid", str(err.status), "").inc()
         return error_response(err)
     metas = choice_metas(p, priority)
-    state.metrics.prompt_tokens.inc(len(p.token_ids))
+    model = p.req.model  # one the graph serves (parse refused any other)
+    state.metrics.prompt_tokens.labels(model).inc(len(p.token_ids))
     state.inflight += 1
     state.metrics.inflight.inc()
     flow = events(state, p, metas, started)
     answer = renderer_for(state, p, metas)
     if not p.req.stream:
-        return await _collect(state, answer, started, label, flow)
+        return await _collect(state, answer, started, label, model, flow)
     # Peek the first event before committing to a 200: a rejection (503 with
     # Retry-After) or a worker failure before the first token is a real HTTP error.
     try:
@@ -69,16 +70,16 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
         state.inflight -= 1
         state.metrics.inflight.dec()
         state.metrics.requests.labels(label, "rejected" if err.status == 503 else
-                                      "error", str(err.status)).inc()
-        _account(state, metas, started)
+                                      "error", str(err.status), model).inc()
+        _account(state, metas, started, model)
         return error_response(err)
-    return StreamingResponse(_sse(state, answer, started, label, first, flow),
+    return StreamingResponse(_sse(state, answer, started, label, model, first, flow),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 
 async def _collect(state: FrontendState, answer: Renderer, started: float, label: str,
-                   flow: AsyncIterator[Event]) -> Response:
+                   model: str, flow: AsyncIterator[Event]) -> Response:
     """The non-streamed answer: every choice's events gathered into one body."""
     try:
         async for ev in flow:
@@ -86,7 +87,7 @@ async def _collect(state: FrontendState, answer: Renderer, started: float, label
     except APIError as err:
         err = state.outage(err)
         state.metrics.requests.labels(label, "rejected" if err.status == 503 else "error",
-                                      str(err.status)).inc()
+                                      str(err.status), model).inc()
         return error_response(err)
     finally:
         # A client that left cancels this handler: close the choices so a fan-out's
@@ -94,16 +95,17 @@ async def _collect(state: FrontendState, answer: Renderer, started: float, label
         await flow.aclose()
         state.inflight -= 1
         state.metrics.inflight.dec()
-        _account(state, answer.metas, started)
-    state.metrics.requests.labels(label, "ok", "200").inc()
+        _account(state, answer.metas, started, model)
+    state.metrics.requests.labels(label, "ok", "200", model).inc()
     return JSONResponse(answer.body())
 
 
-def _account(state: FrontendState, metas: list[StreamMeta], started: float) -> None:
+def _account(state: FrontendState, metas: list[StreamMeta], started: float,
+             model: str) -> None:
     state.metrics.duration.observe(time.monotonic() - started)
     for meta in metas:
-        state.metrics.output_tokens.inc(meta.output_tokens)
-        state.metrics.cached_tokens.inc(meta.cached_tokens)
+        state.metrics.output_tokens.labels(model).inc(meta.output_tokens)
+        state.metrics.cached_tokens.labels(model).inc(meta.cached_tokens)
 
 
 async def _chain(first, rest):
@@ -113,7 +115,8 @@ async def _chain(first, rest):
 
 
 async def _sse(state: FrontendState, answer: Renderer, started: float, label: str,
-               first_event: Event, flow: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+               model: str, first_event: Event, flow: AsyncIterator[Event]
+               ) -> AsyncIterator[bytes]:
     """SSE body; the caller already counted the request in flight and read its first event."""
     outcome, status = "ok", "200"
     body = answer.stream(_chain(first_event, flow))
@@ -131,8 +134,8 @@ async def _sse(state: FrontendState, answer: Renderer, started: float, label: st
         await flow.aclose()
         state.inflight -= 1
         state.metrics.inflight.dec()
-        state.metrics.requests.labels(label, outcome, status).inc()
-        _account(state, answer.metas, started)
+        state.metrics.requests.labels(label, outcome, status, model).inc()
+        _account(state, answer.metas, started, model)
     trailer = answer.trailer()
     if trailer is not None:
         yield trailer
@@ -151,10 +154,13 @@ async def responses(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    """The served model, listed only once a request for it would be served now."""
+    """The served models, each listed only while a request for it would be served now
+    (its tokenizer loaded, a worker of its pool registered): a pool that goes away
+    disappears from the list."""
     state: FrontendState = request.app.state.frontend
-    data = ([{"id": state.model_name, "object": "model", "created": 0,
-              "owned_by": "splitserve"}] if state.is_ready() else [])
+    up = state.codec is not None and not state.dependencies_down()
+    data = [{"id": lane.name, "object": "model", "created": 0, "owned_by": "splitserve"}
+            for lane in state.lanes() if up and lane.is_ready()]
     return JSONResponse({"object": "list", "data": data})
 
 

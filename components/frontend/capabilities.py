@@ -74,7 +74,15 @@ class Capability:
     declaration, follow)."""
 
 
+def _any(v: Any) -> bool:
+    return True
+
+
 CAPABILITIES: tuple[Capability, ...] = (
+    Capability("model", BOTH, _any, FRONTEND, "a served model name of the graph: "
+               "Common.served_model_name or a Models pool's, each served by its own "
+               "workers (another name: 404 model_not_found); LoRA adapter names are not "
+               "served yet"),
     Capability("n", BOTH, _is(1), FRONTEND, "the frontend fans out n requests; the others "
                "start after the first one's first token and reuse its cached prompt"),
     Capability("stop", BOTH, _is_none, FRONTEND, "matched on the detokenised text"),

@@ -8,7 +8,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from splitserve.contracts.kit.component import ComponentContext, run
+from splitserve.contracts.kit.component import ComponentContext, endpoint_path, run
 
 from . import formats
 from .app import FrontendState, build_app
@@ -18,6 +18,7 @@ from .config import FrontendConfig
 from .http_server import FrontendServer, HttpLimits, server_config
 from .inproc import InProcessBackend
 from .metrics import FrontendMetrics
+from .state import ModelLane
 from .textcodec import TextCodec, TokenizerBackend
 
 log = logging.getLogger("splitserve.frontend")
@@ -35,24 +36,11 @@ async def main(ctx: ComponentContext) -> None:
     metrics = FrontendMetrics()
     backend_metrics = BackendMetrics(metrics.registry)
     routing = None
+    watches: list[asyncio.Task] = []
     if cfg.routing == "in_process":
         backend, routing = await _in_process_backend(ctx, cfg, metrics, backend_metrics)
-    elif "Router" in links:
-        router_client = await ctx.endpoint("Router", "route").client()
-
-        async def connect(path: str):
-            return await ctx.runtime.endpoint(path).client()
-
-        backend = RoutedBackend(router_client, connect, cfg.route_timeout_s,
-                                migration_limit=cfg.migration_limit,
-                                status_client=await ctx.endpoint("Router", "status").client(),
-                                metrics=backend_metrics)
-        backend.release_client = await ctx.endpoint("Router", "release").client()
-        status_watch = asyncio.create_task(backend.watch(ctx.stopping))  # noqa: F841 - held until exit
     else:
-        target = next((n for n in links if n.endswith("Worker")), "Worker")
-        backend = DirectBackend(await ctx.endpoint(target, "generate").client(),
-                                migration_limit=cfg.migration_limit, metrics=backend_metrics)
+        backend = await _backend(ctx, cfg, ctx.namespace, backend_metrics, watches)
     state = FrontendState(model_name=ctx.run.common.served_model_name, codec=None, backend=backend,
                           metrics=metrics,
                           max_inflight=cfg.max_inflight,
@@ -89,15 +77,61 @@ async def main(ctx: ComponentContext) -> None:
                                           ctx.run.common.effective_context_length(),
                                           cfg.tokenizer)
     log.info("tokenising with %s", state.codec.encoder)
-    await asyncio.to_thread(_choose_formats, state, cfg)
+    await asyncio.to_thread(_choose_formats, state, cfg.tool_call_parser,
+                            cfg.reasoning_parser)
+    for pool, common in ctx.run.pools.items():
+        state.pools[common.served_model_name] = await _pool_lane(
+            ctx, cfg, pool, common, backend_metrics, watches)
     ctx.report("ready", endpoint=url)
-    log.info("serving %s at %s (links: %s)", state.model_name, url, ", ".join(links))
+    log.info("serving %s at %s (links: %s)", ", ".join(lane.name for lane in state.lanes()),
+             url, ", ".join(links))
     await ctx.stopping.wait()
     ctx.report("stopping", endpoint=url)
     server.should_exit = True  # stop accepting, answer what was accepted, finish in-flight
     await asyncio.wait_for(serve_task, ctx.run.common.shutdown_timeout_s)
     if routing is not None:
         await routing.close()
+
+
+async def _backend(ctx: ComponentContext, cfg: FrontendConfig, namespace: str,
+                   backend_metrics: BackendMetrics, watches: list[asyncio.Task]):
+    """The backend of the model pool in Dynamo namespace ``namespace``: its Router
+    process when the graph routes, else its workers directly."""
+    links = ctx.run.links
+
+    async def client(component: str, endpoint: str):
+        return await ctx.runtime.endpoint(endpoint_path(namespace, component,
+                                                        endpoint)).client()
+
+    if "Router" in links:
+        async def connect(path: str):
+            return await ctx.runtime.endpoint(path).client()
+
+        backend = RoutedBackend(await client("Router", "route"), connect,
+                                cfg.route_timeout_s, migration_limit=cfg.migration_limit,
+                                status_client=await client("Router", "status"),
+                                metrics=backend_metrics)
+        backend.release_client = await client("Router", "release")
+        watches.append(asyncio.create_task(backend.watch(ctx.stopping)))
+        return backend
+    target = next((n for n in links if n.endswith("Worker")), "Worker")
+    return DirectBackend(await client(target, "generate"),
+                         migration_limit=cfg.migration_limit, metrics=backend_metrics)
+
+
+async def _pool_lane(ctx: ComponentContext, cfg: FrontendConfig, pool: str, common,
+                     backend_metrics: BackendMetrics, watches: list[asyncio.Task]
+                     ) -> ModelLane:
+    """One more model of the graph (a ``Models`` pool): its tokenizer and formats from
+    its own files, its pool's router or workers in the pool's namespace."""
+    ctx.report("loading", detail=f"loading the tokenizer of {common.served_model_name}")
+    lane = ModelLane(common.served_model_name,
+                     await _backend(ctx, cfg, common.namespace, backend_metrics, watches))
+    lane.codec = await asyncio.to_thread(_load_codec, None, common.model,
+                                         common.effective_context_length(), cfg.tokenizer)
+    await asyncio.to_thread(_choose_formats, lane, None, None)
+    log.info("model pool %s: serving %s (namespace %s)", pool, lane.name, common.namespace)
+    return lane
 
 
 async def _in_process_backend(ctx: ComponentContext, cfg: FrontendConfig,
@@ -119,18 +153,20 @@ async def _in_process_backend(ctx: ComponentContext, cfg: FrontendConfig,
     return backend, routing
 
 
-def _choose_formats(state: FrontendState, cfg: FrontendConfig) -> None:
-    """The tool-call and reasoning formats: named in the config, else from the model's
-    chat template (``formats.resolve``); logged once.  vLLM's parsers are imported now
-    when a parser was named or the model thinks (then every request needs one), else on
-    the first request with tools (seconds, once: ``formats.load``)."""
-    codec = state.codec
-    chosen = formats.resolve(cfg.tool_call_parser, cfg.reasoning_parser,
+def _choose_formats(lane: FrontendState | ModelLane, tool_call_parser: str | None,
+                    reasoning_parser: str | None) -> None:
+    """A model's tool-call and reasoning formats: named in the config (the first
+    model's), else from the model's chat template (``formats.resolve``); logged once.
+    vLLM's parsers are imported now when a parser was named or the model thinks (then
+    every request needs one), else on the first request with tools (seconds, once:
+    ``formats.load``)."""
+    codec = lane.codec
+    chosen = formats.resolve(tool_call_parser, reasoning_parser,
                              codec.tok.chat_template, codec.template_has_tools)
-    state.tool_call_parser, state.reasoning_parser = chosen.tool, chosen.reasoning
+    lane.tool_call_parser, lane.reasoning_parser = chosen.tool, chosen.reasoning
     log.info("tool calls: %s, reasoning: %s (%s)", chosen.tool or "none",
              chosen.reasoning or "none", chosen.why)
-    named = cfg.tool_call_parser is not None or cfg.reasoning_parser is not None
+    named = tool_call_parser is not None or reasoning_parser is not None
     if not named and chosen.reasoning is None:
         return
     try:
@@ -139,7 +175,7 @@ def _choose_formats(state: FrontendState, cfg: FrontendConfig) -> None:
         if named:
             raise  # a parser the operator named must fit: fail the start
         log.warning("answers are not split into reasoning: %s", exc)
-        state.reasoning_parser = None
+        lane.reasoning_parser = None
 
 
 def _load_codec(model_dir: str | None, model: str, context_length: int,

@@ -14,23 +14,26 @@ class FrontendMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_frontend_requests_total",
-                                "Requests by endpoint, outcome and HTTP status",
-                                ["endpoint", "outcome", "status"], registry=r)
+                                "Requests by endpoint, outcome, HTTP status and served model "
+                                "(\"\" before the body named one the graph serves)",
+                                ["endpoint", "outcome", "status", "model"], registry=r)
         self.ttft = Histogram(f"{PREFIX}_frontend_ttft_seconds",
                               "Time to first token, from request arrival",
-                              buckets=latency_buckets(), registry=r)
+                              ["model"], buckets=latency_buckets(), registry=r)
         self.itl = Histogram(f"{PREFIX}_frontend_itl_seconds",
                              "Inter-token latency between streamed tokens",
-                             buckets=latency_buckets(), registry=r)
+                             ["model"], buckets=latency_buckets(), registry=r)
         self.duration = Histogram(f"{PREFIX}_frontend_request_duration_seconds",
                                   "End-to-end request latency", buckets=latency_buckets(),
                                   registry=r)
         self.inflight = Gauge(f"{PREFIX}_frontend_inflight_requests",
                               "Requests being served now", registry=r)
         self.prompt_tokens = Counter(f"{PREFIX}_frontend_prompt_tokens_total",
-                                     "Prompt tokens of admitted requests", registry=r)
+                                     "Prompt tokens of admitted requests", ["model"],
+                                     registry=r)
         self.output_tokens = Counter(f"{PREFIX}_frontend_output_tokens_total",
-                                     "Generated tokens streamed to clients", registry=r)
+                                     "Generated tokens streamed to clients", ["model"],
+                                     registry=r)
         self.cached_tokens = Counter(f"{PREFIX}_frontend_cached_prompt_tokens_total",
                                      "Prompt tokens served from a worker's prefix cache",
-                                     registry=r)
+                                     ["model"], registry=r)

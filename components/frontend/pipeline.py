@@ -20,7 +20,7 @@ from splitserve.contracts.wire import FinishReason, chunk_logprobs, chunk_prompt
 from .backend import StreamMeta
 from .chat_input import chat_history, output_plan, parse_request
 from .chat_output import OutputPlan
-from .errors import APIError, bad_request, overloaded, upstream_error
+from .errors import bad_request, overloaded, upstream_error
 from .request import Endpoint, Parsed, Prepared, WorkerCall
 from .responses import Event, openai_finish_reason
 from .state import FrontendState
@@ -31,9 +31,7 @@ def parse(state: FrontendState, endpoint: Endpoint, raw: bytes, priority: str) -
     """Stage 1: the body validated for ``endpoint``; APIError(400) on a client mistake,
     404 ``model_not_found`` for a model this graph does not serve (as OpenAI answers)."""
     req, responses = parse_request(endpoint, raw, state.engines)
-    if req.model != state.model_name:
-        raise APIError(404, f"the model '{req.model}' does not exist here; available: "
-                       f"{state.model_name}", param="model", code="model_not_found")
+    state.lane(req.model)  # 404 for a model this graph does not serve
     return Parsed(endpoint, req, priority, responses)
 
 
@@ -41,14 +39,15 @@ def prepare(state: FrontendState, parsed: Parsed) -> Prepared:
     """Stage 2: the prompt's token ids, checked against the vocabulary and the context
     window, the output budget, the request id and (templated endpoints) the output
     plan; APIError(400) on a client mistake, 503 while the tokenizer loads."""
-    codec = state.codec
+    lane = state.lane(parsed.req.model)
+    codec = lane.codec
     if codec is None:
         raise overloaded("the model is still loading", retry_after_s=5, code="not_ready")
     req, where = parsed.req, parsed.endpoint.prompt_param
     plan = OutputPlan()
     if parsed.endpoint.templated:
-        plan = output_plan(req, state.tool_call_parser, state.reasoning_parser, codec.tok)
-        msgs, tools = chat_history(req, state.tool_call_parser, codec.template_has_tools)
+        plan = output_plan(req, lane.tool_call_parser, lane.reasoning_parser, codec.tok)
+        msgs, tools = chat_history(req, lane.tool_call_parser, codec.template_has_tools)
         _check_length(codec, sum(len(m["content"]) for m in msgs), where)
         ids = codec.chat_ids(msgs, tools)
     elif req.given_ids() is not None:
@@ -114,7 +113,8 @@ async def parse_and_prepare(state: FrontendState, endpoint: Endpoint, raw: bytes
 
 def worker_calls(state: FrontendState, p: Prepared) -> list[WorkerCall]:
     """Stage 3's input: one worker call per choice (``n`` > 1 fans out)."""
-    return [WorkerCall.of_choice(p, i, state.model_name, state.codec.eos_token_ids)
+    lane = state.lane(p.req.model)
+    return [WorkerCall.of_choice(p, i, lane.name, lane.codec.eos_token_ids)
             for i in range(p.n)]
 
 
@@ -151,14 +151,15 @@ async def next_chunk(state: FrontendState, chunks: AsyncIterator[dict], meta: St
 
 
 def account_tokens(state: FrontendState, meta: StreamMeta, n: int, started: float,
-                   last: float) -> float:
-    """Record ``n`` new output tokens (TTFT for the first, ITL after); returns now."""
+                   last: float, model: str) -> float:
+    """Record ``n`` new output tokens of ``model`` (TTFT for the first, ITL after);
+    returns now."""
     now = time.monotonic()
     if meta.first_token_at is None:
         meta.first_token_at = now
-        state.metrics.ttft.observe(now - started)
+        state.metrics.ttft.labels(model).observe(now - started)
     else:
-        state.metrics.itl.observe((now - last) / n)
+        state.metrics.itl.labels(model).observe((now - last) / n)
     meta.output_tokens += n
     return now
 
@@ -174,10 +175,11 @@ async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
     becomes an error within a bounded time, and stops the worker early when a stop
     string matched.
     """
-    detok = state.codec.detokenizer(p.req.stop_list(),
-                                    keep_special_tokens=not p.plan.skip_special_tokens)
+    lane = state.lane(p.req.model)
+    detok = lane.codec.detokenizer(p.req.stop_list(),
+                                   keep_special_tokens=not p.plan.skip_special_tokens)
     context = state.context_factory(meta.request_id) if state.context_factory else None
-    chunks = state.backend.stream(call, meta, context).__aiter__()
+    chunks = lane.backend.stream(call, meta, context).__aiter__()
     last = started
     finish: str | None = None
     try:
@@ -185,7 +187,7 @@ async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
             chunk = await next_chunk(state, chunks, meta)
             ids = chunk.get("token_ids") or []
             if ids:
-                last = account_tokens(state, meta, len(ids), started, last)
+                last = account_tokens(state, meta, len(ids), started, last, lane.name)
             usage = chunk.get("completion_usage")
             if usage:
                 meta.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(

@@ -127,6 +127,7 @@ class Renderer:
 
     def __init__(self, state: FrontendState, p: Prepared, metas: list[StreamMeta]) -> None:
         self.state, self.p, self.metas = state, p, metas
+        self.lane = state.lane(p.req.model)
         self.created = int(time.time())
         self.choices = [self.new_choice() for _ in range(p.n)]
 
@@ -134,7 +135,7 @@ class Renderer:
         raise NotImplementedError
 
     def shaper(self, offset: int = 0) -> LogprobShaper:
-        return LogprobShaper(self.state.codec, frozenset(self.state.codec.eos_token_ids),
+        return LogprobShaper(self.lane.codec, frozenset(self.lane.codec.eos_token_ids),
                              offset)
 
     def usage(self) -> dict[str, Any]:
@@ -144,7 +145,7 @@ class Renderer:
     def _envelope(self, stream: bool, choices: list[dict[str, Any]],
                   usage_obj: dict[str, Any] | None = None) -> dict[str, Any]:
         return envelope(self.p.request_id, self.object_name(stream), self.created,
-                        self.state.model_name, choices, usage_obj)
+                        self.lane.name, choices, usage_obj)
 
     def object_name(self, stream: bool) -> str:
         raise NotImplementedError
@@ -186,7 +187,7 @@ class CompletionRenderer(Renderer):
         if p.req.echo:
             echo = (p.req.prompt if isinstance(p.req.prompt, str) else
                     p.req.prompt[0] if isinstance(p.req.prompt[0], str) else
-                    self.state.codec.decode(p.token_ids))
+                    self.lane.codec.decode(p.token_ids))
         # With prompt log-probabilities the echoed prompt's offsets come from its tokens.
         with_prompt_lp = (p.req.top_logprobs_asked() is not None and echo
                           and p.req.prompt_logprobs_asked() is not None)

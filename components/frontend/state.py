@@ -18,6 +18,23 @@ from .textcodec import TextCodec
 
 
 @dataclass
+class ModelLane:
+    """One served model: its name, its tokenizer (None while it loads), the workers that
+    serve it (``backend``: its pool's router or workers) and its output formats."""
+
+    name: str
+    backend: Backend
+    codec: TextCodec | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+    def is_ready(self) -> bool:
+        """A request for it would be served now: its tokenizer is loaded and a worker of
+        its pool is registered."""
+        return self.codec is not None and self.backend.ready()
+
+
+@dataclass
 class FrontendState:
     """Everything a request handler needs; built once per process."""
 
@@ -52,13 +69,40 @@ class FrontendState:
 
     # Names of the graph's dependencies (etcd, NATS) unreachable now; set by main.
     dependencies_down: Callable[[], list[str]] = field(default=list)
+    pools: dict[str, ModelLane] = field(default_factory=dict)
+    """The graph's other models (its ``Models`` pools) by served name; the fields above
+    (``model_name``, ``codec``, ``backend``, the parsers) are the first model's."""
 
     def __post_init__(self) -> None:
         self.backlog = TokenizeBacklog(self.prepare_pool._max_workers,
                                        self.max_tokenization_wait_s, self.max_pending_prepares)
 
+    def first_lane(self) -> ModelLane:
+        """The graph's first model (``Common.model``) as a lane."""
+        return ModelLane(self.model_name, self.backend, self.codec, self.tool_call_parser,
+                         self.reasoning_parser)
+
+    def lanes(self) -> list[ModelLane]:
+        """Every model this frontend serves, the first one first."""
+        return [self.first_lane(), *self.pools.values()]
+
+    def lane(self, model: str) -> ModelLane:
+        """The lane serving ``model``; 404 ``model_not_found`` (as OpenAI answers) for a
+        model this graph does not serve."""
+        if model == self.model_name:
+            return self.first_lane()
+        found = self.pools.get(model)
+        if found is None:
+            names = ", ".join(lane.name for lane in self.lanes())
+            raise APIError(404, f"the model '{model}' does not exist here; available: "
+                           f"{names}", param="model", code="model_not_found")
+        return found
+
     def is_ready(self) -> bool:
-        return self.codec is not None and self.backend.ready() and not self.dependencies_down()
+        """Some model would be served now (its tokenizer loaded, a worker registered)
+        and etcd and NATS are up."""
+        return (self.codec is not None and any(lane.is_ready() for lane in self.lanes())
+                and not self.dependencies_down())
 
     def outage(self, err: APIError) -> APIError:
         """A 503 answered while etcd or NATS is down says so (service_unavailable)."""

@@ -27,6 +27,9 @@ def print_plan(plan: ServePlan, console: Console) -> None:
     c = plan.common
     console.print(f"[bold]common[/] namespace={c.namespace} model={c.model} "
                   f"request_plane={c.request_plane} shutdown_timeout={c.shutdown_timeout_s}s")
+    for pool, pc in plan.pools.items():
+        console.print(f"[bold]model pool[/] {pool}: serves {pc.served_model_name} "
+                      f"(model={pc.model}) in namespace {pc.namespace}")
     for comp in plan.components:
         links = ", ".join(comp.links) or "-"
         pruned = f"  (pruned: {', '.join(comp.pruned)})" if comp.pruned else ""

@@ -126,11 +126,11 @@ def _print(report: dict, unreachable: list[str]) -> None:
     console = Console()
     for s in report["supervisors"]:
         t = Table(title=f"dynamo serve {s['graph']} (pid {s['pid']}, control {s['control']})")
-        for col in ("component", "replica", "pid", "state", "endpoint", "restarts"):
+        for col in ("component", "replica", "model", "pid", "state", "endpoint", "restarts"):
             t.add_column(col)
         for r in s["replicas"] or []:
-            t.add_row(r["component"], str(r["replica"]), str(r["pid"]), r["state"],
-                      r["endpoint"] or "-", str(r["restarts"]))
+            t.add_row(r["component"], str(r["replica"]), r.get("model") or "-", str(r["pid"]),
+                      r["state"], r["endpoint"] or "-", str(r["restarts"]))
         console.print(t)
     for ep, rows in report["etcd"].items():
         t = Table(title=f"instances registered in etcd {ep}")

@@ -121,7 +121,7 @@ class ControlServer:
             writer.close()
 
 
-_SCALE = re.compile(r"^/v1/components/([A-Za-z0-9_-]+)/replicas$")
+_SCALE = re.compile(r"^/v1/components/([A-Za-z0-9_-]+(?:@[a-z][a-z0-9_-]*)?)/replicas$")
 
 
 def supervisor_handler(sup, plan_dict: dict) -> Handler:

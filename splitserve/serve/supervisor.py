@@ -72,6 +72,8 @@ class Replica:
     killed: bool = False
     exit_code: int | None = None
     log_task: asyncio.Task | None = None
+    model: str = ""
+    """The served model name(s) of its pool (the frontend's: every model it serves)."""
 
     @property
     def name(self) -> str:
@@ -84,7 +86,7 @@ class Replica:
     def as_dict(self) -> dict:
         return {"component": self.component, "replica": self.index, "pid": self.pid,
                 "state": self.state, "endpoint": self.endpoint, "detail": self.detail,
-                "metrics": self.metrics,
+                "metrics": self.metrics, "model": self.model,
                 "restarts": len(self.restarts), "exit_code": self.exit_code}
 
 
@@ -127,6 +129,15 @@ class Supervisor:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     # ---- starting and watching replicas -------------------------------------------------
+    def _model_of(self, comp: ComponentPlan) -> str:
+        """What ``dynamo status`` shows in the model column: the pool's served name, or
+        for the graph's root (the frontend) every model it serves."""
+        if comp.common is not None:
+            return comp.common.served_model_name
+        if self.plan.pools and comp.name == self.plan.root:
+            return ", ".join(self.plan.served_models())
+        return self.plan.common.served_model_name
+
     def _new_replica(self, comp: ComponentPlan) -> Replica:
         idx = self._next_index[comp.name]
         self._next_index[comp.name] += 1
@@ -134,7 +145,8 @@ class Supervisor:
         cfg_file = self.run_dir / "configs" / f"{comp.name}-{idx}.json"
         cfg = self.plan.run_config(comp, idx, status)
         cfg_file.write_text(cfg.model_dump_json(indent=2))
-        rep = Replica(component=comp.name, index=idx, status_file=status, config_file=cfg_file)
+        rep = Replica(component=comp.name, index=idx, status_file=status, config_file=cfg_file,
+                      model=self._model_of(comp))
         self.replicas[comp.name].append(rep)
         return rep
 

@@ -123,3 +123,25 @@ def test_metrics_source_scrapes_what_status_lists():
     # the failed scrape is not read as zero: mean worker queue 2 + shared queue 6 / 2 ready
     assert second.prefill.queue_length == 2 + 6 / 2
     assert source.scrape_errors == 2
+
+
+def test_a_pools_planner_reads_only_its_models_requests_from_a_shared_frontend():
+    """A frontend serving several models labels its series by model; each pool's planner
+    counts its own model's requests, tokens and latencies only."""
+    text = ("# TYPE splitserve_frontend_requests_total counter\n"
+            'splitserve_frontend_requests_total{endpoint="chat",outcome="ok",status="200",'
+            'model="a"} 7\n'
+            'splitserve_frontend_requests_total{endpoint="chat",outcome="ok",status="200",'
+            'model="b"} 3\n'
+            'splitserve_frontend_requests_total{endpoint="chat",outcome="invalid",'
+            'status="400",model=""} 5\n'
+            "# TYPE splitserve_frontend_ttft_seconds histogram\n"
+            'splitserve_frontend_ttft_seconds_count{model="a"} 7\n'
+            'splitserve_frontend_ttft_seconds_sum{model="a"} 0.7\n'
+            'splitserve_frontend_ttft_seconds_count{model="b"} 3\n'
+            'splitserve_frontend_ttft_seconds_sum{model="b"} 3.0\n')
+    mine = parse_metrics(text, model="b")
+    assert mine["splitserve_frontend_requests_total"] == 3
+    assert (mine["splitserve_frontend_ttft_seconds_sum"],
+            mine["splitserve_frontend_ttft_seconds_count"]) == (3.0, 3)
+    assert parse_metrics(text)["splitserve_frontend_requests_total"] == 15
