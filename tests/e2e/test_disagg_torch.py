@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.graphs import route_explain, start_graph
-from tests.e2e.helpers import fleet
+from tests.e2e.helpers import fleet, scale
 from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS, SHARED
 from tests.integration.serve_helpers import wait_until
 
@@ -58,21 +58,13 @@ def test_disaggregated_outputs_equal_aggregated(tmp_path, agg_torch):
         assert run.stop() == 0, run.output()[-3000:]
 
 
-def test_no_prefill_workers_means_local_prefill(tmp_path):
-    run, url = start_graph(tmp_path, "graphs.disagg:Frontend", "configs/disagg.yaml", FORCED,
-                           "--PrefillWorker.replicas=0")
-    try:
-        assert "Paris" in ask(url, QUESTIONS[0]).choices[0].message.content
-        d = fleet(run, "DecodeWorker", "splitserve_disagg_decisions_total")
-        assert d == {(("reason", "no-prefill-workers"), ("where", "local")): 1.0}
-    finally:
-        assert run.stop() == 0
-
-
-@pytest.fixture
-def fault_graph(tmp_path):
+@pytest.fixture(scope="module")
+def fault_graph(tmp_path_factory):
+    """One graph for the fault tests, in their order: a stalled prefill worker, a killed
+    one (the supervisor brings it back), then none at all."""
     run, url = start_graph(
-        tmp_path, "graphs.disagg:Frontend", "configs/disagg.yaml", FORCED,
+        tmp_path_factory.mktemp("disagg-faults"), "graphs.disagg:Frontend",
+        "configs/disagg.yaml", FORCED,
         "--DecodeWorker.remote_prefill_timeout_s=4",
         "--DecodeWorker.prefill_queue.max_msgs=1", "--PrefillWorker.prefill_queue.max_msgs=1",
         "--DecodeWorker.prefill_queue.ack_wait_s=2", "--PrefillWorker.prefill_queue.ack_wait_s=2",
@@ -131,6 +123,23 @@ def test_prefill_worker_killed_mid_job_request_still_completes(fault_graph):
     # The interrupted request got the same greedy answer as one that nothing disturbed
     # (whichever way its prompt was prefilled in the end: redelivered or local).
     assert answer == ask(url, long_prompt, 24).choices[0].message.content
+
+
+def test_no_prefill_workers_means_local_prefill(fault_graph):
+    run, url = fault_graph
+    before = fleet(run, "DecodeWorker", "splitserve_disagg_decisions_total")
+    scale(run, "PrefillWorker", 0)
+    wait_until(lambda: not run.replicas("PrefillWorker"), 60, interval_s=0.5,
+               what="the prefill worker gone")
+    # the decode worker's own view (its explain endpoint): no prefill worker left
+    wait_until(lambda: route_explain(run, QUESTIONS[0], timeout_s=120)["offload"]["decision"]
+               ["reason"] == "no-prefill-workers", 60, interval_s=0.5,
+               what="the decode worker sees no prefill worker")
+    assert "Paris" in ask(url, QUESTIONS[0]).choices[0].message.content
+    d = fleet(run, "DecodeWorker", "splitserve_disagg_decisions_total")
+    key = (("reason", "no-prefill-workers"), ("where", "local"))
+    assert d.get(key, 0) - before.get(key, 0) == 1.0
+    assert sum(d.values()) - sum(before.values()) == 1.0
 
 
 def test_route_explain_shows_the_offload_decision(tmp_path):
