@@ -74,6 +74,39 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
         rt.shutdown()
 
 
+def _served_models(sups: list[dict]) -> dict[str, dict]:
+    """Served model name -> its namespace and model, over the local graphs (a graph
+    from before ``models`` was recorded: its one model)."""
+    out: dict[str, dict] = {}
+    for s in sups:
+        models = s.get("models") or {s.get("served_model_name") or s.get("model", ""): {
+            "namespace": s.get("namespace"), "model": s.get("model")}}
+        out.update(models)
+    return out
+
+
+def _target(served: dict[str, dict], sups: list[dict], model: str | None,
+            namespace: str | None, model_dir: Path | None, err: Console
+            ) -> tuple[str | None, Path]:
+    """The namespace to ask (``--model``'s pool's, else the local graph's) and the
+    tokenizer directory of the model served there."""
+    if model is not None and model not in served:
+        known = ", ".join(served) or "none found locally"
+        err.print(f"[red]error:[/] --model {model!r}: no local graph serves it (served: "
+                  f"{known})", highlight=False)
+        raise typer.Exit(1)
+    pool = served.get(model) if model is not None else None
+    if namespace is None:
+        namespace = pool["namespace"] if pool else (sups[0]["namespace"] if sups else None)
+    if model_dir is None:
+        from splitserve.contracts import model_files
+
+        if pool is None:
+            pool = next((m for m in served.values() if m["namespace"] == namespace), {})
+        model_dir = model_files.model_dir(pool.get("model", model_files.PACKAGED_MODEL))
+    return namespace, model_dir
+
+
 async def _first_serving(clients: list, timeout_s: float):
     """The first of ``clients`` whose endpoint has an instance; TimeoutError if none
     has one within ``timeout_s``."""
@@ -117,8 +150,11 @@ def explain(
     messages: Path | None = typer.Option(None, "--messages", "-m", help="JSON file with a "
                                          "list of chat messages (or {\"messages\": [...]})."),
     priority: str = typer.Option("default", "--priority", help="Priority class of the request."),
+    model: str | None = typer.Option(None, "--model", help="Served model name: the pool "
+                                     "whose router to ask in a graph serving several "
+                                     "(default: the graph's first model)."),
     namespace: str | None = typer.Option(None, "--namespace", "-n", help="Dynamo namespace "
-                                         "(default: the local graph's)."),
+                                         "(default: the local graph's, or --model's pool's)."),
     etcd: str | None = typer.Option(None, "--etcd", envvar="ETCD_ENDPOINTS",
                                     help="etcd endpoints (default: the local graph's)."),
     nats: str | None = typer.Option(None, "--nats", envvar="NATS_SERVER",
@@ -151,14 +187,10 @@ def explain(
         if sups:
             etcd = etcd or sups[0]["etcd"]
             nats = nats or sups[0]["nats"]
-            namespace = namespace or sups[0]["namespace"]
+    served = _served_models(sups)
+    namespace, model_dir = _target(served, sups, model, namespace, model_dir, err)
     from splitserve.components.frontend.textcodec import TextCodec
 
-    if model_dir is None:
-        from splitserve.contracts import model_files
-
-        graph = next((s for s in sups if s["namespace"] == namespace), {})
-        model_dir = model_files.model_dir(graph.get("model", model_files.PACKAGED_MODEL))
     codec = TextCodec.from_dir(model_dir)
     ids = codec.chat_ids([{"role": m.get("role", "user"), "content": m.get("content", "")}
                           for m in msgs])
@@ -171,12 +203,15 @@ def explain(
                   f"{namespace!r} at {where}", markup=False,
                   highlight=False)
         raise typer.Exit(1) from None
+    name = next((n for n, m in served.items() if m["namespace"] == namespace), None)
     if json_out:
-        typer.echo(json.dumps({"prompt_tokens": len(ids), **reply}, indent=2))
+        typer.echo(json.dumps({"model": name, "namespace": namespace,
+                               "prompt_tokens": len(ids), **reply}, indent=2))
         return
     from splitserve.components.router import Decision, format_decision
 
-    Console().print(f"prompt tokens: {len(ids)}  →  worker "
+    Console().print(f"model {name or '?'} (namespace {namespace})  prompt tokens: {len(ids)}"
+                    "  →  worker "
                     f"{reply['worker_id'] if reply['worker_id'] is None else hex(reply['worker_id'])}"
                     f"  ({reply['reason']})", highlight=False)
     if reply.get("decision"):

@@ -85,7 +85,10 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
         sup.env["SPLITSERVE_CONTROL_URL"] = control.url  # the planner's local connector
         info = {"pid": os.getpid(), "control": control.url, "graph": plan.graph_ref,
                 "config": plan.source, "namespace": plan.common.namespace,
-                "model": plan.common.model, "etcd": endpoints.etcd, "nats": endpoints.nats, "run_dir": str(run_dir),
+                "model": plan.common.model, "served_model_name": plan.common.served_model_name,
+                "models": {c.served_model_name: {"namespace": c.namespace, "model": c.model}
+                           for c in [plan.common, *plan.pools.values()]},
+                "etcd": endpoints.etcd, "nats": endpoints.nats, "run_dir": str(run_dir),
                 "token_file": str(run_dir / CONTROL_TOKEN_FILE),
                 "policy_key_file": str(policy_key_file),
                 "bind_host": plan.common.bind_host}

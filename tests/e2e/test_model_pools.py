@@ -2,7 +2,8 @@
 ``Common.model`` and one ``Models`` pool, each with its own router and worker in its own
 namespace behind one frontend.  Each answers under its served name with its own greedy
 tokens (equal to transformers' for that model), /v1/models lists both, another name gets
-404, `dynamo status` names each replica's model, and a pool scaled to zero leaves
+404, `dynamo status` names each replica's model, `dynamo route explain --model` asks
+that model's router, and a pool scaled to zero leaves
 /v1/models (its requests get 503) until it is scaled back."""
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ def test_status_names_each_replicas_model(pools):
     shown = json.loads(dynamo(run, "status", "--json").stdout)
     rows = {r["component"]: r["model"] for s in shown["supervisors"] for r in s["replicas"]}
     assert rows == models
+    for model, namespace in ((POOLED, "dynamo-llama"), (FIRST, "dynamo")):
+        res = dynamo(run, "route", "explain", "--json", "--prompt", "Hi", "--model", model)
+        assert res.returncode == 0, res.stderr
+        explained = json.loads(res.stdout)
+        assert (explained["model"], explained["namespace"]) == (model, namespace)
+        assert explained["worker_id"] is not None
+    res = dynamo(run, "route", "explain", "--prompt", "Hi", "--model", "nobody")
+    assert res.returncode == 1 and "--model 'nobody': no local graph serves it" in res.stderr
 
 
 def test_a_pool_scaled_away_leaves_the_list_until_it_is_back(pools):

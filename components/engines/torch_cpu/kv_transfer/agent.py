@@ -84,6 +84,8 @@ class KvTransferAgent:
         self._peers = PeerTable(self._cache, self._port)
         self._replies: list[tuple[str, str, StageGrant]] = []
         self._poller: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None  # made on the poller's loop
+        self._busy_until = 0.0
         self.instance_id = uuid.uuid4().hex
 
     # ------------------------------------------------------------------ lifecycle
@@ -235,9 +237,12 @@ class KvTransferAgent:
         return WriteResult(path, sum(d[1] for d in local), len(local), seconds)
 
     # ------------------------------------------------------------------ receiving
-    def _drain(self) -> None:
-        """Dispatch every pending NIXL notification; grants to answer are queued."""
+    def _drain(self) -> bool:
+        """Dispatch every pending NIXL notification; grants to answer are queued.
+        Returns whether there was any."""
+        seen = False
         for peer, raw in self._port.drain():
+            seen = True
             msg = decode(raw)
             if isinstance(msg, KvArrived):
                 self._inbox.on_arrived(peer, msg)
@@ -248,6 +253,7 @@ class KvTransferAgent:
                 self._inbox.on_grant(msg)
             else:
                 log.debug("ignoring a foreign notification from %s", peer)
+        return seen
 
     async def _answer(self) -> None:
         """Send queued staging grants (may fetch the sender's record first)."""
@@ -261,15 +267,35 @@ class KvTransferAgent:
                 log.warning("cannot answer staging request of %s: %s", peer, exc)
 
     async def _poll_loop(self) -> None:
+        """Drain every ``notif_poll_s`` while a transfer is expected (and ``notif_busy_s``
+        after), else every ``notif_idle_poll_s`` until ``expect`` wakes it: an idle
+        receiver no longer wakes its event loop a thousand times a second."""
+        cfg = self.config
         while True:
-            self._drain()
+            seen = self._drain()
             await self._answer()
-            await asyncio.sleep(self.config.notif_poll_s)
+            now = time.monotonic()
+            if seen or self._inbox.expecting():
+                self._busy_until = now + cfg.notif_busy_s
+            if now < self._busy_until:
+                await asyncio.sleep(cfg.notif_poll_s)
+                continue
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), cfg.notif_idle_poll_s)
+
+    def expect(self) -> None:
+        """A transfer to this agent is coming (blocks were reserved for a remote
+        prefill, or a request waits for its KV): poll every ``notif_poll_s`` from now."""
+        self._busy_until = time.monotonic() + self.config.notif_busy_s
+        if self._wake is not None:
+            self._wake.set()
 
     def start_poller(self) -> None:
         """Decode side: drain notifications in the background (also answers staging
         requests). Started by ``wait_for``; stopped by ``close``."""
         if self._poller is None or self._poller.done():
+            self._wake = asyncio.Event()
             self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
 
     def poll_notifications(self) -> list[Arrival]:
@@ -296,6 +322,7 @@ class KvTransferAgent:
         prefills locally.
         """
         self.start_poller()
+        self.expect()
         fut = self._inbox.waiter(request_id, asyncio.get_running_loop().create_future)
         try:
             return await asyncio.wait_for(fut, timeout_s or self.config.timeout_s)

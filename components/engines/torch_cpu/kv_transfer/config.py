@@ -54,7 +54,17 @@ class KvTransferConfig(BaseModel):
     notif_poll_s: float = Field(
         default=0.001, gt=0, le=1.0,
         description="How often the background poller drains NIXL notifications (arrivals, "
-        "staging requests and grants).")
+        "staging requests and grants) while a transfer is expected: a request waits for "
+        "its KV, blocks are reserved for one, or one was seen within notif_busy_s.")
+    notif_busy_s: float = Field(
+        default=1.0, ge=0, le=60.0,
+        description="How long the poller keeps polling every notif_poll_s after the last "
+        "expected transfer or notification, before it slows to notif_idle_poll_s.")
+    notif_idle_poll_s: float = Field(
+        default=0.05, gt=0, le=5.0,
+        description="How often the poller drains notifications while no transfer is "
+        "expected (an idle worker then costs almost no CPU); an expected transfer "
+        "(``expect``, ``wait_for``) wakes it at once.")
     staging_bytes: int = Field(
         default=64 * 1024 * 1024, ge=0,
         description="Size of the registered staging pool. Receiver: payloads that need a "

@@ -106,6 +106,10 @@ class Inbox:
         else:
             fut.set_result(result)
 
+    def expecting(self) -> bool:
+        """Some request waits for its KV, or a staged payload is partly here."""
+        return bool(self._waiters or self._partial)
+
     def take_ready(self) -> list[Arrival]:
         """Arrivals nobody waits for, oldest first; failed rebuilds are logged and dropped."""
         out = []
