@@ -110,3 +110,31 @@ def test_the_mocker_reads_the_models_geometry(tiny_models):
     packaged = model_dir_for(args, PACKAGED_MODEL)
     assert packaged == model_dir(PACKAGED_MODEL)
     assert kv_geometry(packaged) == compute_kv_bytes_per_token(str(packaged)) == 23040
+
+
+def test_each_model_pool_of_a_vllm_graph_starts_vllm_on_its_own_model(tiny_models, tmp_path):
+    """Two models side by side on vLLM: a pool's replicas get the pool's model and served
+    name in their run config, and vLLM's engine is built on that directory."""
+    pytest.importorskip("vllm")
+    from splitserve.components.engines.vllm.engine import make_engine
+    from splitserve.components.engines.vllm.sections import VllmWorkerSection
+    from splitserve.serve.graph import load_graph
+    from splitserve.serve.plan import build_plan
+
+    ref = "splitserve.graphs.agg_router:Frontend"
+    g = load_graph(ref)
+    raw = {"Common": {"model": str(tiny_models["qwen3"])},
+           "Router": {"block_size": 128},
+           "Worker": {"engine": "vllm", "engine_args": {"block_size": 128}},
+           "Models": {"llama": {"model": str(tiny_models["llama"]),
+                                "served_model_name": "tiny-llama-chat"}}}
+    plan = build_plan(g, ref, raw, "cfg.yaml", known_sections=g.defined)
+    built = {}
+    for name in ("Worker", "Worker@llama"):
+        comp = plan.component(name)
+        run = plan.run_config(comp, 0, tmp_path / f"{name}.json")
+        eng = make_engine(SimpleNamespace(run=run), VllmWorkerSection.model_validate(
+            run.config), "agg")
+        built[name] = (eng.model, eng.served_name)
+    assert built == {"Worker": (str(tiny_models["qwen3"]), "tiny-qwen3"),
+                     "Worker@llama": (str(tiny_models["llama"]), "tiny-llama-chat")}

@@ -33,6 +33,7 @@ class CopyAgent:
         self.name, self.pools = name, pools
         self.arrived: dict[str, asyncio.Future] = {}
         self.cancelled: list[str] = []
+        self.expected = 0
         self.writes = 0
 
     def _fut(self, rid: str) -> asyncio.Future:
@@ -44,6 +45,10 @@ class CopyAgent:
         self.pools["agents"][peer]._fut(request_id).set_result(
             type("Arrival", (), {"payload": notify})())
         return type("Res", (), {"nbytes": 0, "seconds": 0.0, "path": "copy"})()
+
+    def expect(self) -> None:
+        """Blocks were reserved: the real agent polls fast from now (counted here)."""
+        self.expected += 1
 
     async def wait_for(self, rid: str, timeout_s: float):
         return await asyncio.wait_for(self._fut(rid), timeout_s)

@@ -45,6 +45,7 @@ class FakeAgent:
     def __init__(self) -> None:
         self.arrived: dict[str, asyncio.Future] = {}
         self.cancelled: list[str] = []
+        self.expected = 0
 
     def _fut(self, rid: str) -> asyncio.Future:
         return self.arrived.setdefault(rid, asyncio.get_running_loop().create_future())
@@ -52,6 +53,10 @@ class FakeAgent:
     def announce(self, rid: str, first_token: int) -> None:
         self._fut(rid).set_result(Arrival(json.dumps(
             {"request_id": rid, "first_token": first_token}).encode()))
+
+    def expect(self) -> None:
+        """Blocks were reserved: the real agent polls fast from now (counted here)."""
+        self.expected += 1
 
     async def wait_for(self, rid: str, timeout_s: float):
         return await asyncio.wait_for(self._fut(rid), timeout_s)
@@ -154,6 +159,7 @@ async def test_queue_refusal_releases_at_once_and_prefills_locally(rig):
     assert chunks[-1]["finish_reason"] == "length"
     assert sum(len(c["token_ids"]) for c in chunks) == 3
     assert agent.cancelled == []  # nothing was ever sent
+    assert agent.expected == 1  # the reservation told the agent a transfer was coming
     assert await settle(runner, core, 0) == 0 and runner.inflight() == 0
 
 
