@@ -106,7 +106,16 @@ async def exercise(ep, instance_id: int) -> None:
         except Exception as exc:  # noqa: BLE001 - nats-py would swallow it; report below
             errors.append(exc)
 
-    await nc.subscribe(event_subject(NS, "worker", KV_EVENTS), cb=on_kv)
+    got: list[int] = []
+
+    async def counted(msg) -> None:
+        got.append(len(msg.data))
+        await on_kv(msg)
+
+    await nc.subscribe(event_subject(NS, "worker", KV_EVENTS), cb=counted)
+    # The server must hold the subscription before the request below makes events: a
+    # round trip (PING/PONG) after SUB guarantees it.
+    await nc.flush(timeout=10)
     rt = DistributedRuntime(asyncio.get_running_loop(), "etcd", "tcp", event_plane="nats")
     try:
         endpoint = rt.endpoint(f"{NS}.worker.generate")
@@ -142,7 +151,7 @@ async def exercise(ep, instance_id: int) -> None:
             await asyncio.sleep(0.1)
         assert device.get(instance_id) == 10, overlap
         assert not errors, errors
-        assert raw.get((instance_id, 0)) == 10, raw
+        assert raw.get((instance_id, 0)) == 10, (raw, f"{len(got)} messages seen", got)
         other = await router.get_overlap_scores(list(range(50_000, 50_000 + 4 * BLOCK)))
         assert all(w["device_blocks"] == 0 for w in other["workers"])
     finally:
