@@ -172,17 +172,8 @@ def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
         section = data.get(name)
         if section is None:
             section = {}
-        if not isinstance(section, dict):
-            errors.append(f"{name}: must be a mapping of fields")
-            continue
-        try:
-            cfg = spec.config_model.model_validate(section)
-        except ValidationError as exc:
-            errors += format_validation_error(name, exc)
-            continue
-        problems = cfg.preflight()
-        if problems:
-            errors += [f"{name}.{p}" for p in problems]
+        cfg = _section_config(spec, section, name, errors)
+        if cfg is None:
             continue
         comps.append(ComponentPlan(name=name, entrypoint=spec.entrypoint, config=cfg,
                                    links=graph.links_of(name), pruned=graph.pruned_of(name),
@@ -305,6 +296,24 @@ def model_pools(graph: Graph, data: dict[str, Any], common: CommonConfig
     return pools, plans, errors
 
 
+def _section_config(spec, section: Any, where: str, errors: list[str]):
+    """``section`` validated by ``spec``'s config model and its preflight, or None with
+    the problems added to ``errors``, each after ``where`` (the section's path)."""
+    if not isinstance(section, dict):
+        errors.append(f"{where}: must be a mapping of fields")
+        return None
+    try:
+        cfg = spec.config_model.model_validate(section)
+    except ValidationError as exc:
+        errors += format_validation_error(where, exc)
+        return None
+    problems = cfg.preflight()
+    if problems:
+        errors += [f"{where}.{p}" for p in problems]
+        return None
+    return cfg
+
+
 def _root_serves_pools(root: str, comps: list[ComponentPlan],
                        pools: dict[str, CommonConfig]) -> list[str]:
     """A frontend routing in its own process serves one model (its routing service
@@ -326,22 +335,13 @@ def _pool_components(graph: Graph, data: dict[str, Any], pool: str, common: Comm
         spec = graph.components[name]
         section = _merged(data.get(name) or {}, body.get(name) or {})
         where = f"Models.{pool}.{name}"
-        if not isinstance(section, dict):
-            errors.append(f"{where}: must be a mapping of fields")
+        cfg = _section_config(spec, section, where, errors)
+        if cfg is None:
             continue
         if name == "Planner" and "components" not in section:
             # the pool's planner scales the pool's own prefill and decode workers
-            section = {**section, "components": {"prefill": f"PrefillWorker@{pool}",
-                                                 "decode": f"DecodeWorker@{pool}"}}
-        try:
-            cfg = spec.config_model.model_validate(section)
-        except ValidationError as exc:
-            errors += format_validation_error(where, exc)
-            continue
-        problems = cfg.preflight()
-        if problems:
-            errors += [f"{where}.{p}" for p in problems]
-            continue
+            cfg = cfg.model_copy(update={"components": {
+                role: f"{comp}@{pool}" for role, comp in cfg.components.items()}})
         out.append(ComponentPlan(name=f"{name}@{pool}", entrypoint=spec.entrypoint,
                                  config=cfg, links=graph.links_of(name),
                                  pruned=graph.pruned_of(name),
