@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import faulthandler
 import importlib
 import logging
 import os
 import signal
+import sys
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel
 
 from splitserve.contracts.kit.files import write_json_whole
+from splitserve.contracts.kit.procs import STACK_DUMP_SIGNAL
 from splitserve.contracts.kit.waiting import poll_until
 from splitserve.contracts.config import LOOPBACK
 from splitserve.contracts.config import ComponentRunConfig
@@ -214,15 +219,64 @@ async def _amain(main: Callable[[ComponentContext], Awaitable[None]],
 
 
 def run(main: Callable[[ComponentContext], Awaitable[None]], argv: list[str] | None = None) -> None:
-    """Entry point of a component process; returns when the component has stopped."""
+    """Entry point of a component process.
+
+    Called from a process's ``__main__`` (``argv`` None: the command line), it does not
+    return: once the component has stopped (drained, deregistered, its runtime shut
+    down) the process leaves at once with ``os._exit``, its logs flushed.  Interpreter
+    teardown adds nothing a stopped replica needs and, on a busy machine, costs seconds
+    (collecting a model's tensors, torch's library finalisers) that the graph's shutdown
+    deadline would otherwise have to absorb: replicas killed there were seen stuck in
+    exactly that.  With ``argv`` given (tests), it returns.
+    """
+    exit_process = argv is None
     run_cfg = load_run_config(argv)
     configure_logging(run_cfg.component, run_cfg.replica, run_cfg.common.log_level)
+    # A replica that overruns its stop deadline gets this signal before SIGKILL: the
+    # stacks of all its threads go to the log, so a hang names where it hung.
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
+    code = 0
     try:
-        import uvloop
+        try:
+            import uvloop
 
-        uvloop.run(_amain(main, run_cfg))
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        asyncio.run(_amain(main, run_cfg))
+            uvloop.run(_amain(main, run_cfg))
+        except ImportError:  # pragma: no cover - uvloop is a dependency
+            asyncio.run(_amain(main, run_cfg))
+    except SystemExit as exc:
+        if not exit_process:
+            raise
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        if not exit_process:
+            raise
+        traceback.print_exc()
+        code = 1
+    if exit_process:
+        leave(code)
+
+
+def leave(code: int) -> NoReturn:
+    """Flush the logs and standard streams, then end the process without interpreter
+    teardown (``os._exit``).  What teardown would still have done that matters is done
+    first: child processes started with ``multiprocessing`` (an engine's own, where its
+    shutdown left any) are terminated, as multiprocessing's exit hook would."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.terminate()
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.join(2.0)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 async def serve_until_stopped(ctx: ComponentContext, endpoint, handler,
@@ -244,6 +298,8 @@ async def serve_until_stopped(ctx: ComponentContext, endpoint, handler,
         task.result()  # serving ended on its own: surface the error
         return
     ctx.report("stopping")
+    began = time.monotonic()
+    log.info("stopping: deregistering, then draining %d requests in flight", inflight())
     try:
         await endpoint.unregister_endpoint_instance()
     except Exception as exc:  # noqa: BLE001 - deregistration is best effort at shutdown
@@ -254,4 +310,5 @@ async def serve_until_stopped(ctx: ComponentContext, endpoint, handler,
                  inflight())
         ctx.drain_cut.set()
         await poll_until(lambda: inflight() <= 0, DRAIN_CUT_GRACE_S)
+    log.info("stopping: drained in %.1fs", time.monotonic() - began)
     task.cancel()

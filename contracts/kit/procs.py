@@ -18,6 +18,12 @@ import time
 from pathlib import Path
 
 
+# Sent to a component that overran its stop deadline, just before SIGKILL: every
+# component registers ``faulthandler`` on it (``component.run``), so the log shows where
+# each of its threads was stuck.
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+
+
 def with_parent_death(argv: list[str]) -> list[str]:
     """``argv`` wrapped so that the kernel SIGTERMs the child when its parent dies.
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from splitserve.contracts.kit.health import DependencyTracker, probe
-from splitserve.contracts.kit.procs import with_parent_death
+from splitserve.contracts.kit.procs import STACK_DUMP_SIGNAL, with_parent_death
 from splitserve.serve.plan import ComponentPlan, ServePlan
 
 log = logging.getLogger("splitserve.supervisor")
@@ -50,6 +50,25 @@ LEASE_LOST_GRACE_S = 3.0
 def console_worthy(raw: bytes, verbose: bool) -> bool:
     """Whether a child's log line is shown on the console (all are kept in its log file)."""
     return verbose or not all(marker in raw for marker in _CONSOLE_NOISE)
+
+
+STACK_DUMP_WAIT_S = 1.0
+
+
+async def kill_with_stacks(procs: list) -> None:
+    """SIGKILL the process groups of ``procs`` (replicas that overran a stop deadline),
+    first asking each for its threads' stacks (``STACK_DUMP_SIGNAL``) and giving the
+    dump ``STACK_DUMP_WAIT_S`` to reach the log: a hang at shutdown names where it hung."""
+    procs = [p for p in procs if p.returncode is None]
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, STACK_DUMP_SIGNAL)
+    if procs:
+        await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs],
+                           timeout=STACK_DUMP_WAIT_S)
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
 
 
 @dataclass
@@ -306,8 +325,7 @@ class Supervisor:
         except TimeoutError:
             self.printer("supervisor", f"{rep.name} (pid {proc.pid}) did not stop in "
                          f"{grace_s:.1f}s; killing")
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            await kill_with_stacks([proc])
 
     async def watch_dependencies(self, interval_s: float, restart_delay_s: float) -> None:
         """Watch etcd and NATS until shutdown: reap, restart (embedded), report.
@@ -445,12 +463,12 @@ class Supervisor:
             return
         waits = [asyncio.create_task(r.proc.wait()) for r in live]
         _, pending = await asyncio.wait(waits, timeout=max(grace_s, 0.1))
-        for r in live:
-            if r.proc.returncode is None:
-                r.killed = True
-                self.printer("supervisor", f"{r.name} did not stop in {grace_s:.1f}s; killing")
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(r.proc.pid, signal.SIGKILL)
+        overran = [r for r in live if r.proc.returncode is None]
+        for r in overran:
+            r.killed = True
+            self.printer("supervisor", f"{r.name} did not stop in {grace_s:.1f}s; killing "
+                         "(its threads' stacks follow)")
+        await kill_with_stacks([r.proc for r in overran])
         if pending:
             await asyncio.wait(pending, timeout=5)
 

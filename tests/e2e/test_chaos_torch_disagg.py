@@ -31,7 +31,7 @@ from tests.e2e.helpers import kill_replica, metric, ready, scale, story
 from tests.e2e.prompts import FORCED
 from tests.integration.serve_helpers import wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.timeout(600), pytest.mark.slow]
 
 SUBJECTS = ("lighthouse keeper", "baker", "pilot", "gardener")
 MAX_TOKENS = 160  # the streams outlast the faults (a decode worker's restart included)

@@ -31,7 +31,10 @@ def ask(url: str, prompt: str, max_tokens: int = 20) -> openai.types.chat.ChatCo
                                          messages=[{"role": "user", "content": prompt}])
 
 
+@pytest.mark.deep
 def test_disaggregated_outputs_equal_aggregated(tmp_path, agg_torch):
+    """The 20-prompt sweep, sequential then concurrent (CI's deep pass; the test command
+    checks three prompts, prefilled remotely and locally, in the route-explain test)."""
     # The aggregated graph's answers, asked together: its batched greedy outputs equal
     # its sequential ones (test_agg_torch checks it), and a batch costs a few requests.
     with cf.ThreadPoolExecutor(8) as pool:
@@ -142,7 +145,10 @@ def test_no_prefill_workers_means_local_prefill(fault_graph):
     assert sum(d.values()) - sum(before.values()) == 1.0
 
 
-def test_route_explain_shows_the_offload_decision(tmp_path):
+def test_route_explain_shows_the_offload_decision(tmp_path, agg_torch):
+    """The seed policy of the config explained, then followed: long prompts are prefilled
+    remotely and short ones locally, and either way the greedy answer equals the
+    aggregated graph's."""
     run, url = start_graph(tmp_path, "graphs.disagg:Frontend", "configs/disagg.yaml")
     try:
         def explain(prompt: str) -> dict:
@@ -153,9 +159,14 @@ def test_route_explain_shows_the_offload_decision(tmp_path):
         long = explain(SHARED * 3 + QUESTIONS[0])["offload"]
         assert long["decision"]["remote"] is True and long["decision"]["score"] == 0.7
         assert long["request"]["prompt_length"] > 256
-        # the seed's policy in the config: a long prompt goes remote, a short one stays
-        ask(url, SHARED * 3 + QUESTIONS[1])
+        prompts = [SHARED * 3 + QUESTIONS[1], SHARED * 3 + QUESTIONS[2], QUESTIONS[4]]
+        expected = [ask(agg_torch[1], p).choices[0].message.content for p in prompts]
+        assert [ask(url, p).choices[0].message.content for p in prompts] == expected
         d = fleet(run, "DecodeWorker", "splitserve_disagg_decisions_total")
-        assert d == {(("reason", "min-score-met"), ("where", "remote")): 1.0}
+        assert d == {(("reason", "min-score-met"), ("where", "remote")): 2.0,
+                     (("reason", "below-min-score"), ("where", "local")): 1.0}
+        assert fleet(run, "PrefillWorker", "splitserve_prefill_jobs_total") == {
+            (("outcome", "done"),): 2.0}
+        assert fleet(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == {}
     finally:
         assert run.stop() == 0

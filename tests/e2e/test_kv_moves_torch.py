@@ -20,7 +20,7 @@ from tests.graphs import start_graph
 from tests.e2e.helpers import metric, ready, scale, story
 from tests.integration.serve_helpers import wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400), pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.timeout(400), pytest.mark.slow]
 
 SUBJECTS = ("lighthouse keeper", "baker", "pilot", "gardener")
 MAX_TOKENS = 120

