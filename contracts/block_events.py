@@ -28,6 +28,9 @@ class BlockStored:
     parent_hash: int | None
     token_ids: tuple[int, ...]
     num_block_tokens: tuple[int, ...]
+    lora_name: str | None = None
+    """The LoRA adapter whose KV these blocks hold (None: the base model); the router's
+    hashes of them are keyed by it, so a prefix is never credited across adapters."""
 
 
 @dataclass(frozen=True)
@@ -40,15 +43,21 @@ class BlockRemoved:
 KvEvent = BlockStored | BlockRemoved
 
 
-def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+def hash_block(parent_hash: int | None, token_ids: Sequence[int],
+               lora_name: str | None = None) -> int:
     """Return the signed 64-bit hash of one full block.
 
     Called for every block as it fills. Chaining the parent's hash makes a
     block's hash identify the whole prefix up to and including it, so equal
     hashes mean equal KV contents. blake2b rather than ``hash()`` because the
     value must be the same in every process (prefill and decode workers, router).
+    ``lora_name``: the adapter the KV was computed with; it seeds a sequence's first
+    block (later blocks inherit it through the chain), so the same tokens under two
+    adapters, or under an adapter and the base model, never share a hash.
     """
     h = hashlib.blake2b(digest_size=8)
+    if parent_hash is None and lora_name is not None:
+        h.update(b"lora\0" + lora_name.encode())
     h.update(struct.pack("<q", 0 if parent_hash is None else parent_hash))
     h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return int.from_bytes(h.digest(), "little", signed=True)

@@ -118,6 +118,10 @@ class GenerateParams:
     """Return the prompt tokens' log-probabilities and this many alternatives each."""
     json_schema: str | None = None
     """Structured output: the answer must be JSON valid against this schema (JSON text)."""
+    lora: str | None = None
+    """The LoRA adapter to apply, by the name it was loaded under (``load_lora``); None:
+    the base model.  Only with ``capabilities.serves_lora``; ``validate`` refuses a name
+    that is not loaded."""
 
     def neutral_sampling(self) -> bool:
         """True when no penalty, bias, top-k, min-p or schema changes the model's
@@ -205,6 +209,10 @@ class EngineCapabilities:
     reports_failure: bool
     """``failure()`` tells when the engine died on its own (vLLM's engine process,
     TensorRT-LLM's executor); the in-process host polls it and ends the replica."""
+    serves_lora: bool = False
+    """LoRA adapters loaded and unloaded at run time (``load_lora`` / ``unload_lora`` /
+    ``loras``), applied per request (``GenerateParams.lora``), with prefix-cache hashes
+    keyed by adapter (``block_events.hash_block``'s ``lora_name``)."""
     kv_move_timeout_s: float = 10.0
     """With ``moves_kv``: how long a continuing replica waits for the parked replica to
     write a request's KV before it recomputes instead."""
@@ -380,6 +388,20 @@ class Engine(Protocol):
         KV written here; recomputes when that fails.  ``outcome`` is told "moved" or
         "recomputed"."""
 
+    # ---- capabilities.serves_lora -------------------------------------------------------
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load the PEFT adapter directory ``path`` (``adapter_config.json`` and its
+        weights) under ``name``; raise ``ValueError`` naming what is wrong (missing
+        files, a rank over the engine's limit, modules the base model lacks, no slot
+        left).  Loading a name again with the same path is a no-op."""
+
+    async def unload_lora(self, name: str) -> None:
+        """Forget adapter ``name``; raise ``KeyError`` for a name not loaded and
+        ``ValueError`` while requests that use it are in flight."""
+
+    def loras(self) -> dict[str, str]:
+        """The adapters loaded now: name -> the path each was loaded from."""
+
 
 class WithoutAbility:
     """Base of the classes an engine lists for the abilities it does not have."""
@@ -450,3 +472,16 @@ def protocol_members() -> tuple[str, ...]:
     methods = [name for name, value in Engine.__dict__.items()
                if not name.startswith("_") and callable(value)]
     return (*Engine.__annotations__, *methods)
+
+
+class WithoutLora(WithoutAbility):
+    """For an engine that serves no LoRA adapter (``serves_lora`` false)."""
+
+    async def load_lora(self, name: str, path: str) -> None:
+        raise self._absent("load_lora", "serves_lora")
+
+    async def unload_lora(self, name: str) -> None:
+        raise self._absent("unload_lora", "serves_lora")
+
+    def loras(self) -> dict[str, str]:
+        raise self._absent("loras", "serves_lora")

@@ -99,6 +99,15 @@ def tiny_models(tmp_path_factory, smollm2_dir) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_lora(tmp_path_factory, tiny_models) -> Path:
+    """A random rank-8 LoRA adapter of the tiny Llama (every projection targeted), written
+    once per session with peft (tests/fixtures/tiny_models.py)."""
+    from tests.fixtures.tiny_models import write_lora_adapter
+
+    return write_lora_adapter(tiny_models["llama"], tmp_path_factory.mktemp("lora") / "llama-lora")
+
+
+@pytest.fixture(scope="session")
 def graph_pool(tmp_path_factory):
     """Graphs shared by the live tests that do not change them (tests/graphs.py)."""
     pool = GraphPool(tmp_path_factory.mktemp("graph-pool"))

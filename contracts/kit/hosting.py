@@ -58,7 +58,8 @@ def publish_kv_events(publisher, events: list) -> None:
     for ev in events:
         if hasattr(ev, "token_ids"):
             publisher.publish_stored(list(ev.token_ids), list(ev.num_block_tokens),
-                                     list(ev.block_hashes), ev.parent_hash)
+                                     list(ev.block_hashes), ev.parent_hash,
+                                     lora_name=ev.lora_name)
         else:
             publisher.publish_removed(list(ev.block_hashes))
 

@@ -31,6 +31,7 @@ from splitserve.contracts.engine import (
     TorchBlocksHandoff,
     WithoutFailureReport,
     WithoutHandoffFirst,
+    WithoutLora,
     WithoutKvMoves,
     WithoutKvPush,
     WithoutPrefixLookup,
@@ -75,7 +76,7 @@ def usage_of(chunk: dict[str, Any]) -> tuple[int, int]:
 
 
 class MockerEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutHandoffFirst,
-                   WithoutKvPush, WithoutKvMoves):
+                   WithoutKvPush, WithoutKvMoves, WithoutLora):
     """The mocker children of one replica as an ``Engine``.
 
     ``children`` maps roles to ``EngineChild``-like objects (``stream(request,

@@ -32,7 +32,11 @@ MAPPED = frozenset({
     "host", "port", "kv_events_config", "enable_metrics", "disaggregation_mode",
     "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
     "disaggregation_ib_device", "log_level", "incremental_streaming_output",
-    "enable_deterministic_inference", "disaggregation_decode_enable_radix_cache"})
+    "enable_deterministic_inference", "disaggregation_decode_enable_radix_cache",
+    "enable_lora", "max_loras_per_batch", "max_lora_rank", "lora_target_modules", "lora_paths"})
+
+# The LoRA fields besides the switch, under SGLang's names.
+LORA_FIELDS = ("max_loras_per_batch", "max_lora_rank", "lora_target_modules", "lora_paths")
 
 SGLANG_TIMEOUT_S = 300
 """SGLang's default bootstrap and waiting timeouts (SGLANG_DISAGGREGATION_*_TIMEOUT)."""
@@ -117,6 +121,23 @@ class SglangEngineArgs(StrictModel):
         SGLANG_TIMEOUT_S, ge=10, description="How long a decode engine waits for the KV "
         "of a joined room (SGLANG_DISAGGREGATION_WAITING_TIMEOUT); the decode worker "
         "gives up 30 s later if SGLang has not ended the request.")
+    enable_lora: bool = Field(
+        False, description="Serve LoRA adapters (SGLang's --enable-lora): those of "
+        "lora_paths from the start, others loaded at run time (load_lora), named per "
+        "request.  SGLang sizes its adapter memory pool at start, so it needs lora_paths "
+        "or both max_lora_rank and lora_target_modules.")
+    max_loras_per_batch: int = Field(8, ge=1, description="With enable_lora: adapters one "
+                                     "batch may mix, the base model counting as one "
+                                     "(SGLang's default 8).")
+    max_lora_rank: int | None = Field(None, ge=1, description="With enable_lora: the "
+                                      "largest adapter rank the pool holds (None: the "
+                                      "largest of lora_paths').")
+    lora_target_modules: list[str] | None = Field(
+        None, min_length=1, description="With enable_lora: the modules adapters may target "
+        "(SGLang's names, e.g. q_proj, or 'all'; None: those of lora_paths' adapters).")
+    lora_paths: dict[str, str] | None = Field(
+        None, description="With enable_lora: adapters loaded at start, name -> local "
+        "adapter directory (SGLang's --lora-paths NAME=PATH).")
     extra_server_args: dict[str, Any] = Field(
         default_factory=dict, description="Further ServerArgs fields, by name, passed "
         "through unchanged; unknown names are refused.")
@@ -125,6 +146,23 @@ class SglangEngineArgs(StrictModel):
     @classmethod
     def _model_found(cls, v: str | None) -> str | None:
         return checked_model(v)
+
+    @field_validator("lora_paths")
+    @classmethod
+    def _adapter_names(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for name in v or {}:
+            if not name or "=" in name:
+                raise ValueError(f"adapter name {name!r}: SGLang reads NAME=PATH, so a "
+                                 "name must be non-empty and without '='")
+        return v
+
+    @model_validator(mode="after")
+    def _lora_fields_need_the_switch(self) -> SglangEngineArgs:
+        unused = sorted(self.model_fields_set & set(LORA_FIELDS))
+        if unused and not self.enable_lora:
+            raise ValueError(f"{unused[0]}: set without enable_lora: true, so SGLang would "
+                             "serve no adapter with it")
+        return self
 
     @model_validator(mode="after")
     def _checked_by_sglang(self) -> SglangEngineArgs:
@@ -147,6 +185,7 @@ class SglangEngineArgs(StrictModel):
         for role in ("prefill", "decode"):
             built = check_server_args(server_args_kwargs(args, role, "model",
                                                          "tcp://127.0.0.1:1"))
+            check_lora(built)
             if role == "decode":
                 resolved = resolved_radix_cache(built)
                 if resolved is not None and resolved != decode_radix_cache(self):
@@ -185,6 +224,38 @@ def resolved_radix_cache(built: Any) -> bool | None:
         raise
     except Exception:  # noqa: BLE001 - a step needing what this machine lacks
         return None
+
+
+def check_lora(built: Any) -> None:
+    """Run SGLang's own LoRA step of the launch-time resolution (``check_lora_server_args``,
+    which runs on CPU) on a built ``ServerArgs``: it refuses, with an assertion, a LoRA
+    engine whose adapter memory pool it could not size.  Raises ValueError naming what
+    SGLang said; nothing where that step is not in this SGLang."""
+    try:
+        from sglang.srt.arg_groups.lora_hook import check_lora_server_args
+    except Exception:  # noqa: BLE001 - another SGLang layout: nothing to check with
+        return
+    try:
+        check_lora_server_args(built)
+    except (AssertionError, ValueError) as exc:
+        raise ValueError(f"enable_lora: SGLang refused the LoRA settings: {exc}") from None
+
+
+def lora_kwargs(args: SglangEngineArgs) -> dict[str, Any]:
+    """The ServerArgs LoRA keywords of ``args`` (none without ``enable_lora``: SGLang's
+    defaults).  ``lora_paths`` go as SGLang's ``NAME=PATH`` strings, which its flag and
+    ``ServerArgs`` both take."""
+    if not args.enable_lora:
+        return {}
+    kw: dict[str, Any] = {"enable_lora": True,
+                          "max_loras_per_batch": args.max_loras_per_batch}
+    if args.max_lora_rank is not None:
+        kw["max_lora_rank"] = args.max_lora_rank
+    if args.lora_target_modules is not None:
+        kw["lora_target_modules"] = list(args.lora_target_modules)
+    if args.lora_paths:
+        kw["lora_paths"] = [f"{name}={path}" for name, path in args.lora_paths.items()]
+    return kw
 
 
 def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
@@ -229,6 +300,7 @@ def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
     if role == "prefill":
         kw["disaggregation_bootstrap_port"] = (args.bootstrap_port if bootstrap_port is None
                                                else bootstrap_port)
+    kw.update(lora_kwargs(args))
     if kv_events_endpoint is not None:
         if not kv_events_endpoint.startswith("tcp://127.0.0.1:"):
             raise ValueError(f"KV events must stay on loopback, got {kv_events_endpoint!r}")

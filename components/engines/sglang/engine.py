@@ -49,6 +49,7 @@ from splitserve.contracts.kit.model_dir import weights_dir
 
 from . import kv_relay, process
 from .config import Role, SglangEngineArgs, decode_radix_cache, server_args_kwargs
+from .lora import LoraTable, adapter_path, check_adapter_dir
 from .metrics import LoadTracker
 from .requests import (
     LogprobReader,
@@ -90,7 +91,9 @@ class SchemaNeedsGrammar(ValueError):
 class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, WithoutKvMoves):
     """One SGLang engine; implements ``splitserve.contracts.engine.Engine``.  A prefill
     engine's handoff exists before its prefill runs (``handoff_before_prefill``: the
-    prefill loop calls ``begin_prefill``); a decode engine cannot prefill locally.
+    prefill loop calls ``begin_prefill``); a decode engine cannot prefill locally.  With
+    ``engine_args.enable_lora`` it serves LoRA adapters (``serves_lora``): those of
+    ``lora_paths`` from the start, others loaded at run time.
 
     ``factory`` builds the engine from ServerArgs keywords (tests pass a double).
     """
@@ -111,7 +114,7 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
             capabilities=EngineCapabilities(
                 local_prefill=role != "decode", pushes_kv=False,
                 handoff_before_prefill=role == "prefill", prefix_lookup=False,
-                moves_kv=False, reports_failure=False))
+                moves_kv=False, reports_failure=False, serves_lora=args.enable_lora))
         # Only engines whose radix cache runs publish KV events: a prefill engine's would
         # reach no router, and SGLang turns a decode engine's radix cache off in PD mode
         # unless asked (config.decode_radix_cache).
@@ -125,6 +128,9 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
         self._prefills: set[asyncio.Task] = set()
         self.tracker = LoadTracker(args.page_size)
         self.priority = SglangPriority.of(args.extra_server_args)
+        self._lora = LoraTable({name: adapter_path(path) for name, path
+                                in (args.lora_paths or {}).items()} if args.enable_lora else None)
+        self._lora_lock = asyncio.Lock()
 
     # ---- lifecycle ----------------------------------------------------------------------
     def server_kwargs(self) -> dict[str, Any]:
@@ -201,6 +207,10 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
             raise SchemaNeedsGrammar(
                 "response_format: this SGLang engine runs without its tokenizer, so without "
                 "a grammar backend (engine_args.structured_output: true enables it)")
+        if params.lora is not None and not self.args.enable_lora:
+            raise ValueError(f"lora: this SGLang engine serves no LoRA adapter "
+                             f"(engine_args.enable_lora is off), asked for {params.lora!r}")
+        self._lora.check(params.lora)
 
     def validate(self, params: GenerateParams) -> None:
         """Refuse a request this engine would not honour (called before queueing)."""
@@ -210,28 +220,38 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
                       logprobs: LogprobReader | None = None,
                       first_token_timeout_s: float | None = None) -> AsyncIterator[TokenDelta]:
         self._admit(request_id)
-        finished = False
+        final: TokenDelta | None = None
         try:
-            gen = await self._engine.async_generate(**kw)
-            it = gen.__aiter__()
-            if first_token_timeout_s is not None:
-                try:
-                    first = await asyncio.wait_for(it.__anext__(), first_token_timeout_s)
-                except TimeoutError:
-                    raise RuntimeError(
-                        f"SGLang decode of {request_id!r}: no token {first_token_timeout_s:.0f} "
-                        "s after the handoff (its KV never arrived)") from None
-                it = _prepend(first, it)
-            async for out in it:
-                delta = to_delta(out, logprobs)
-                finished = delta.finished
-                yield delta
-                if finished:
-                    return
+            # the adapter is in use until the last output, not until this stream closes
+            with self._lora.using(kw.get("lora_path")):
+                it = await self._outputs(request_id, kw, first_token_timeout_s)
+                async for out in it:
+                    delta = to_delta(out, logprobs)
+                    if delta.finished:
+                        final = delta
+                        break
+                    yield delta
+            if final is not None:
+                yield final
         finally:
             self._active.discard(request_id)
-            if not finished:
+            if final is None:
                 await self.abort(request_id)
+
+    async def _outputs(self, request_id: str, kw: dict[str, Any],
+                       first_token_timeout_s: float | None) -> AsyncIterator[Any]:
+        """SGLang's output stream for one request; with ``first_token_timeout_s``, its
+        first output must come within that time."""
+        it = (await self._engine.async_generate(**kw)).__aiter__()
+        if first_token_timeout_s is None:
+            return it
+        try:
+            first = await asyncio.wait_for(it.__anext__(), first_token_timeout_s)
+        except TimeoutError:
+            raise RuntimeError(
+                f"SGLang decode of {request_id!r}: no token {first_token_timeout_s:.0f} "
+                "s after the handoff (its KV never arrived)") from None
+        return _prepend(first, it)
 
     def generate(self, request_id: str, params: GenerateParams) -> AsyncIterator[TokenDelta]:
         """Aggregated: the whole request here.  A decode engine refuses (NoLocalPrefill):
@@ -256,6 +276,7 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
                                          bootstrap_port=self.bootstrap_port,
                                          bootstrap_room=new_bootstrap_room())
         self._admit(request_id)
+        self._lora.acquire(params.lora)  # checked above: nothing awaited since
         t0 = time.monotonic()
         try:
             gen = await self._engine.async_generate(**generate_kwargs(
@@ -263,13 +284,16 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
                 priority=self.priority))
         except BaseException:
             self._active.discard(request_id)
+            self._lora.release(params.lora)
             raise
-        task = asyncio.ensure_future(self._finish_prefill(request_id, gen, handoff, t0))
+        task = asyncio.ensure_future(self._finish_prefill(request_id, gen, handoff, t0,
+                                                          params.lora))
         self._prefills.add(task)
         task.add_done_callback(self._prefills.discard)
         return PrefillTicket(handoff, task)
 
-    async def _finish_prefill(self, request_id: str, gen, handoff, t0: float) -> PrefillResult:
+    async def _finish_prefill(self, request_id: str, gen, handoff, t0: float,
+                              lora: str | None = None) -> PrefillResult:
         tokens: list[int] = []
         last = None
         finished = False
@@ -285,6 +309,7 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
                     break
         finally:
             self._active.discard(request_id)
+            self._lora.release(lora)
             if not finished:
                 await self.abort(request_id)
         if not tokens:
@@ -333,6 +358,56 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
                 self._engine.tokenizer_manager.abort_request(rid=request_id, abort_all=False)
             except Exception as exc:  # noqa: BLE001 - finished or unknown: nothing to free
                 log.debug("abort of %s in SGLang failed: %s", request_id, exc)
+
+    # ---- LoRA adapters (capabilities.serves_lora) ---------------------------------------
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load the PEFT adapter directory ``path`` under ``name`` (SGLang's
+        ``async_load_lora_adapter``); SGLang checks it against its adapter memory pool
+        (rank, target modules) and its refusal is raised as ValueError.  The same name
+        and path again is a no-op."""
+        if not self.args.enable_lora:
+            raise ValueError(f"engine_args.enable_lora is off: this SGLang engine cannot "
+                             f"load LoRA adapter {name!r}")
+        if not name:
+            raise ValueError("a LoRA adapter needs a non-empty name")
+        path = adapter_path(path)
+        async with self._lora_lock:
+            loaded = self._lora.path_of(name)
+            if loaded == path:
+                return
+            if loaded is not None:
+                raise ValueError(f"LoRA adapter {name!r} is loaded from {loaded}; unload it "
+                                 f"before loading {path} under that name")
+            if self._engine is None:
+                raise RuntimeError("the SGLang engine is not running")
+            check_adapter_dir(path)
+            result = await self._engine.async_load_lora_adapter(lora_name=name, lora_path=path)
+            if not result.success:
+                raise ValueError(f"LoRA adapter {name!r} at {path}: SGLang refused it: "
+                                 f"{result.error_message}")
+            self._lora.add(name, path)
+
+    async def unload_lora(self, name: str) -> None:
+        """Forget adapter ``name`` and free it in SGLang (``async_unload_lora_adapter``);
+        KeyError when it is not loaded, ValueError while requests that use it are in
+        flight (SGLang itself would wait for them)."""
+        async with self._lora_lock:
+            path = self._lora.remove(name)  # from here no new request can name it
+            if self._engine is None:
+                return
+            try:
+                result = await self._engine.async_unload_lora_adapter(lora_name=name)
+            except BaseException:
+                self._lora.add(name, path)
+                raise
+            if not result.success:
+                self._lora.add(name, path)
+                raise RuntimeError(f"SGLang could not unload LoRA adapter {name!r}: "
+                                   f"{result.error_message}")
+
+    def loras(self) -> dict[str, str]:
+        """The adapters loaded now (those of ``lora_paths`` included): name -> path."""
+        return self._lora.paths()
 
     # ---- sources ------------------------------------------------------------------------
     async def run_kv_events(self, sink: KvEventSink,

@@ -12,6 +12,7 @@ engines' events: the worker's publisher, NATS, the routers' radix trees.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -36,7 +37,8 @@ def convert_batch(raw: bytes, page_size: int) -> list[KvEvent]:
     Each SGLang block is one page of ``page_size`` tokens; ``AllBlocksCleared`` has no
     counterpart in the project's events and is dropped.  Events about other storage
     tiers (``medium`` set to something other than the GPU) are dropped too: the router
-    scores what the GPU holds.
+    scores what the GPU holds.  A stored block's ``lora_name`` (the adapter whose KV it
+    holds) goes on the event, so the router keys its hashes by adapter.
     """
     from sglang.srt.disaggregation.kv_events import BlockRemoved as SBlockRemoved
     from sglang.srt.disaggregation.kv_events import BlockStored as SBlockStored
@@ -54,7 +56,7 @@ def convert_batch(raw: bytes, page_size: int) -> list[KvEvent]:
                 log.warning("skipping a BlockStored of %d tokens for %d blocks of %d "
                             "(page size %d)", len(ev.token_ids), n, bs, page_size)
                 continue
-            events.append(stored_event(ev, bs))
+            events.append(dataclasses.replace(stored_event(ev, bs), lora_name=ev.lora_name))
         elif isinstance(ev, SBlockRemoved):
             events.append(removed_event(ev))
     return events

@@ -131,6 +131,8 @@ def generate_kwargs(request_id: str, p: GenerateParams, *, max_new_tokens: int |
     rank = priority.value(p.priority)
     if rank is not None:
         kw["priority"] = rank
+    if p.lora is not None:
+        kw["lora_path"] = p.lora  # SGLang looks adapters up by name in lora_path
     if handoff is not None:
         kw.update(bootstrap_host=handoff.bootstrap_host,
                   bootstrap_port=handoff.bootstrap_port,

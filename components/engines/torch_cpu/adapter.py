@@ -20,6 +20,11 @@ by the replica that continues it, ``export_parked`` writes the blocks there; tha
 replica's ``resume_moved`` reserves blocks for the request's tokens so far, has them
 written (its ``fetch``), and resumes after the last token the client already has,
 recomputing instead when anything on the way fails.
+
+LoRA adapters (``serves_lora``) are read from their files off the engine thread and
+take a slot on it; a request names its adapter (``GenerateParams.lora``) and carries it
+through every path above, so a prefill computes its KV with it and the decode side
+hashes its blocks under it.
 """
 
 from __future__ import annotations
@@ -79,7 +84,8 @@ def torch_request(request_id: str, params: GenerateParams, **extra):
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias,
         min_tokens=params.min_tokens, logprobs=params.logprobs,
-        prompt_logprobs=params.prompt_logprobs, json_schema=params.json_schema, **extra)
+        prompt_logprobs=params.prompt_logprobs, json_schema=params.json_schema,
+        lora=params.lora, **extra)
 
 
 def output_logprobs(out) -> tuple[TokenLogprobs | None, TokenLogprobs | None]:
@@ -100,8 +106,9 @@ def output_logprobs(out) -> tuple[TokenLogprobs | None, TokenLogprobs | None]:
 class TorchEngine(WithoutFailureReport, WithoutHandoffFirst):
     """An engine core on its runner thread; implements ``Engine``: its prefill side
     pushes KV (``pushes_kv``: the decode side reserves blocks, the prefill side writes
-    into them with its KV transfer agent), its prefix cache answers the decider, and
-    with an agent it moves KV live (``moves_kv``).  It cannot tell it died on its own
+    into them with its KV transfer agent), its prefix cache answers the decider, with
+    an agent it moves KV live (``moves_kv``), and it serves LoRA adapters
+    (``serves_lora``).  It cannot tell it died on its own
     (the runner thread's death ends the replica through its host) and its handoff is
     the prefill's result."""
 
@@ -119,13 +126,16 @@ class TorchEngine(WithoutFailureReport, WithoutHandoffFirst):
                                    local_prefill=True, pushes_kv=True,
                                    handoff_before_prefill=False, prefix_lookup=True,
                                    moves_kv=kv_moves and agent is not None,
-                                   reports_failure=False,
+                                   reports_failure=False, serves_lora=True,
                                    kv_move_timeout_s=arrival_timeout_s))
         self.park_hold_s = park_hold_s
         self._reserved: dict[str, asyncio.Queue] = {}
         self._held: set[asyncio.Task] = set()
         self._parked: dict[str, tuple[object, asyncio.TimerHandle]] = {}
         self._aliases: dict[str, str] = {}  # request id -> engine id of a moved request
+        # The core's loaded adapters (name -> path) as of its last load or unload: what
+        # ``validate`` and ``loras`` read on the event loop without touching the core.
+        self._loras: dict[str, str] = {}
 
     # ---- lifecycle (the torch host loads the model and starts the runner) -------------
     async def start(self) -> None:
@@ -141,8 +151,11 @@ class TorchEngine(WithoutFailureReport, WithoutHandoffFirst):
 
     # ---- requests -----------------------------------------------------------------------
     def validate(self, params: GenerateParams) -> None:
-        """Refuse token ids outside the model's vocabulary before anything is queued."""
+        """Refuse token ids outside the model's vocabulary, and an adapter that is not
+        loaded, before anything is queued."""
         self.core.check_token_ids(params.token_ids)
+        if params.lora is not None and params.lora not in self._loras:
+            raise ValueError(f"adapter {params.lora!r} is not loaded")
 
     def _request(self, request_id: str, params: GenerateParams, **extra):
         return torch_request(request_id, params, **extra)
@@ -182,8 +195,10 @@ class TorchEngine(WithoutFailureReport, WithoutHandoffFirst):
         self.runner.abort(request_id)
 
     # ---- decode side of a remote prefill ----------------------------------------------
-    async def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> int:
-        return await self.runner.call(self.core.cached_prefix_tokens, list(token_ids))
+    async def cached_prefix_tokens(self, token_ids: tuple[int, ...],
+                                   lora: str | None = None) -> int:
+        """Prompt tokens cached for the base model, or for adapter ``lora``."""
+        return await self.runner.call(self.core.cached_prefix_tokens, list(token_ids), lora)
 
     async def reserve_remote(self, request_id: str, params: GenerateParams
                              ) -> TorchBlocksHandoff | None:
@@ -397,6 +412,27 @@ class TorchEngine(WithoutFailureReport, WithoutHandoffFirst):
                     yield d
         finally:
             self._aliases.pop(request_id, None)
+
+    # ---- LoRA adapters (capabilities.serves_lora) ---------------------------------------
+    async def load_lora(self, name: str, path: str) -> None:
+        """Read adapter ``path`` in a worker thread (its files take a while; it reads the
+        core's fixed model shape only), then take a slot for it on the engine thread."""
+        from .lora import same_directory
+
+        if name in self._loras and same_directory(self._loras[name], path):
+            return
+        adapter = await asyncio.to_thread(self.core.read_lora, path)
+        self._loras = await self.runner.call(self.core.add_lora, name, adapter)
+
+    async def unload_lora(self, name: str) -> None:
+        """Free adapter ``name``'s slot (KeyError: not loaded; ValueError: in use)."""
+        if name not in self._loras:
+            raise KeyError(f"adapter {name!r} is not loaded")
+        self._loras = await self.runner.call(self.core.remove_lora, name)
+
+    def loras(self) -> dict[str, str]:
+        """The adapters loaded now: name -> the path each was loaded from."""
+        return dict(self._loras)
 
     # ---- sources ------------------------------------------------------------------------
     async def run_kv_events(self, sink: KvEventSink,

@@ -69,6 +69,14 @@ class EngineConfig(StrictModel):
         "results independent of batch composition.",
     )
 
+    max_loras: int = Field(
+        4, ge=1, description="LoRA adapters loaded at the same time (each a slot); loading "
+        "one more is refused until one is unloaded."
+    )
+    max_lora_rank: int = Field(
+        64, ge=1, description="Highest LoRA rank (r) an adapter may have to be loaded."
+    )
+
     @model_validator(mode="after")
     def _tile_is_whole_blocks(self) -> EngineConfig:
         if self.attention_tile % self.block_size:

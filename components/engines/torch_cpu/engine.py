@@ -5,7 +5,8 @@ No threads, sockets or clocks: the worker process calls ``add_request``,
 stats). Disaggregation hooks: a ``prefill_only`` request keeps its blocks
 after its first token, and a decode engine can reserve blocks for KV that
 another engine writes (``allocate_remote``) and then continue the request
-(``resume_remote``).
+(``resume_remote``).  LoRA adapters are loaded into slots (``add_lora``) and applied to
+the rows of the requests that name them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .attention import decode_mask, prefill_mask
 from .config import EngineConfig, ModelConfig
 from .grammar import JsonGrammars
 from .kv_cache import KVCacheManager
+from .lora import LoraSlots, LoraWeights, read_lora
 from splitserve.contracts.block_events import KvEvent
 from .model import ForwardBatch, LlamaWeights, PrefillSpan, forward
 from .request import (
@@ -64,6 +66,7 @@ class EngineCore:
             model_config.head_dim,
         )
         self.scheduler = Scheduler(config, self.kv)
+        self.loras = LoraSlots(config.max_loras)
         model_len = config.max_model_len or model_config.max_position_embeddings
         # A lone sequence must always fit, so preemption can never starve it.
         self.max_seq_len = min(
@@ -162,10 +165,39 @@ class EngineCore:
                 raise ValueError(f"request {request_id!r}: token id {t!r} at position {i} is "
                                  f"outside the vocabulary [0, {vocab})")
 
+    # ---- LoRA adapters -----------------------------------------------------------------
+    def read_lora(self, path: str) -> LoraWeights:
+        """Read the adapter directory ``path`` for this model within ``max_lora_rank``
+        (ValueError naming what is wrong).  Reads files and this engine's fixed shape
+        only, so it may run off the engine thread, before ``add_lora``."""
+        return read_lora(path, self.model_config, self.config.max_lora_rank)
+
+    def add_lora(self, name: str, adapter: LoraWeights) -> dict[str, str]:
+        """Load ``adapter`` under ``name`` (a no-op when loaded from the same directory
+        already; ValueError when no slot is left); returns the adapters now loaded."""
+        self.loras.add(name, adapter)
+        return self.loras.paths()
+
+    def remove_lora(self, name: str) -> dict[str, str]:
+        """Unload adapter ``name`` and unpublish the prefix blocks computed with it;
+        KeyError when it is not loaded, ValueError while a request (waiting, running,
+        holding or parking KV) uses it.  Returns the adapters still loaded."""
+        if name not in self.loras:
+            raise KeyError(f"adapter {name!r} is not loaded")
+        users = [rid for rid, seq in (*self._seqs.items(), *self._held.items(),
+                                      *self._parked.items()) if seq.request.lora == name]
+        if users:
+            raise ValueError(f"adapter {name!r} is in use by {len(users)} request(s) "
+                             f"({', '.join(sorted(users)[:3])})")
+        self.loras.remove(name)
+        self.kv.forget_lora(name)
+        return self.loras.paths()
+
     # ---- disaggregation ----------------------------------------------------------------
-    def cached_prefix_tokens(self, token_ids) -> int:
-        """Prompt tokens this engine's prefix cache holds now (read-only; for the decider)."""
-        return self.kv.cached_prefix_tokens(token_ids)
+    def cached_prefix_tokens(self, token_ids, lora_name: str | None = None) -> int:
+        """Prompt tokens this engine's prefix cache holds now for adapter ``lora_name``
+        (None: the base model); read-only, for the decider."""
+        return self.kv.cached_prefix_tokens(token_ids, lora_name)
 
     def release_kv(self, request_id: str) -> None:
         """Free the blocks a finished prefill-only request kept (after its KV was sent)."""
@@ -205,7 +237,8 @@ class EngineCore:
         """
         seq = self._new_sequence(req)
         n = len(req.prompt_token_ids)
-        cached = self.kv.open_sequence(req.request_id, req.prompt_token_ids)
+        cached = self.kv.open_sequence(req.request_id, req.prompt_token_ids,
+                                       lora_name=req.lora)
         if not self.kv.allocate(req.request_id, n):
             self.kv.free(req.request_id)
             return None
@@ -255,8 +288,14 @@ class EngineCore:
         if req.temperature > 0:
             gen = torch.Generator()
             gen.manual_seed(req.seed if req.seed is not None else torch.seed())
+        lora = None
+        if req.lora is not None:
+            try:
+                lora = self.loras.get(req.lora)
+            except ValueError as exc:
+                raise ValueError(f"request {req.request_id!r}: {exc}") from None
         stop = frozenset(req.stop_token_ids) | frozenset(self.model_config.eos_token_ids)
-        seq = Sequence(req, next(self._arrivals), stop, gen)
+        seq = Sequence(req, next(self._arrivals), stop, gen, lora=lora)
         if req.json_schema is not None:
             if self.grammars is None:
                 raise ValueError(f"request {req.request_id!r}: this engine was built "
@@ -388,12 +427,16 @@ class EngineCore:
         logit_rows: list[int] = []
         layout = LogitLayout()
         samplers = layout.samplers
+        lora_rows: dict[LoraWeights, list[int]] = {}  # adapter -> the rows using it
 
         def padded(table: list[int], num_keys: int) -> list[int]:
             nb = -(-num_keys // tile) * (tile // bs)
             return table[:nb] + [0] * (nb - min(nb, len(table)))
 
         def place(seq: Sequence, start: int, end: int) -> list[int]:
+            if seq.lora is not None:
+                rows = lora_rows.setdefault(seq.lora, [])
+                rows.extend(range(len(tokens), len(tokens) + end - start))
             table = self.kv.block_table(seq.request_id)
             tokens.extend(seq.all_token_ids[start:end])
             positions.extend(range(start, end))
@@ -451,6 +494,7 @@ class EngineCore:
             decode_tables=decode_tables,
             decode_masked=decode_mask(torch.tensor(lens, dtype=torch.long), num_keys),
             logit_rows=torch.tensor(logit_rows, dtype=torch.long),
+            loras=[(w, torch.tensor(rows, dtype=torch.long)) for w, rows in lora_rows.items()],
         )
         return batch, layout
 

@@ -38,7 +38,8 @@ def build_core(args, model: str, threads: int, progress):
     loaded = load_model(model, progress=progress)
     cfg = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                        max_running=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens,
-                       max_chunk_tokens=args.max_chunk_tokens)
+                       max_chunk_tokens=args.max_chunk_tokens, max_loras=args.max_loras,
+                       max_lora_rank=args.max_lora_rank)
     grammars = JsonGrammars(loaded.tokenizer, loaded.config.vocab_size)
     return EngineCore(loaded.weights, loaded.config, cfg, grammars=grammars)
 

@@ -8,6 +8,10 @@ once and move whole blocks between processes by block id.
 Blocks whose reference count drops to zero keep their contents and their hash;
 they are reused as cache hits until a fresh block is needed, at which point the
 least recently released one is evicted (``BlockRemoved``).
+
+KV computed with a LoRA adapter is not the base model's: a sequence's hashes are seeded
+with its adapter's name (``hash_block``'s ``lora_name``), so a prefix is only reused by
+requests of the same adapter, and its ``BlockStored`` events say which adapter it is.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent
 
 @dataclass
 class _SeqBlocks:
+    lora_name: str | None = None  # the adapter its KV is computed with
     blocks: list[int] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)  # hashes of the leading full blocks
 
@@ -54,6 +59,7 @@ class KVCacheManager:
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}  # block hash -> block id
+        self._adapter: dict[int, str] = {}  # hashed block id -> its adapter (if any)
         # Blocks with ref 0, in eviction order (first = evicted first).
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self._seqs: dict[str, _SeqBlocks] = {}
@@ -93,8 +99,10 @@ class KVCacheManager:
         return events
 
     # ---- sequence lifecycle ---------------------------------------------------------
-    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
-        """How many leading tokens of ``token_ids`` are cached now, without taking blocks.
+    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_name: str | None = None
+                             ) -> int:
+        """How many leading tokens of ``token_ids`` are cached now for adapter
+        ``lora_name`` (None: the base model), without taking blocks.
 
         Called by a decode worker's offload decider before it decides where to prefill;
         counts the same blocks ``open_sequence`` would reuse.
@@ -103,14 +111,16 @@ class KVCacheManager:
         parent: int | None = None
         n = 0
         for i in range((len(token_ids) - 1) // bs):
-            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
+            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs], lora_name)
             if h not in self._cached:
                 break
             parent, n = h, n + 1
         return n * bs
 
-    def open_sequence(self, seq_id: str, token_ids: Sequence[int], reuse: bool = True) -> int:
-        """Start tracking ``seq_id`` and reuse the longest cached prefix of ``token_ids``.
+    def open_sequence(self, seq_id: str, token_ids: Sequence[int], reuse: bool = True,
+                      lora_name: str | None = None) -> int:
+        """Start tracking ``seq_id`` and reuse the longest cached prefix of ``token_ids``
+        computed with adapter ``lora_name`` (None: the base model).
 
         Called when a request is admitted (or re-admitted after preemption).
         Returns the number of leading tokens whose KV is already in the cache.
@@ -120,12 +130,12 @@ class KVCacheManager:
         """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} is already open")
-        seq = _SeqBlocks()
+        seq = _SeqBlocks(lora_name)
         bs = self.block_size
         max_blocks = (len(token_ids) - 1) // bs if reuse else 0
         parent: int | None = None
         for i in range(max_blocks):
-            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
+            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs], lora_name)
             block = self._cached.get(h)
             if block is None:
                 break
@@ -167,12 +177,14 @@ class KVCacheManager:
         while (len(seq.hashes) + 1) * bs <= num_computed:
             i = len(seq.hashes)
             parent = seq.hashes[-1] if seq.hashes else None
-            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
+            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs], seq.lora_name)
             seq.hashes.append(h)
             block = seq.blocks[i]
             if self._hash[block] is None and h not in self._cached:
                 self._hash[block] = h
                 self._cached[h] = block
+                if seq.lora_name is not None:
+                    self._adapter[block] = seq.lora_name
                 if not run:
                     run_parent = parent
                 run.append(i)
@@ -197,6 +209,27 @@ class KVCacheManager:
                     # Nothing reusable inside: hand it out before any cached block.
                     self._free.move_to_end(block, last=False)
 
+    def forget_lora(self, lora_name: str) -> None:
+        """Unpublish every cached block computed with adapter ``lora_name``.
+
+        Called when the adapter is unloaded: a later adapter loaded under the same name
+        must not be credited with this one's KV.  The blocks keep their place in the
+        pool but are handed out before any cached block (``BlockRemoved`` for them).
+        """
+        gone = [b for b, name in self._adapter.items() if name == lora_name]
+        if not gone:
+            return
+        hashes = []
+        for block in gone:
+            del self._adapter[block]
+            h = self._hash[block]
+            self._hash[block] = None
+            del self._cached[h]
+            hashes.append(h)
+            if self._ref[block] == 0:
+                self._free.move_to_end(block, last=False)
+        self._events.append(BlockRemoved(block_hashes=tuple(hashes)))
+
     # ---- internals --------------------------------------------------------------
     def _take(self, block: int) -> None:
         if self._ref[block] == 0:
@@ -209,6 +242,7 @@ class KVCacheManager:
         if old is not None:
             self._hash[block] = None
             del self._cached[old]
+            self._adapter.pop(block, None)
             self._events.append(BlockRemoved(block_hashes=(old,)))
         self._ref[block] = 1
         return block
@@ -226,5 +260,6 @@ class KVCacheManager:
                 parent_hash=parent,
                 token_ids=tuple(tokens),
                 num_block_tokens=(bs,) * len(run),
+                lora_name=seq.lora_name,
             )
         )

@@ -7,19 +7,20 @@ queries and keys before RoPE (Qwen3), an explicit head dimension, tied embedding
 One call computes a whole engine step: prefill chunks of some sequences and one
 decode token of others, packed as rows of one ``[R, hidden]`` activation so the
 linear layers run once for everybody. Only attention looks at sequence
-boundaries.
+boundaries, and LoRA adapters at the rows of the requests that use them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from .attention import decode_attention, prefill_attention, prefill_mask
 from .config import ModelConfig
+from .lora import LoraRows, LoraWeights, add_lora
 from .ops import Linear, apply_rope, rms_norm, rope_tables
 
 
@@ -127,6 +128,7 @@ class ForwardBatch:
     decode_tables: torch.Tensor  # [B, nb] long, padded to whole attention tiles
     decode_masked: torch.Tensor  # [B, nb * bs] bool, see attention.decode_mask
     logit_rows: torch.Tensor  # [S] long: rows whose next-token logits are needed
+    loras: LoraRows = field(default_factory=list)  # adapters and the rows using each
 
 
 def forward(
@@ -144,7 +146,7 @@ def forward(
     d0 = batch.decode_start
     for li, layer in enumerate(w.layers):
         h = rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)
-        qkv = layer.qkv(h)  # [R, (H + 2 * KVH) * D]
+        qkv = add_lora(layer.qkv(h), h, li, "qkv", batch.loras)  # [R, (H + 2 * KVH) * D]
         q = qkv[:, : heads * dim].reshape(rows, heads, dim)  # [R, H, D]
         k = qkv[:, heads * dim : (heads + kvh) * dim].reshape(rows, kvh, dim)  # [R, KVH, D]
         if layer.q_norm is not None:
@@ -171,19 +173,22 @@ def forward(
             attn[d0:] = decode_attention(
                 q[d0:], k_cache, v_cache, batch.decode_tables, batch.decode_masked, tile
             )
-        x = x + layer.o(attn)
+        x = x + add_lora(layer.o(attn), attn, li, "o", batch.loras)
         h = rms_norm(x, layer.mlp_norm, cfg.rms_norm_eps)
-        gu = layer.gate_up(h)  # [R, 2 * intermediate]
+        gu = add_lora(layer.gate_up(h), h, li, "gate_up", batch.loras)  # [R, 2 * inter]
         inter = cfg.intermediate_size
-        x = x + layer.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+        act = F.silu(gu[:, :inter]) * gu[:, inter:]  # [R, intermediate]
+        x = x + add_lora(layer.down(act), act, li, "down", batch.loras)
     last = rms_norm(x[batch.logit_rows], w.final_norm, cfg.rms_norm_eps)  # [S, hidden]
     return w.lm_head(last)  # [S, vocab]
 
 
 def score_prompt(
-    w: LlamaWeights, cfg: ModelConfig, token_ids: list[int], block_size: int = 16, tile: int = 128
+    w: LlamaWeights, cfg: ModelConfig, token_ids: list[int], block_size: int = 16, tile: int = 128,
+    lora: LoraWeights | None = None,
 ) -> torch.Tensor:
-    """Logits [n, vocab] at every position of one prompt, using a scratch KV pool.
+    """Logits [n, vocab] at every position of one prompt, using a scratch KV pool;
+    ``lora``: the adapter to apply (None: the base model).
 
     Not on the serving path: used to check the forward pass against a reference
     and to score text offline.
@@ -204,6 +209,7 @@ def score_prompt(
         decode_tables=torch.zeros(0, nb, dtype=torch.long),
         decode_masked=torch.zeros(0, nb * block_size, dtype=torch.bool),
         logit_rows=pos,
+        loras=[] if lora is None else [(lora, pos)],
     )
     with torch.inference_mode():
         return forward(w, cfg, pool, batch, tile)

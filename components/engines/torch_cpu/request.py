@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from .lora import LoraWeights
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -35,6 +38,7 @@ class Request:
     logprobs: int | None = None  # sampled tokens' logprobs + this many alternatives each
     prompt_logprobs: int | None = None  # prompt tokens' logprobs (disables prefix reuse)
     json_schema: str | None = None  # structured output: JSON valid against this schema
+    lora: str | None = None  # the loaded LoRA adapter to apply, by name (None: base model)
 
     @property
     def neutral_logits(self) -> bool:
@@ -170,6 +174,7 @@ class Sequence:
     prompt_top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
     matcher: Any = None  # the JSON grammar's state (requests with json_schema)
+    lora: LoraWeights | None = None  # the adapter named by request.lora, taken at admission
 
     @property
     def request_id(self) -> str:

@@ -122,7 +122,8 @@ class Scheduler:
                 break  # it just gave its blocks up; taking them back would thrash
             tokens = seq.all_token_ids
             cached = self.kv.open_sequence(seq.request_id, tokens,
-                                           reuse=not seq.needs_prompt_logits)
+                                           reuse=not seq.needs_prompt_logits,
+                                           lora_name=seq.request.lora)
             end = cached + min(len(tokens) - cached, budget, self.chunk_tokens)
             if not self.kv.allocate(seq.request_id, end):
                 self.kv.free(seq.request_id)

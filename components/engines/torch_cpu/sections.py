@@ -37,6 +37,11 @@ class TorchEngineArgs(StrictModel):
                                          "max_prefill_tokens); smaller leaves room in each "
                                          "step for other prompts and keeps running decodes "
                                          "moving.")
+    max_loras: int = Field(4, ge=1, description="LoRA adapters loaded at the same time "
+                           "(load_lora); one more is refused until one is unloaded. Only "
+                           "the rows of requests using an adapter pay for it.")
+    max_lora_rank: int = Field(64, ge=1, description="Highest LoRA rank (r) an adapter may "
+                               "have to be loaded; a higher one is refused by name.")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: "
                                 "OMP_NUM_THREADS when set, else the usable cores divided "
                                 "among this component's replicas.")

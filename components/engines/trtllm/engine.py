@@ -43,6 +43,7 @@ from splitserve.contracts.engine import (
     WithoutHandoffFirst,
     WithoutKvMoves,
     WithoutKvPush,
+    WithoutLora,
     WithoutPrefixLookup,
 )
 from splitserve.contracts.wire import FinishReason
@@ -113,9 +114,18 @@ class NotServedHere(ValueError):
     """A request asked for something this TensorRT-LLM engine cannot give it."""
 
 
-class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, WithoutKvMoves):
+class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, WithoutKvMoves,
+                   WithoutLora):
     """One TensorRT-LLM engine; implements ``splitserve.contracts.engine.Engine``, and
-    tells when its executor died (``reports_failure``)."""
+    tells when its executor died (``reports_failure``).
+
+    No LoRA (``WithoutLora``): TensorRT-LLM's LLM API has no call that loads or unloads
+    an adapter.  A request names one (``generate_async(lora_request=LoRARequest(name,
+    id, path))``) and its PEFT cache loads it on that first use and evicts it when full,
+    so ``load_lora`` could neither refuse a bad adapter (the first request naming it
+    would fail instead) nor ``unload_lora`` free one; and Dynamo's TensorRT-LLM worker,
+    which these calls follow, sends no ``lora_request`` to check the shapes against.
+    """
 
     info: EngineInfo
 
@@ -174,9 +184,13 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
 
     # ---- requests -----------------------------------------------------------------------
     def validate(self, params: GenerateParams) -> None:
-        """Refuse a request this engine would not honour (called before queueing):
-        prompt log-probabilities are not asked of TensorRT-LLM, and a JSON schema needs
-        the LLM built with a guided-decoding backend."""
+        """Refuse a request this engine would not honour (called before queueing): an
+        adapter (no LoRA here: the base model must not answer in its place), prompt
+        log-probabilities are not asked of TensorRT-LLM, and a JSON schema needs the LLM
+        built with a guided-decoding backend."""
+        if params.lora is not None:
+            raise NotServedHere(f"lora: the TensorRT-LLM engine serves no LoRA adapter here, "
+                                f"asked for {params.lora!r}")
         if params.prompt_logprobs is not None:
             raise NotServedHere("echo with logprobs: the TensorRT-LLM engine does not "
                                 "return prompt log-probabilities here")

@@ -4,7 +4,8 @@
 ``stored`` carries ``parent_hash`` and ``blocks`` (``block_hash`` and ``tokens``, each
 ``{"token_id": ...}``); ``removed`` carries ``block_hashes``.  A stored block shorter
 than the block size is partial: it is not announced, and the rest of that event is
-dropped (Dynamo's publisher does the same; a later event stores the full block).
+dropped (Dynamo's publisher does the same; a later event stores the full block).  A
+``stored`` event's ``lora_name``, read by Dynamo's publisher too, goes on the event.
 ``LLM.get_stats_async`` yields iteration stats with ``numActiveRequests``,
 ``numQueuedRequests`` and ``kvCacheStats`` (``usedNumBlocks``, ``maxNumBlocks``).
 """
@@ -36,7 +37,8 @@ def convert_event(event: dict[str, Any], block_size: int) -> list[KvEvent]:
         parent = data.get("parent_hash")
         return [BlockStored(block_hashes=tuple(hashes),
                             parent_hash=None if parent is None else block_hash(int(parent)),
-                            token_ids=tuple(tokens), num_block_tokens=(block_size,) * len(hashes))]
+                            token_ids=tuple(tokens), num_block_tokens=(block_size,) * len(hashes),
+                            lora_name=data.get("lora_name"))]
     if kind == "removed":
         hashes = [block_hash(int(h)) for h in data.get("block_hashes") or () if h is not None]
         return [BlockRemoved(tuple(hashes))] if hashes else []

@@ -12,7 +12,7 @@ import dataclasses
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from splitserve.contracts.model_files import checked_model
 from splitserve.contracts.models import StrictModel
@@ -30,7 +30,11 @@ REPICK_SIDE_CHANNEL_PORT = "splitserve_repick_side_channel_port"
 MAPPED = frozenset({"model", "tokenizer", "served_model_name", "dtype", "max_model_len",
                     "block_size", "max_num_seqs", "max_num_batched_tokens",
                     "enable_prefix_caching", "enforce_eager", "seed", "kv_events_config",
-                    "kv_transfer_config", "disable_log_stats"})
+                    "kv_transfer_config", "disable_log_stats", "enable_lora", "max_loras",
+                    "max_lora_rank", "max_cpu_loras"})
+
+# The LoRA fields, as vLLM's ``LoRAConfig`` names them (checked there when LoRA is on).
+LORA_FIELDS = ("max_loras", "max_lora_rank", "max_cpu_loras")
 
 
 @cache
@@ -73,6 +77,20 @@ class VllmEngineArgs(StrictModel):
         "reserves a second core, and on 2 cores its own choice put both compute threads "
         "on one core (30x slower). With a KV connector on CPU the project's connector also "
         "keeps the model thread on these cores (vLLM's NIXL worker moves it).")
+    enable_lora: bool = Field(False, description="Serve LoRA adapters loaded at run time "
+                              "(load_lora) and named per request; vLLM reserves their "
+                              "slots when it starts.")
+    max_loras: int = Field(1, ge=1, description="With enable_lora: adapters one engine "
+                           "step may mix (vLLM's max_loras); requests of further adapters "
+                           "wait.")
+    max_lora_rank: int = Field(16, description="With enable_lora: the largest adapter rank "
+                               "(one of vLLM's 1, 8, 16, 32, 64, 128, 256, 320, 512); a "
+                               "higher-rank adapter is refused at load_lora.")
+    max_cpu_loras: int | None = Field(None, ge=1, description="With enable_lora: adapters "
+                                      "kept loaded in host memory (>= max_loras; None: "
+                                      "max_loras).  vLLM evicts the least recently used "
+                                      "beyond it and reloads one from its path when a "
+                                      "request names it again.")
     extra_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Further AsyncEngineArgs fields, by name, "
         "passed through unchanged; unknown names are refused.")
@@ -96,9 +114,42 @@ class VllmEngineArgs(StrictModel):
                 raise ValueError(f"{key!r} is not an argument of vLLM's AsyncEngineArgs")
         return v
 
+    @model_validator(mode="after")
+    def _lora_checked_by_vllm(self) -> VllmEngineArgs:
+        """With LoRA on, vLLM's own ``LoRAConfig`` checks the LoRA fields (the ranks it
+        has kernels for, ``max_cpu_loras >= max_loras``), so a bad value fails at config
+        validation rather than at the engine's start; off, vLLM is not imported, and a
+        LoRA field set anyway is refused (it would change nothing)."""
+        if self.enable_lora:
+            check_lora_config(self)
+            return self
+        # A value other than the default, not merely "set": a resolved config handed to a
+        # replica names every field, defaults included.
+        fields = type(self).model_fields
+        unused = [f for f in LORA_FIELDS if getattr(self, f) != fields[f].default]
+        if unused:
+            raise ValueError(f"{unused[0]}: set without enable_lora: true, so vLLM would "
+                             "serve no adapter with it")
+        return self
+
     def kv_events_enabled(self) -> bool:
         """Whether this engine publishes KV events (both switches on)."""
         return self.kv_events and self.enable_prefix_caching
+
+
+def check_lora_config(args: VllmEngineArgs):
+    """Build vLLM's ``LoRAConfig`` from ``args``' LoRA fields; raises ValueError naming
+    the field vLLM refused.  Returns the config."""
+    from pydantic import ValidationError
+    from vllm.config import LoRAConfig
+
+    kw = {name: getattr(args, name) for name in LORA_FIELDS}
+    try:
+        return LoRAConfig(**kw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "max_cpu_loras"
+        raise ValueError(f"{field}: vLLM's LoRAConfig refused {kw}: {err['msg']}") from None
 
 
 class VllmKvTransfer(StrictModel):
@@ -205,6 +256,8 @@ def to_engine_args(args: VllmEngineArgs, model_dir: str, served_name: str,
         "enable_prefix_caching": args.enable_prefix_caching,
         "enforce_eager": args.enforce_eager,
         "disable_log_stats": False,  # the load reports are built from vLLM's stats
+        "enable_lora": args.enable_lora,
+        **{name: getattr(args, name) for name in LORA_FIELDS},
     }
     if args.max_num_batched_tokens is not None:
         kw["max_num_batched_tokens"] = args.max_num_batched_tokens

@@ -36,6 +36,7 @@ from splitserve.contracts.engine import (
 
 from . import kv_relay
 from .config import VllmEngineArgs, VllmKvTransfer, engine_env, to_engine_args
+from .lora import LoraTable, adapter_path, check_adapter_dir
 from .requests import NIXL_PREFILL_PARAMS, generate_kwargs, prompt, sampling_params, to_delta
 
 log = logging.getLogger("splitserve.vllm")
@@ -94,7 +95,8 @@ def stop_budget_s(shutdown_timeout_s: float) -> float:
 
 class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, WithoutKvMoves):
     """One vLLM engine; implements ``splitserve.contracts.engine.Engine``, and tells when
-    its engine process died (``reports_failure``).
+    its engine process died (``reports_failure``); with ``engine_args.enable_lora`` it
+    serves LoRA adapters loaded at run time (``serves_lora``).
 
     ``role`` "prefill" or "decode" (with ``kv_transfer``) makes it one half of a
     disaggregated pair over vLLM's NixlConnector; a decode engine also prefills locally
@@ -120,7 +122,8 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
                                capabilities=EngineCapabilities(
                                    local_prefill=True, pushes_kv=False,
                                    handoff_before_prefill=False, prefix_lookup=False,
-                                   moves_kv=False, reports_failure=True))
+                                   moves_kv=False, reports_failure=True,
+                                   serves_lora=args.enable_lora))
         self.kv_endpoint = (f"tcp://127.0.0.1:{kv_relay.free_loopback_port()}"
                             if args.kv_events_enabled() else None)
         self._stats = _Stats()
@@ -128,6 +131,8 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
         self._active: set[str] = set()
         self._accepting = True
         self.kv_total_blocks = 0
+        self._lora = LoraTable()
+        self._lora_lock = asyncio.Lock()
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -179,7 +184,12 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
 
     # ---- requests -----------------------------------------------------------------------
     def validate(self, params: GenerateParams) -> None:
-        """Nothing is checked before queueing: vLLM refuses what it cannot serve itself."""
+        """Refuse a request naming a LoRA adapter this engine has not loaded; the rest
+        vLLM refuses itself."""
+        if params.lora is not None and not self.args.enable_lora:
+            raise ValueError(f"lora: this vLLM engine serves no LoRA adapter "
+                             f"(engine_args.enable_lora is off), asked for {params.lora!r}")
+        self._lora.check(params.lora)
 
     async def _stream(self, request_id: str, params: GenerateParams,
                       sp) -> AsyncIterator[TokenDelta]:
@@ -188,18 +198,24 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
         if request_id in self._active:
             raise ValueError(f"request id {request_id!r} is already running")
         self._active.add(request_id)
-        finished = False
+        final: TokenDelta | None = None
         try:
-            async for out in self._engine.generate(prompt(params), sp,
-                                                   **generate_kwargs(request_id, params)):
-                delta = to_delta(out, params.logprobs or 0, params.prompt_logprobs or 0)
-                finished = delta.finished
-                yield delta
-                if finished:
-                    return
+            # The adapter counts as in use until vLLM's stream ends, which is right after
+            # its finished output: a consumer that stops at the last delta without closing
+            # this stream does not hold the adapter.
+            with self._lora.using(params.lora) as lora:
+                async for out in self._engine.generate(
+                        prompt(params), sp, **generate_kwargs(request_id, params, lora)):
+                    delta = to_delta(out, params.logprobs or 0, params.prompt_logprobs or 0)
+                    if delta.finished:
+                        final = delta
+                    else:
+                        yield delta
+            if final is not None:
+                yield final
         finally:
             self._active.discard(request_id)
-            if not finished and self._engine is not None:
+            if final is None and self._engine is not None:
                 # vLLM aborts on its own when its generator is closed; this covers a
                 # consumer that stopped early without closing us promptly.
                 try:
@@ -222,11 +238,12 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
         tokens: list[int] = []
         cached = 0
         last = None
-        async for out in self._engine.generate(prompt(params), sp,
-                                               **generate_kwargs(request_id, params)):
-            last = out
-            tokens += list(out.outputs[0].token_ids) if out.outputs else []
-            cached = to_delta(out).cached_tokens
+        with self._lora.using(params.lora) as lora:
+            async for out in self._engine.generate(prompt(params), sp,
+                                                   **generate_kwargs(request_id, params, lora)):
+                last = out
+                tokens += list(out.outputs[0].token_ids) if out.outputs else []
+                cached = to_delta(out).cached_tokens
         params_out = getattr(last, "kv_transfer_params", None) if last is not None else None
         if not tokens or params_out is None:
             raise RuntimeError(f"vLLM prefill of {request_id!r} returned no "
@@ -251,6 +268,66 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
         """Abort one request (unknown ids are ignored by vLLM)."""
         if self._engine is not None:
             await self._engine.abort(request_id)
+
+    # ---- LoRA adapters (capabilities.serves_lora) ---------------------------------------
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load the PEFT adapter directory ``path`` under ``name`` (vLLM's ``add_lora``):
+        checked here with vLLM's own ``PEFTHelper`` first (files, rank), then in the
+        engine process (the modules it targets).  Never full: beyond ``max_cpu_loras``
+        vLLM evicts the least recently used adapter and reloads it from its path when a
+        request names it again.  The same name and path again is a no-op."""
+        if not self.args.enable_lora:
+            raise ValueError(f"engine_args.enable_lora is off: this vLLM engine cannot load "
+                             f"LoRA adapter {name!r}")
+        if not name:
+            raise ValueError("a LoRA adapter needs a non-empty name")
+        path = adapter_path(path)
+        async with self._lora_lock:
+            loaded = self._lora.path_of(name)
+            if loaded == path:
+                return
+            if loaded is not None:
+                raise ValueError(f"LoRA adapter {name!r} is loaded from {loaded}; unload it "
+                                 f"before loading {path} under that name")
+            if self._engine is None:
+                raise RuntimeError("the vLLM engine is not running")
+            await asyncio.to_thread(check_adapter_dir, path,
+                                    self._engine.vllm_config.lora_config)
+            await self._add_lora(name, path)
+            self._lora.add(name, path)
+
+    async def _add_lora(self, name: str, path: str) -> None:
+        """vLLM's ``add_lora``; what its engine process refuses comes back as a plain
+        ``Exception`` with vLLM's message, raised here as ValueError naming the adapter
+        (a dead engine's error is raised as is)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            added = await self._engine.add_lora(self._lora.build(name, path))
+        except EngineDeadError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - vLLM's utility failures are plain Exceptions
+            raise ValueError(f"LoRA adapter {name!r} at {path}: {exc}") from None
+        if not added:
+            raise RuntimeError(f"vLLM did not add LoRA adapter {name!r} "
+                               f"(id {self._lora.id_of(name)} already registered)")
+
+    async def unload_lora(self, name: str) -> None:
+        """Forget adapter ``name`` and free it in vLLM (``remove_lora``); KeyError when it
+        is not loaded, ValueError while requests that use it are in flight."""
+        async with self._lora_lock:
+            path = self._lora.remove(name)  # from here no new request can name it
+            if self._engine is None:
+                return
+            try:
+                await self._engine.remove_lora(self._lora.id_of(name))
+            except BaseException:
+                self._lora.add(name, path)
+                raise
+
+    def loras(self) -> dict[str, str]:
+        """The adapters loaded now: name -> the directory each was loaded from."""
+        return self._lora.paths()
 
     # ---- sources ------------------------------------------------------------------------
     async def run_kv_events(self, sink: KvEventSink,

@@ -9,6 +9,7 @@ hands them to the publisher that feeds the routers' radix trees.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -32,7 +33,9 @@ def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
     """Decode one msgpack ``KVEventBatch`` into BlockStored / BlockRemoved events.
 
     ``AllBlocksCleared`` has no counterpart in the project's events and is dropped (the
-    blocks age out of the router's tree through removal events instead).
+    blocks age out of the router's tree through removal events instead).  A stored
+    block's ``lora_name`` (the adapter its KV was computed with; vLLM's ``lora_id`` is
+    deprecated) goes on the event, so the router keys its hashes by adapter.
     """
     from vllm.distributed.kv_events import BlockRemoved as VBlockRemoved
     from vllm.distributed.kv_events import BlockStored as VBlockStored
@@ -48,7 +51,7 @@ def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
                 log.warning("skipping a BlockStored of %d tokens for %d blocks of %d",
                             len(ev.token_ids), n, bs)
                 continue
-            events.append(stored_event(ev, bs))
+            events.append(dataclasses.replace(stored_event(ev, bs), lora_name=ev.lora_name))
         elif isinstance(ev, VBlockRemoved):
             events.append(removed_event(ev))
     return events

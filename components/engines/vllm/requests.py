@@ -63,14 +63,20 @@ def prompt(p: GenerateParams) -> dict[str, Any]:
     return {"prompt_token_ids": list(p.token_ids)}
 
 
-def generate_kwargs(request_id: str, p: GenerateParams) -> dict[str, Any]:
+def generate_kwargs(request_id: str, p: GenerateParams,
+                    lora_request: Any = None) -> dict[str, Any]:
     """``AsyncLLM.generate``'s keyword arguments besides the prompt and sampling params.
 
     ``priority``: vLLM's scheduler, run with ``--scheduling-policy priority``
     (``engine_args.extra_engine_args: {scheduling_policy: priority}``), serves lower
     values first, ties by arrival, as the request's level counts (0 = the most important
-    class): it goes in as is.  Under vLLM's default ``fcfs`` policy it is ignored."""
-    return {"request_id": request_id, "priority": p.priority}
+    class): it goes in as is.  Under vLLM's default ``fcfs`` policy it is ignored.
+    ``lora_request``: the ``LoRARequest`` of the adapter ``p.lora`` names (the engine's
+    ``LoraTable`` builds it); none for the base model."""
+    kw: dict[str, Any] = {"request_id": request_id, "priority": p.priority}
+    if lora_request is not None:
+        kw["lora_request"] = lora_request
+    return kw
 
 
 def _position(entry, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:

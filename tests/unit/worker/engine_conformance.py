@@ -17,6 +17,7 @@ ABILITY_MEMBERS: dict[str, tuple[str, ...]] = {
     "handoff_before_prefill": ("begin_prefill",),
     "pushes_kv": ("reserve_remote", "release_remote"),
     "moves_kv": ("park", "parked", "export_parked", "resume_moved"),
+    "serves_lora": ("load_lora", "unload_lora", "loras"),
 }
 """Capability flag -> the protocol members it gates."""
 

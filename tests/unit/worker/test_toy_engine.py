@@ -93,12 +93,13 @@ TOY_FOLDER = {
             WithoutHandoffFirst,
             WithoutKvMoves,
             WithoutKvPush,
+            WithoutLora,
             WithoutPrefixLookup,
         )
 
 
         class ToyEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutHandoffFirst,
-                        WithoutKvPush, WithoutKvMoves):
+                        WithoutKvPush, WithoutKvMoves, WithoutLora):
             info: EngineInfo
 
             def __init__(self, vocab_size: int, *, claims_moves: bool = False) -> None:
