@@ -10,12 +10,14 @@ so one YAML shape fits all.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from splitserve.contracts.prefill_queue import PrefillQueueConfig
 from splitserve.contracts.config import ComponentConfig
+from splitserve.contracts.kit.loras import ADAPTER_CONFIG, lora_name_problem
 from splitserve.contracts.models import StrictModel
 
 
@@ -45,6 +47,30 @@ class WorkerCommon(ComponentConfig, Draining):
 
     load_report_interval_s: float = Field(0.2, gt=0, description="How often the worker "
                                           "publishes its load (active, waiting, KV usage).")
+    loras: dict[str, str] = Field(
+        default_factory=dict, description="LoRA adapters served from the start: name -> "
+        "PEFT adapter directory (with adapter_config.json).  Each replica writes them to "
+        "etcd and loads them like adapters loaded at run time (docs/lora.md); clients "
+        "send the name as the OpenAI `model`.  Needs an engine that serves LoRA; "
+        "`dynamo lora unload` refuses them (remove them here instead).")
+
+    @field_validator("loras")
+    @classmethod
+    def _adapter_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [p for p in map(lora_name_problem, v) if p]
+        if bad:
+            raise ValueError("; ".join(bad))
+        return v
+
+    def preflight(self) -> list[str]:
+        """The static adapters' directories exist and hold an adapter_config.json (a
+        typo fails the plan, not every replica's load)."""
+        out = []
+        for name, path in self.loras.items():
+            if not (Path(path) / ADAPTER_CONFIG).is_file():
+                out.append(f"loras.{name}: {path!r} is not a LoRA adapter directory "
+                           f"(no {ADAPTER_CONFIG})")
+        return [*super().preflight(), *out]
 
 
 class DecodeTimings(StrictModel):
@@ -89,3 +115,11 @@ class EnginePrefillSection(WorkerCommon, PrefillTimings):
     """Common fields of a prefill worker (which runs the prefill loop)."""
 
     prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)
+
+    @model_validator(mode="after")
+    def _no_adapters(self) -> EnginePrefillSection:
+        if self.loras:
+            raise ValueError("loras: a prefill worker loads no adapter (a request for an "
+                             "adapter is prefilled by its decode worker); list them under "
+                             "DecodeWorker.loras")
+        return self

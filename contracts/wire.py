@@ -128,6 +128,9 @@ class RequestMeta(BaseModel):
     kv_source: KvSource | None = None
     """Set by the frontend when the request continues after a drain whose replica kept
     its KV: the worker reads the KV from there instead of recomputing it."""
+    lora: str | None = None
+    """The LoRA adapter the request is served with (``worker_request``'s ``lora``);
+    None: the base model."""
 
 
 class WorkerRequest(BaseModel):
@@ -152,12 +155,14 @@ def worker_request(*, model: str, token_ids: list[int], max_tokens: int,
                    temperature: float | None, top_p: float | None, seed: int | None,
                    eos_token_ids: list[int], request_id: str, priority: str,
                    sampling: dict[str, Any] | None = None, min_tokens: int | None = None,
-                   output: dict[str, Any] | None = None) -> dict[str, Any]:
+                   output: dict[str, Any] | None = None,
+                   lora: str | None = None) -> dict[str, Any]:
     """Build the dict sent to a worker (plain dict: it goes straight onto the wire).
 
     ``sampling`` holds further SamplingOptions fields and ``output`` OutputOptions
     fields; both are left off the wire when empty, so engines that predate them see the
-    request they always saw."""
+    request they always saw.  ``lora``: the adapter to apply (the name the worker loaded
+    it under), carried as ``extra_args.splitserve.lora`` only when set."""
     stop: dict[str, Any] = {"max_tokens": max_tokens}
     if min_tokens:
         stop["min_tokens"] = min_tokens
@@ -174,6 +179,8 @@ def worker_request(*, model: str, token_ids: list[int], max_tokens: int,
     }
     if output:
         req["output_options"] = output
+    if lora is not None:
+        req["extra_args"]["splitserve"]["lora"] = lora
     return req
 
 
@@ -288,6 +295,9 @@ class RouteCall(BaseModel):
     record: bool = True
     failed_workers: list[int] = []
     """Workers this request could not reach (a retry): the router marks them down."""
+    lora: str | None = None
+    """The LoRA adapter the request is served with (None: the base model): its prefix
+    hashes are keyed by it and only workers that report it loaded may take it."""
 
 
 class RouteReply(BaseModel):
@@ -350,6 +360,10 @@ class WorkerLoad(BaseModel):
     kv_used_blocks: int = 0
     kv_total_blocks: int = 0
     draining: bool = False
+    loras: list[str] = Field(default_factory=list)
+    """The LoRA adapters loaded on the worker now (engines that serve them)."""
+    lora_errors: dict[str, str] = Field(default_factory=dict)
+    """Adapters the worker was asked to load and could not: name -> why."""
 
 
 def load_subject(namespace: str, component: str) -> str:

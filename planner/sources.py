@@ -35,7 +35,7 @@ FRONTEND_SERIES = {"requests": F + "requests_total", "prompt_tokens": F + "promp
 def parse_metrics(text: str, **labels: str) -> dict[str, float]:
     """Sum every sample of a Prometheus text exposition by sample name (labels dropped);
     with ``labels``, only the samples that carry them (a frontend serving several
-    models: ``model="qwen3"``)."""
+    models: ``base_model="qwen3"``, which counts that model's adapters too)."""
     samples = prometheus.parse(text)
     if not labels:
         return prometheus.totals(samples)
@@ -134,8 +134,9 @@ class MetricsSource:
                                  if control_token else {})
         self.components = dict(components)
         self.frontend = frontend
-        # A frontend serving several models: only this pool's model's requests count.
-        self.frontend_labels = {"model": model} if model else {}
+        # A frontend serving several models: only the requests this pool's workers serve
+        # count, its model's and its LoRA adapters' (labelled with it as base_model).
+        self.frontend_labels = {"base_model": model} if model else {}
         self.queue_depth = queue_depth
         self.gpu_metric = gpu_metric
         self._owns_client = client is None

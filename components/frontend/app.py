@@ -22,6 +22,7 @@ from starlette.routing import Route
 from .backend import StreamMeta
 from .errors import APIError, overloaded
 from .intake import check_content_type, read_body
+from .lora_api import list_adapters, load_adapter, unload_adapter
 from .pipeline import choice_metas, events, parse_and_prepare
 from .render import Renderer, renderer_for
 from .request import Endpoint
@@ -50,11 +51,13 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
     except APIError as err:
         err = state.outage(err)
         state.metrics.requests.labels(label, "rejected" if err.status == 503 else
-                                      "invalid", str(err.status), "").inc()
+                                      "invalid", str(err.status), "", "").inc()
         return error_response(err)
     metas = choice_metas(p, priority)
-    model = p.req.model  # one the graph serves (parse refused any other)
-    state.metrics.prompt_tokens.labels(model).inc(len(p.token_ids))
+    # One the graph serves (parse refused any other), and the model whose workers serve
+    # it (an adapter's base).
+    model = (p.req.model, p.base_model or p.req.model)
+    state.metrics.prompt_tokens.labels(*model).inc(len(p.token_ids))
     state.inflight += 1
     state.metrics.inflight.inc()
     flow = events(state, p, metas, started)
@@ -70,7 +73,7 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
         state.inflight -= 1
         state.metrics.inflight.dec()
         state.metrics.requests.labels(label, "rejected" if err.status == 503 else
-                                      "error", str(err.status), model).inc()
+                                      "error", str(err.status), *model).inc()
         _account(state, metas, started, model)
         return error_response(err)
     return StreamingResponse(_sse(state, answer, started, label, model, first, flow),
@@ -79,7 +82,7 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
 
 
 async def _collect(state: FrontendState, answer: Renderer, started: float, label: str,
-                   model: str, flow: AsyncIterator[Event]) -> Response:
+                   model: tuple[str, str], flow: AsyncIterator[Event]) -> Response:
     """The non-streamed answer: every choice's events gathered into one body."""
     try:
         async for ev in flow:
@@ -87,7 +90,7 @@ async def _collect(state: FrontendState, answer: Renderer, started: float, label
     except APIError as err:
         err = state.outage(err)
         state.metrics.requests.labels(label, "rejected" if err.status == 503 else "error",
-                                      str(err.status), model).inc()
+                                      str(err.status), *model).inc()
         return error_response(err)
     finally:
         # A client that left cancels this handler: close the choices so a fan-out's
@@ -96,16 +99,17 @@ async def _collect(state: FrontendState, answer: Renderer, started: float, label
         state.inflight -= 1
         state.metrics.inflight.dec()
         _account(state, answer.metas, started, model)
-    state.metrics.requests.labels(label, "ok", "200", model).inc()
+    state.metrics.requests.labels(label, "ok", "200", *model).inc()
     return JSONResponse(answer.body())
 
 
 def _account(state: FrontendState, metas: list[StreamMeta], started: float,
-             model: str) -> None:
+             model: tuple[str, str]) -> None:
+    """``model``: the served name the client sent and its base model (metric labels)."""
     state.metrics.duration.observe(time.monotonic() - started)
     for meta in metas:
-        state.metrics.output_tokens.labels(model).inc(meta.output_tokens)
-        state.metrics.cached_tokens.labels(model).inc(meta.cached_tokens)
+        state.metrics.output_tokens.labels(*model).inc(meta.output_tokens)
+        state.metrics.cached_tokens.labels(*model).inc(meta.cached_tokens)
 
 
 async def _chain(first, rest):
@@ -115,7 +119,7 @@ async def _chain(first, rest):
 
 
 async def _sse(state: FrontendState, answer: Renderer, started: float, label: str,
-               model: str, first_event: Event, flow: AsyncIterator[Event]
+               model: tuple[str, str], first_event: Event, flow: AsyncIterator[Event]
                ) -> AsyncIterator[bytes]:
     """SSE body; the caller already counted the request in flight and read its first event."""
     outcome, status = "ok", "200"
@@ -134,7 +138,7 @@ async def _sse(state: FrontendState, answer: Renderer, started: float, label: st
         await flow.aclose()
         state.inflight -= 1
         state.metrics.inflight.dec()
-        state.metrics.requests.labels(label, outcome, status, model).inc()
+        state.metrics.requests.labels(label, outcome, status, *model).inc()
         _account(state, answer.metas, started, model)
     trailer = answer.trailer()
     if trailer is not None:
@@ -156,11 +160,16 @@ async def responses(request: Request) -> Response:
 async def models(request: Request) -> Response:
     """The served models, each listed only while a request for it would be served now
     (its tokenizer loaded, a worker of its pool registered): a pool that goes away
-    disappears from the list."""
+    disappears from the list.  Then the LoRA adapters a worker has loaded, each under
+    its own name with its base model as ``parent``."""
     state: FrontendState = request.app.state.frontend
     up = state.codec is not None and not state.dependencies_down()
-    data = [{"id": lane.name, "object": "model", "created": 0, "owned_by": "splitserve"}
-            for lane in state.lanes() if up and lane.is_ready()]
+    lanes = [lane for lane in state.lanes() + state.adapter_lanes()
+             if up and lane.is_ready()]
+    # vLLM's fields: a LoRA adapter's parent is its base model (its root too, here: the
+    # adapter's directory is the operator's business, not every client's).
+    data = [{"id": lane.name, "object": "model", "created": 0, "owned_by": "splitserve",
+             "root": lane.base_model, "parent": lane.base or None} for lane in lanes]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -206,6 +215,9 @@ def build_app(state: FrontendState) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/load_lora_adapter", load_adapter, methods=["POST"]),
+        Route("/v1/unload_lora_adapter", unload_adapter, methods=["POST"]),
+        Route("/v1/lora_adapters", list_adapters, methods=["GET"]),
         Route("/health", ready, methods=["GET"]),
         Route("/live", live, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,6 +48,9 @@ from .migration import BackendMetrics, Resumable, WorkerUnreachable, final_chunk
 from .request import WorkerCall
 
 log = logging.getLogger(__name__)
+
+LORA_NOT_LOADED = "lora-not-loaded"
+"""The router's reason for a request whose adapter no worker reports loaded."""
 
 
 @dataclass
@@ -113,6 +116,10 @@ async def stream_from_worker(client, call: WorkerCall, worker_id: int, context,
 class Backend(Protocol):
     def ready(self) -> bool: ...
 
+    def worker_ids(self) -> list[int]:
+        """The workers a request could be sent to now (instance ids)."""
+        ...
+
     def stream(self, call: WorkerCall, meta: StreamMeta, context
                ) -> AsyncIterator[dict]: ...
 
@@ -120,14 +127,17 @@ class Backend(Protocol):
 class DirectBackend:
     """Frontend → Worker without a router: round-robin over the worker instances that are
     not marked down (a failed connection marks one down until it leaves discovery or
-    ``down_ttl_s`` passed)."""
+    ``down_ttl_s`` passed).  A request for a LoRA adapter goes only to the workers that
+    ``adapter_workers(name)`` says have it loaded."""
 
     def __init__(self, worker_client, migration_limit: int = 1, down_ttl_s: float = 30.0,
-                 metrics: BackendMetrics | None = None) -> None:
+                 metrics: BackendMetrics | None = None,
+                 adapter_workers: Callable[[str], set[int]] | None = None) -> None:
         self.client = worker_client
         self.migration_limit = migration_limit
         self.down_ttl_s = down_ttl_s
         self.metrics = metrics or BackendMetrics()
+        self.adapter_workers = adapter_workers or (lambda name: set())
         self.down: dict[int, float] = {}
         self._next = 0
 
@@ -142,12 +152,21 @@ class DirectBackend:
     def ready(self) -> bool:
         return bool(self.candidates())
 
+    def worker_ids(self) -> list[int]:
+        return self.candidates()
+
     async def stream(self, call: WorkerCall, meta: StreamMeta, context
                      ) -> AsyncIterator[dict]:
         attempt = 0
         resume = Resumable(call)
         while True:
             workers = self.candidates()
+            if call.lora is not None:
+                holders = self.adapter_workers(call.lora)
+                workers = [w for w in workers if w in holders]
+                if not workers and not attempt:
+                    raise overloaded(f"no worker has the LoRA adapter '{call.lora}' loaded "
+                                     "now", retry_after_s=2, code="lora_not_loaded")
             if not workers:
                 if attempt:
                     raise upstream_error("the worker failed and no other worker is "
@@ -214,6 +233,10 @@ class RoutedBackend:
         ids = self.router.instance_ids()
         self._next_router += 1
         return ids[self._next_router % len(ids)]
+
+    def worker_ids(self) -> list[int]:
+        """The workers the router's last status would route to."""
+        return list(self.status.workers) if self.status is not None else []
 
     def ready(self) -> bool:
         """True while a request would be served now: the router's recent status names a
@@ -304,8 +327,8 @@ class RoutedBackend:
             reply = await self.place(RouteCall(
                 request_id=meta.request_id, token_ids=list(call.token_ids),
                 priority=meta.priority, user=meta.user, metadata=meta.metadata,
-                max_tokens=resume.left(), failed_workers=failed), meta)
-            self._check_reply(reply, failed)
+                max_tokens=resume.left(), failed_workers=failed, lora=call.lora), meta)
+            self._check_reply(reply, failed, call.lora)
             self._note_reply(reply, meta)
             placed_call = call.placed(reply, resume.left())
             try:
@@ -328,7 +351,8 @@ class RoutedBackend:
                 call = moved
                 failed.append(reply.worker_id)
 
-    def _check_reply(self, reply: RouteReply, failed: list[int]) -> None:
+    def _check_reply(self, reply: RouteReply, failed: list[int],
+                     lora: str | None = None) -> None:
         """Raise the HTTP error for a rejection or for no worker at all."""
         if reply.retry_after_s is not None:
             est = (reply.qos or {}).get("est_ttft_ms")
@@ -336,6 +360,9 @@ class RoutedBackend:
             raise overloaded(f"request rejected early for priority class "
                              f"'{reply.class_name}': {reply.reason}{detail}; retry later",
                              retry_after_s=reply.retry_after_s, code=reply.reason)
+        if reply.worker_id is None and reply.reason == LORA_NOT_LOADED:
+            raise overloaded(f"no worker has the LoRA adapter '{lora}' loaded now",
+                             retry_after_s=2, code="lora_not_loaded")
         if reply.worker_id is None:
             what = "no other worker can take the request after worker " + \
                 ", ".join(f"{w:x}" for w in failed) + " failed" if failed else \

@@ -81,8 +81,9 @@ def _any(v: Any) -> bool:
 CAPABILITIES: tuple[Capability, ...] = (
     Capability("model", BOTH, _any, FRONTEND, "a served model name of the graph: "
                "Common.served_model_name or a Models pool's, each served by its own "
-               "workers (another name: 404 model_not_found); LoRA adapter names are not "
-               "served yet"),
+               "workers, or a LoRA adapter's name once a worker has it loaded, served on "
+               "its base model's workers (docs/lora.md; engines that serve LoRA only; "
+               "another name: 404 model_not_found)"),
     Capability("n", BOTH, _is(1), FRONTEND, "the frontend fans out n requests; the others "
                "start after the first one's first token and reuse its cached prompt"),
     Capability("stop", BOTH, _is_none, FRONTEND, "matched on the detokenised text"),

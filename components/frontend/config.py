@@ -84,6 +84,10 @@ class FrontendConfig(ComponentConfig):
         "of vLLM's reasoning parser names (`deepseek_r1`, `qwen3`, `glm45`, `kimi_k2`, "
         "`mistral`, `openai_gptoss`, ...).  Unset: chosen from the model's chat template "
         "(none when it does not think).")
+    lora_load_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="How long `POST /v1/load_lora_adapter` (and "
+        "`dynamo lora load`) waits for a worker to report the adapter loaded before it "
+        "answers 504 (the adapter stays recorded and workers go on loading it).")
     routing: Literal["router", "in_process"] = Field(
         "router", description="Where routing decisions are made when the graph routes: "
         "`router` asks the graph's Router process (one RPC per request, one release "

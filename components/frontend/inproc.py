@@ -52,6 +52,10 @@ class InProcessBackend(RoutedBackend):
         worker (one in discovery, not marked down)."""
         return bool(self.service.status().workers)
 
+    def worker_ids(self) -> list[int]:
+        """The workers the service would route to now."""
+        return list(self.service.status().workers)
+
     async def place(self, call: RouteCall, meta: StreamMeta) -> RouteReply:
         """Admit and route ``call`` in this process; the admission queue's wait is
         bounded by ``route_timeout_s`` as the router RPC is."""

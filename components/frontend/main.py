@@ -17,6 +17,7 @@ from .capabilities import graph_engines
 from .config import FrontendConfig
 from .http_server import FrontendServer, HttpLimits, server_config
 from .inproc import InProcessBackend
+from .loras import AdapterCatalog, EtcdAdapterStore
 from .metrics import FrontendMetrics
 from .state import ModelLane
 from .textcodec import TextCodec, TokenizerBackend
@@ -37,10 +38,11 @@ async def main(ctx: ComponentContext) -> None:
     backend_metrics = BackendMetrics(metrics.registry)
     routing = None
     watches: list[asyncio.Task] = []
+    adapters = AdapterCatalog()
     if cfg.routing == "in_process":
         backend, routing = await _in_process_backend(ctx, cfg, metrics, backend_metrics)
     else:
-        backend = await _backend(ctx, cfg, ctx.namespace, backend_metrics, watches)
+        backend = await _backend(ctx, cfg, ctx.namespace, backend_metrics, watches, adapters)
     state = FrontendState(model_name=ctx.run.common.served_model_name, codec=None, backend=backend,
                           metrics=metrics,
                           max_inflight=cfg.max_inflight,
@@ -57,7 +59,10 @@ async def main(ctx: ComponentContext) -> None:
                           dependencies_down=ctx.watch_dependencies(),
                           engines=graph_engines(ctx.run),
                           tool_call_parser=cfg.tool_call_parser,
-                          reasoning_parser=cfg.reasoning_parser)
+                          reasoning_parser=cfg.reasoning_parser,
+                          namespace=ctx.namespace, adapters=adapters,
+                          lora_load_timeout_s=cfg.lora_load_timeout_s,
+                          **_adapter_management())
     limits = HttpLimits(header_timeout_s=cfg.header_timeout_s,
                         body_timeout_s=cfg.body_timeout_s,
                         keep_alive_timeout_s=cfg.keep_alive_timeout_s,
@@ -81,7 +86,8 @@ async def main(ctx: ComponentContext) -> None:
                             cfg.reasoning_parser)
     for pool, common in ctx.run.pools.items():
         state.pools[common.served_model_name] = await _pool_lane(
-            ctx, cfg, pool, common, backend_metrics, watches)
+            ctx, cfg, pool, common, backend_metrics, watches, adapters)
+    await _follow_adapters(adapters, [lane.namespace for lane in state.lanes()])
     ctx.report("ready", endpoint=url)
     log.info("serving %s at %s (links: %s)", ", ".join(lane.name for lane in state.lanes()),
              url, ", ".join(links))
@@ -89,14 +95,48 @@ async def main(ctx: ComponentContext) -> None:
     ctx.report("stopping", endpoint=url)
     server.should_exit = True  # stop accepting, answer what was accepted, finish in-flight
     await asyncio.wait_for(serve_task, ctx.run.common.shutdown_timeout_s)
+    await adapters.close()
     if routing is not None:
         await routing.close()
 
 
+def _adapter_management() -> dict:
+    """The control token and the etcd store of the LoRA management endpoints, from the
+    variables the supervisor sets (its token file, ETCD_ENDPOINTS); without them the
+    endpoints refuse every request."""
+    from splitserve.contracts.kit.credentials import read_secret
+
+    found: dict = {}
+    token_file = os.environ.get("SPLITSERVE_CONTROL_TOKEN_FILE")
+    if token_file:
+        try:
+            found["control_token"] = read_secret(token_file)
+        except (OSError, ValueError) as exc:
+            log.warning("LoRA adapter management is off: the control token cannot be read "
+                        "(%s)", exc)
+    if os.environ.get("ETCD_ENDPOINTS"):
+        found["adapter_store"] = EtcdAdapterStore(os.environ["ETCD_ENDPOINTS"])
+    return found
+
+
+async def _follow_adapters(adapters: AdapterCatalog, namespaces: list[str],
+                           first_read_s: float = 5.0) -> None:
+    """Follow the LoRA adapters of every served model's namespace; returns after each
+    was read once (or ``first_read_s``), so a restarted frontend serves them at once."""
+    endpoints = os.environ.get("ETCD_ENDPOINTS")
+    if not endpoints:
+        return
+    firsts = [adapters.follow(endpoints, ns) for ns in namespaces]
+    await asyncio.wait([asyncio.ensure_future(f.wait()) for f in firsts],
+                       timeout=first_read_s)
+
+
 async def _backend(ctx: ComponentContext, cfg: FrontendConfig, namespace: str,
-                   backend_metrics: BackendMetrics, watches: list[asyncio.Task]):
+                   backend_metrics: BackendMetrics, watches: list[asyncio.Task],
+                   adapters: AdapterCatalog):
     """The backend of the model pool in Dynamo namespace ``namespace``: its Router
-    process when the graph routes, else its workers directly."""
+    process when the graph routes, else its workers directly (an adapter request to
+    those that have it loaded)."""
     links = ctx.run.links
 
     async def client(component: str, endpoint: str):
@@ -116,17 +156,19 @@ async def _backend(ctx: ComponentContext, cfg: FrontendConfig, namespace: str,
         return backend
     target = next((n for n in links if n.endswith("Worker")), "Worker")
     return DirectBackend(await client(target, "generate"),
-                         migration_limit=cfg.migration_limit, metrics=backend_metrics)
+                         migration_limit=cfg.migration_limit, metrics=backend_metrics,
+                         adapter_workers=adapters.holders(namespace))
 
 
 async def _pool_lane(ctx: ComponentContext, cfg: FrontendConfig, pool: str, common,
-                     backend_metrics: BackendMetrics, watches: list[asyncio.Task]
-                     ) -> ModelLane:
+                     backend_metrics: BackendMetrics, watches: list[asyncio.Task],
+                     adapters: AdapterCatalog) -> ModelLane:
     """One more model of the graph (a ``Models`` pool): its tokenizer and formats from
     its own files, its pool's router or workers in the pool's namespace."""
     ctx.report("loading", detail=f"loading the tokenizer of {common.served_model_name}")
     lane = ModelLane(common.served_model_name,
-                     await _backend(ctx, cfg, common.namespace, backend_metrics, watches))
+                     await _backend(ctx, cfg, common.namespace, backend_metrics, watches,
+                                    adapters), namespace=common.namespace)
     lane.codec = await asyncio.to_thread(_load_codec, None, common.model,
                                          common.effective_context_length(), cfg.tokenizer)
     await asyncio.to_thread(_choose_formats, lane, None, None)

@@ -77,7 +77,8 @@ def prepare(state: FrontendState, parsed: Parsed) -> Prepared:
     max_tokens = asked if asked is not None else min(state.default_max_tokens, room)
     return Prepared(parsed.endpoint, req, parsed.priority, parsed.responses,
                     token_ids=ids, max_tokens=max_tokens,
-                    request_id=f"{parsed.endpoint}-{uuid.uuid4().hex}", plan=plan)
+                    request_id=f"{parsed.endpoint}-{uuid.uuid4().hex}", plan=plan,
+                    base_model=lane.base_model, lora=lane.lora)
 
 
 def _check_length(codec: TextCodec, chars: int, param: str) -> None:
@@ -112,9 +113,10 @@ async def parse_and_prepare(state: FrontendState, endpoint: Endpoint, raw: bytes
 
 
 def worker_calls(state: FrontendState, p: Prepared) -> list[WorkerCall]:
-    """Stage 3's input: one worker call per choice (``n`` > 1 fans out)."""
+    """Stage 3's input: one worker call per choice (``n`` > 1 fans out), named for the
+    base model's workers (an adapter request carries its adapter: ``p.lora``)."""
     lane = state.lane(p.req.model)
-    return [WorkerCall.of_choice(p, i, lane.name, lane.codec.eos_token_ids)
+    return [WorkerCall.of_choice(p, i, p.base_model or lane.name, lane.codec.eos_token_ids)
             for i in range(p.n)]
 
 
@@ -151,15 +153,16 @@ async def next_chunk(state: FrontendState, chunks: AsyncIterator[dict], meta: St
 
 
 def account_tokens(state: FrontendState, meta: StreamMeta, n: int, started: float,
-                   last: float, model: str) -> float:
-    """Record ``n`` new output tokens of ``model`` (TTFT for the first, ITL after);
-    returns now."""
+                   last: float, model: str, base_model: str = "") -> float:
+    """Record ``n`` new output tokens of ``model`` (TTFT for the first, ITL after),
+    served by ``base_model``'s workers; returns now."""
     now = time.monotonic()
+    labels = (model, base_model or model)
     if meta.first_token_at is None:
         meta.first_token_at = now
-        state.metrics.ttft.labels(model).observe(now - started)
+        state.metrics.ttft.labels(*labels).observe(now - started)
     else:
-        state.metrics.itl.labels(model).observe((now - last) / n)
+        state.metrics.itl.labels(*labels).observe((now - last) / n)
     meta.output_tokens += n
     return now
 
@@ -187,7 +190,8 @@ async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
             chunk = await next_chunk(state, chunks, meta)
             ids = chunk.get("token_ids") or []
             if ids:
-                last = account_tokens(state, meta, len(ids), started, last, lane.name)
+                last = account_tokens(state, meta, len(ids), started, last, lane.name,
+                                      lane.base_model)
             usage = chunk.get("completion_usage")
             if usage:
                 meta.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(

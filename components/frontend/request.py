@@ -82,6 +82,11 @@ class Prepared(Parsed):
     request_id: str = ""
     plan: OutputPlan = field(default_factory=OutputPlan)
     """How the answer's text splits into reasoning, content and tool calls."""
+    base_model: str = ""
+    """The served model whose workers serve the request: ``req.model`` itself, or the
+    base model of the LoRA adapter ``req.model`` names."""
+    lora: str | None = None
+    """The LoRA adapter the request is served with (``req.model`` names one)."""
 
     @property
     def n(self) -> int:
@@ -118,12 +123,16 @@ class WorkerCall:
     prefill_locally: bool = False
     kv_source: Mapping[str, Any] | None = None
     """Where a drained replica parked this request's KV (a resumed request only)."""
+    lora: str | None = None
+    """The LoRA adapter to serve the request with (``model`` is then its base model)."""
 
     @classmethod
     def of_choice(cls, p: Prepared, index: int, model: str,
                   eos_token_ids: list[int]) -> WorkerCall:
-        """Choice ``index`` of ``p``: the request's sampling, and with a seed, seed +
-        index (choices of one seeded request differ, and repeat across requests)."""
+        """Choice ``index`` of ``p`` for the workers of ``model`` (the base model of an
+        adapter request, which carries ``p.lora``): the request's sampling, and with a
+        seed, seed + index (choices of one seeded request differ, and repeat across
+        requests)."""
         s = p.req
         seed = s.seed
         if seed is not None and index:
@@ -138,7 +147,7 @@ class WorkerCall:
                    eos_token_ids=tuple(eos_token_ids),
                    temperature=s.temperature if s.temperature is not None else 1.0,
                    top_p=s.top_p, seed=seed, min_tokens=s.min_tokens,
-                   sampling=s.sampling_fields(), output=output)
+                   sampling=s.sampling_fields(), output=output, lora=p.lora)
 
     def placed(self, reply: RouteReply, max_tokens: int) -> WorkerCall:
         """This call as the router placed it: its resolved class and level, its output
@@ -171,7 +180,7 @@ class WorkerCall:
                               eos_token_ids=list(self.eos_token_ids),
                               request_id=self.request_id, priority=self.priority,
                               sampling=dict(self.sampling), min_tokens=self.min_tokens,
-                              output=dict(self.output))
+                              output=dict(self.output), lora=self.lora)
         own = wire["extra_args"]["splitserve"]
         if self.priority_level is not None:
             own["priority_level"] = self.priority_level

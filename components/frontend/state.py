@@ -3,6 +3,7 @@ once by ``main`` (the request's own types, one per stage, are in ``request.py``)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from splitserve.contracts.engine import EngineRequestParams
 from .backend import Backend
 from .backlog import TokenizeBacklog
 from .errors import APIError, service_unavailable
+from .loras import AdapterCatalog, AdapterStore
 from .metrics import FrontendMetrics
 from .textcodec import TextCodec
 
@@ -20,13 +22,24 @@ from .textcodec import TextCodec
 @dataclass
 class ModelLane:
     """One served model: its name, its tokenizer (None while it loads), the workers that
-    serve it (``backend``: its pool's router or workers) and its output formats."""
+    serve it (``backend``: its pool's router or workers) and its output formats.  A LoRA
+    adapter is served on a copy of its base model's lane with ``lora`` set."""
 
     name: str
     backend: Backend
     codec: TextCodec | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    namespace: str = ""
+    """The Dynamo namespace of its pool (where its adapters are recorded)."""
+    lora: str | None = None
+    """The adapter this lane serves (``name``), on the workers of ``base``."""
+    base: str = ""
+    """The served model whose workers serve it: its adapter's base ("": ``name``)."""
+
+    @property
+    def base_model(self) -> str:
+        return self.base or self.name
 
     def is_ready(self) -> bool:
         """A request for it would be served now: its tokenizer is loaded and a worker of
@@ -72,6 +85,16 @@ class FrontendState:
     pools: dict[str, ModelLane] = field(default_factory=dict)
     """The graph's other models (its ``Models`` pools) by served name; the fields above
     (``model_name``, ``codec``, ``backend``, the parsers) are the first model's."""
+    namespace: str = ""
+    """The first model's Dynamo namespace."""
+    adapters: AdapterCatalog = field(default_factory=AdapterCatalog)
+    """The LoRA adapters of every served model, as etcd says (``loras.py``)."""
+    adapter_store: AdapterStore | None = None
+    """Writes adapter records (the management endpoints); None: no etcd to write to."""
+    control_token: str | None = field(default=None, repr=False)
+    """The graph's control token: the adapter management endpoints require it as a
+    bearer token (None: they refuse every request)."""
+    lora_load_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         self.backlog = TokenizeBacklog(self.prepare_pool._max_workers,
@@ -80,23 +103,62 @@ class FrontendState:
     def first_lane(self) -> ModelLane:
         """The graph's first model (``Common.model``) as a lane."""
         return ModelLane(self.model_name, self.backend, self.codec, self.tool_call_parser,
-                         self.reasoning_parser)
+                         self.reasoning_parser, namespace=self.namespace)
 
     def lanes(self) -> list[ModelLane]:
-        """Every model this frontend serves, the first one first."""
+        """Every model this frontend serves, the first one first (adapters not
+        included: ``adapter_lanes``)."""
         return [self.first_lane(), *self.pools.values()]
 
     def lane(self, model: str) -> ModelLane:
-        """The lane serving ``model``; 404 ``model_not_found`` (as OpenAI answers) for a
-        model this graph does not serve."""
+        """The lane serving ``model``: a served model's, or a LoRA adapter's (once a
+        worker has it loaded); 404 ``model_not_found`` (as OpenAI answers) for a model
+        this graph does not serve."""
         if model == self.model_name:
             return self.first_lane()
         found = self.pools.get(model)
+        if found is not None:
+            return found
+        adapter, why = self._adapter_lane(model)
+        if adapter is None:
+            names = ", ".join(lane.name for lane in self.lanes() + self.adapter_lanes())
+            what = f"is not served now: {why}" if why else "does not exist here"
+            raise APIError(404, f"the model '{model}' {what}; available: {names}",
+                           param="model", code="model_not_found")
+        return adapter
+
+    def _base_lane(self, namespace: str) -> ModelLane | None:
+        return next((lane for lane in self.lanes() if lane.namespace == namespace), None)
+
+    def _adapter_lane(self, name: str) -> tuple[ModelLane | None, str]:
+        """The lane of adapter ``name`` (None while no worker has it loaded) and, for a
+        recorded adapter without one, why (for the 404's message)."""
+        found = self.adapters.find(name)
         if found is None:
-            names = ", ".join(lane.name for lane in self.lanes())
-            raise APIError(404, f"the model '{model}' does not exist here; available: "
-                           f"{names}", param="model", code="model_not_found")
-        return found
+            return None, ""
+        namespace, record = found
+        base = self._base_lane(namespace)
+        if base is None:
+            return None, ""
+        if not self.adapters.loaded_on(namespace, name):
+            problems = sorted(set(self.adapters.view(namespace).problems(name).values()))
+            detail = f" ({'; '.join(problems)})" if problems else ""
+            return None, (f"it is a LoRA adapter of {base.name} that no worker has loaded "
+                          f"yet{detail}")
+        return dataclasses.replace(base, name=name, lora=name, base=base.name), ""
+
+    def adapter_lanes(self) -> list[ModelLane]:
+        """The LoRA adapters served now (a worker has each loaded), by name; a name that
+        a served model has is never an adapter's."""
+        models = {lane.name for lane in self.lanes()}
+        out = []
+        for _, name, _ in self.adapters.entries():
+            if name in models:
+                continue
+            lane, _ = self._adapter_lane(name)
+            if lane is not None:
+                out.append(lane)
+        return out
 
     def is_ready(self) -> bool:
         """Some model would be served now (its tokenizer loaded, a worker registered)

@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .config import DEFAULT_WEIGHT, RouterConfig, check_router_config
+from .plugins.lora_loaded import TYPE_NAME as LORA_FILTER
+from .plugins.lora_loaded import LoraLoadedFilter
+from .plugins.lora_loaded import Params as LoraParams
 from .protocols import Filter, Picker, PluginKind, Scorer
 from .registry import PluginRegistry
 from .seed_policy import (
@@ -79,6 +82,9 @@ class SchedulingProfile:
             raise ValueError(f"profile {name!r}: scorer weights must be >= 0")
         self.name = name
         self._filters = tuple(filters)
+        self.filters_adapters = any(isinstance(f.plugin, LoraLoadedFilter) for f in filters)
+        """The profile has a ``lora-loaded`` filter of its own (else ``Router.route`` runs
+        one ahead of its filters)."""
         self._scorers = tuple(scorers)
         self._picker = picker
         total = sum(s.weight for s in scorers)
@@ -115,7 +121,8 @@ class SchedulingProfile:
         notes = dict(notes or {})
         candidates = self._filter(request, snapshot, elapsed, removed, notes)
         if not candidates:
-            return Decision(request_id=request.request_id, profile=self.name, worker_id=None,
+            return Decision(request_id=request.request_id, lora=request.lora,
+                            profile=self.name, worker_id=None,
                             reason="no-workers" if not snapshot.workers else "all-filtered",
                             candidates=(), totals={}, removed=tuple(removed), notes=notes,
                             elapsed_ns=elapsed)
@@ -142,7 +149,8 @@ class SchedulingProfile:
         if chosen not in totals:
             raise ValueError(f"picker {self._picker.name!r} returned {chosen!r}, "
                              "which is not a candidate")
-        return Decision(request_id=request.request_id, profile=self.name, worker_id=chosen,
+        return Decision(request_id=request.request_id, lora=request.lora, profile=self.name,
+                        worker_id=chosen,
                         reason="picked", candidates=tuple(ids), totals=totals,
                         scorers=tuple(breakdowns), removed=tuple(removed), notes=notes,
                         elapsed_ns=elapsed)
@@ -185,12 +193,30 @@ class Router:
         unknown profile name.
         """
         chosen = self._profiles[profile or self._default]
+        removed: list[FilterRemoval] = []
+        if request.lora is not None and not chosen.filters_adapters:
+            snapshot, removed = _adapter_holders(request, snapshot)
         if self.seed.neutral:
-            return chosen.run(request, snapshot)
+            return chosen.run(request, snapshot, pre_removed=removed)
         adjusted, hot = adjust_snapshot(request, snapshot, self.seed)
-        removed = [FilterRemoval(plugin=SEED_NOTE, worker_id=w, reason=r) for w, r in hot.items()]
+        removed += [FilterRemoval(plugin=SEED_NOTE, worker_id=w, reason=r)
+                    for w, r in hot.items()]
         return chosen.run(request, adjusted, self._extra, removed,
                           {SEED_NOTE: self.seed.describe()})
+
+
+_IMPLICIT_LORA = LoraLoadedFilter(LoraParams())
+
+
+def _adapter_holders(request: RouteRequest, snapshot: Snapshot
+                     ) -> tuple[Snapshot, list[FilterRemoval]]:
+    """``snapshot`` narrowed to the workers that report the request's adapter loaded,
+    for a profile without a ``lora-loaded`` filter; the others are listed as removed by
+    it."""
+    result = _IMPLICIT_LORA.filter(request, snapshot, snapshot.workers)
+    removed = [FilterRemoval(plugin=LORA_FILTER, worker_id=w, reason=r)
+               for w, r in result.removed.items()]
+    return snapshot.model_copy(update={"workers": tuple(result.kept)}), removed
 
 
 def build_router(config: RouterConfig, registry: PluginRegistry) -> Router:

@@ -17,7 +17,8 @@ def decision_table(decision: Decision) -> Table:
     Candidates are listed by total score (best first), then removed workers with the filter
     and reason that removed them.  Scorer cells read ``raw -> weighted``.
     """
-    table = Table(title=f"request {decision.request_id} / profile {decision.profile}")
+    adapter = f" / adapter {decision.lora}" if decision.lora is not None else ""
+    table = Table(title=f"request {decision.request_id} / profile {decision.profile}{adapter}")
     table.add_column("worker", justify="right")
     table.add_column("status")
     for breakdown in decision.scorers:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,19 @@ class RouterFeeds:
             await self.indexer.close()
 
 
+def block_hasher(block_size: int) -> Callable[[list[int], str | None], list[int]]:
+    """``hash_blocks(token_ids, lora)``: the prompt's block hashes as the prefix index
+    keys them, with the LoRA adapter's name mixed in as the workers' KV events mix it in
+    (their publisher is given it), so a base-model prefix is never credited to an
+    adapter's request, nor one adapter's to another's."""
+    from dynamo.llm import compute_block_hash_for_seq
+
+    def hash_blocks(tokens: list[int], lora: str | None = None) -> list[int]:
+        return compute_block_hash_for_seq(tokens, block_size, lora_name=lora)
+
+    return hash_blocks
+
+
 def policy_applier(service: RouterService, cfg: RouterComponentConfig):
     """The function ``follow_policy`` calls with each policy version for this service."""
 
@@ -96,15 +110,11 @@ async def start_routing(ctx, cfg: RouterComponentConfig, instance: str,
     indexer = None
     hash_blocks = None
     if cfg.use_kv_events:
-        from dynamo.llm import compute_block_hash_for_seq
-
         from .kv_index import KvEventIndex
 
         indexer = KvEventIndex(ctx.namespace, component)
         await indexer.start(os.environ["NATS_SERVER"])
-
-        def hash_blocks(tokens: list[int]) -> list[int]:
-            return compute_block_hash_for_seq(tokens, cfg.block_size)
+        hash_blocks = block_hasher(cfg.block_size)
     service = RouterService(cfg, router, client, indexer, metrics=RouterMetrics(registry),
                             hash_blocks=hash_blocks,
                             worker_endpoint=f"{ctx.namespace}.{component.lower()}.generate")

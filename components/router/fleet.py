@@ -121,7 +121,8 @@ class FleetState:
                 kv_blocks_used=min(load.kv_used_blocks, load.kv_total_blocks),
                 kv_blocks_total=load.kv_total_blocks,
                 draining=load.draining,
-                last_seen_s=max(0.0, now - at)))
+                last_seen_s=max(0.0, now - at),
+                loras=frozenset(load.loras)))
         return tuple(out)
 
     def snapshot(self, now: float, overlap: dict[int, int], recent: dict[int, int]) -> Snapshot:

@@ -21,6 +21,7 @@ from .plugins import (
     kv_overlap,
     latency_cost,
     least_requests,
+    lora_loaded,
     max_score,
     queue_limit,
     round_robin,
@@ -77,6 +78,7 @@ class PluginRegistry:
 _BUILTINS: tuple[tuple[ModuleType, Callable[[Any], Plugin]], ...] = (
     (healthy, healthy.HealthyFilter),
     (kv_headroom, kv_headroom.KvHeadroomFilter),
+    (lora_loaded, lora_loaded.LoraLoadedFilter),
     (queue_limit, queue_limit.QueueLimitFilter),
     (round_robin, round_robin.RoundRobinScorer),
     (least_requests, least_requests.LeastRequestsScorer),

@@ -38,6 +38,9 @@ from .types import RouteRequest
 
 log = logging.getLogger("splitserve.router")
 
+LORA_NOT_LOADED = "lora-not-loaded"
+"""The reason of a decision for an adapter that no live worker reports loaded."""
+
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -75,7 +78,9 @@ class RouterService:
         self.fleet = FleetState(cfg.inflight_ttl_s, down_ttl_s=cfg.down_ttl_s)
         self.tracker = RecentPrefixTracker(ttl_s=cfg.recent_prefix_ttl_s)
         self.metrics = metrics or RouterMetrics()
-        self.hash_blocks = hash_blocks or (lambda tokens: [])
+        self.hash_blocks = hash_blocks or (lambda tokens, lora=None: [])
+        """``hash_blocks(token_ids, lora)``: the prompt's prefix-block hashes, keyed by the
+        LoRA adapter (None: the base model), as the workers' KV events key them."""
         self.qos = QosGate(cfg.qos, self.metrics.registry, inflight_ttl_s=cfg.inflight_ttl_s)
         self.admission = AdmissionQueue(cfg.qos.queue)
 
@@ -117,7 +122,7 @@ class RouterService:
         for wid in call.failed_workers:
             self.mark_down(wid, now)
         self.fleet.expire(now)
-        hashes = self.hash_blocks(call.token_ids)
+        hashes = self.hash_blocks(call.token_ids, call.lora)
         overlap: dict[int, int] = {}
         if self.indexer is not None and hashes:
             overlap = self.indexer.overlap(hashes)
@@ -129,8 +134,11 @@ class RouterService:
         # candidate that would meet the class's targets when the pick would not.
         request = RouteRequest(request_id=call.request_id, num_tokens=len(call.token_ids),
                                num_blocks=len(hashes), priority=self.qos.resolve(call).name,
-                               block_hashes=tuple(hashes))
+                               block_hashes=tuple(hashes), lora=call.lora)
         decision = self.router.route(request, snapshot, self.cfg.profile)
+        if decision.worker_id is None and call.lora is not None and not any(
+                call.lora in w.loras for w in snapshot.workers):
+            decision = decision.model_copy(update={"reason": LORA_NOT_LOADED})
         cached = {w: n * self.cfg.block_size for w, n in overlap.items()}
         adm = self.qos.check(call, snapshot.workers, cached, now, record=False,
                              chosen=decision.worker_id,

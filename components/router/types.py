@@ -28,7 +28,10 @@ class RouteRequest(FrozenModel):
     priority: str = Field(default="default", description="Priority class name (QoS).")
     block_hashes: tuple[int, ...] = Field(
         default=(), description="Hashes of the prompt's prefix blocks, oldest first; empty "
-        "when the caller does not track prefixes.")
+        "when the caller does not track prefixes.  Keyed by ``lora``: an adapter's blocks "
+        "never match the base model's.")
+    lora: str | None = Field(default=None, description="The LoRA adapter the request is "
+                             "served with; None: the base model.")
 
 
 class WorkerState(FrozenModel):
@@ -46,6 +49,8 @@ class WorkerState(FrozenModel):
     draining: bool = Field(default=False, description="True while shutting down gracefully.")
     last_seen_s: float = Field(default=0.0, ge=0.0,
                                description="Seconds since the worker's last metrics report.")
+    loras: frozenset[str] = Field(default=frozenset(), description="LoRA adapters the "
+                                  "worker reports loaded.")
 
     @property
     def kv_usage(self) -> float:
@@ -94,6 +99,7 @@ class Decision(FrozenModel):
     """The outcome of routing one request, with everything needed to explain it."""
 
     request_id: str
+    lora: str | None = Field(default=None, description="The request's LoRA adapter.")
     profile: str = Field(description="Scheduling profile that made the decision.")
     worker_id: WorkerId | None = Field(description="Chosen worker; None when none survived.")
     reason: str = Field(description="'picked', 'no-workers' or 'all-filtered'.")

@@ -23,8 +23,14 @@ from . import registry
 from .cancel import until_stopped
 from .kv_moves import DrainCut, KvMoves, start_kv_moves
 from splitserve.contracts.kit.worker_metrics import WorkerMetrics
-from .shell import cancel_all, report_ready, serve_or_die, start_load_reports
-from .wire import delta_chunk, params_from_wire
+from .shell import (
+    cancel_all,
+    report_ready,
+    serve_or_die,
+    start_adapters,
+    start_load_reports,
+)
+from .wire import check_adapter, delta_chunk, params_from_wire
 
 log = logging.getLogger("splitserve.worker")
 
@@ -72,6 +78,7 @@ def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | No
             meta = wreq.meta()
             rid = meta.request_id or uuid.uuid4().hex
             params = params_from_wire(wreq)
+            check_adapter(params, engine.info)
             engine.validate(params)
             if moves is not None and meta.kv_source is not None:
                 deltas = moves.resume(rid, params, meta.kv_source)
@@ -100,7 +107,8 @@ async def run_aggregated(ctx: ComponentContext, cfg) -> None:
             return
         tasks: list[asyncio.Future] = []
         stack.push_async_callback(cancel_all, tasks)
-        reporter = start_load_reports(ctx, h, cfg.load_report_interval_s)
+        adapters = start_adapters(ctx, h, cfg, tasks)
+        reporter = start_load_reports(ctx, h, cfg.load_report_interval_s, adapters=adapters)
         tasks += [reporter, report_ready(ctx, h)]
         moves = await start_kv_moves(ctx, h.engine, h.metrics.registry, tasks)
         inflight = h.engine.inflight if moves is None else moves.inflight(h.engine.inflight)

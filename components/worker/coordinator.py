@@ -49,7 +49,7 @@ from .kv_moves import DrainCut, KvMoves
 from .disagg_metrics import DisaggMetrics
 from .handoff import HandoffInbox
 from .offload import OffloadPlan, plan_after_remote_failure, plan_offload
-from .wire import delta_chunk, params_from_wire
+from .wire import check_adapter, delta_chunk, params_from_wire
 
 log = logging.getLogger("splitserve.coordinator")
 
@@ -77,6 +77,16 @@ def job_carries(params: GenerateParams) -> bool:
     or log-probabilities (such requests are prefilled where they decode)."""
     return (params.neutral_sampling() and params.logprobs is None
             and params.prompt_logprobs is None)
+
+
+def check_adapter_prefill(params: GenerateParams, local_prefill: bool, engine: str) -> None:
+    """A prefill job carries no LoRA adapter (prefill workers load none), so a request
+    for one is prefilled where it decodes: refused (ValueError) on a decode engine that
+    cannot prefill locally, whose prompt would be computed without the adapter."""
+    if params.lora is not None and not local_prefill:
+        raise ValueError(f"the LoRA adapter '{params.lora}' cannot be served: the {engine} "
+                         "decode engine cannot prefill locally, and prefill jobs carry no "
+                         "adapter")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +144,9 @@ class EngineDecodeCoordinator:
                                live_prefill_workers=self.live_prefill_workers())
 
     async def explain(self, request: dict, context=None) -> AsyncIterator[dict]:
-        """The ``explain`` endpoint: the decider's verdict for ``token_ids`` and the step
-        this engine would take, without acting."""
+        """The ``explain`` endpoint: the decider's verdict for ``token_ids`` (and
+        ``lora``: a request for an adapter prefills here) and the step this engine would
+        take, without acting."""
         tokens = tuple(request.get("token_ids") or [])
         if tokens:
             self.engine.validate(GenerateParams(token_ids=tokens))
@@ -143,7 +154,10 @@ class EngineDecodeCoordinator:
                              prefix_cached_length=await self._cached_prefix(tokens),
                              priority=request.get("priority", "default"))
         snap = self.snapshot()
-        decision = self.decider.decide(req, snap)
+        if request.get("lora"):  # a prefill job carries no adapter
+            decision = OffloadDecision(remote=False, reason="lora-local-prefill")
+        else:
+            decision = self.decider.decide(req, snap)
         plan = plan_offload(decision.remote, decision.reason,
                             supports_local_prefill=self.engine.info.capabilities.local_prefill,
                             live_prefill_workers=snap.live_prefill_workers, waited_s=0.0,
@@ -159,6 +173,9 @@ class EngineDecodeCoordinator:
         try:
             wreq = WorkerRequest.model_validate(request)
             params = params_from_wire(wreq)
+            info = self.engine.info
+            check_adapter(params, info)
+            check_adapter_prefill(params, info.capabilities.local_prefill, info.name)
             self.engine.validate(params)
         except Exception as exc:  # noqa: BLE001 - the client gets the reason
             self._count("rejected")
@@ -252,6 +269,8 @@ class EngineDecodeCoordinator:
         if prefill_locally:
             # QoS degradation (low priority while the prefill pool is busy): no offload.
             decision = OffloadDecision(remote=False, reason="qos-local-prefill")
+        elif params.lora is not None:
+            decision = OffloadDecision(remote=False, reason="lora-local-prefill")
         elif not job_carries(params):
             decision = OffloadDecision(remote=False, reason="sampling-local-prefill")
         else:

@@ -22,7 +22,14 @@ from .coordinator import CoordinatorSettings, EngineDecodeCoordinator
 from .disagg_metrics import DisaggMetrics
 from .handoff import HandoffInbox, handoff_subject
 from .kv_moves import start_kv_moves
-from .shell import bounded, cancel_all, report_ready, serve_or_die, start_load_reports
+from .shell import (
+    bounded,
+    cancel_all,
+    report_ready,
+    serve_or_die,
+    start_adapters,
+    start_load_reports,
+)
 
 
 def coordinator_settings(cfg) -> CoordinatorSettings:
@@ -72,8 +79,10 @@ async def run_decode(ctx: ComponentContext, cfg) -> None:
             stack.push_async_callback(bounded, watcher.stop)
         tasks: list[asyncio.Future] = []
         stack.push_async_callback(cancel_all, tasks)
+        adapters = start_adapters(ctx, h, cfg, tasks)
         reporter = start_load_reports(ctx, h, cfg.load_report_interval_s,
-                                      extra_waiting=lambda: inbox.waiting)
+                                      extra_waiting=lambda: inbox.waiting,
+                                      adapters=adapters)
         tasks += [reporter, asyncio.ensure_future(
             ctx.endpoint(component, "explain").serve_endpoint(coord.explain))]
         tasks.append(report_ready(ctx, h, extra=f"handoff {subject}"))

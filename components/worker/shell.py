@@ -1,6 +1,6 @@
-"""Steps every role shell takes around a hosted engine: load reports, readiness, serving
-until stopped or until the engine dies, bounded clean-up.  Called by ``agg.py``,
-``decode.py`` and ``prefill.py``."""
+"""Steps every role shell takes around a hosted engine: load reports, readiness, LoRA
+adapters, serving until stopped or until the engine dies, bounded clean-up.  Called by
+``agg.py``, ``decode.py`` and ``prefill.py``."""
 
 from __future__ import annotations
 
@@ -14,17 +14,20 @@ from splitserve.contracts.kit.component import ComponentContext
 
 from splitserve.contracts.kit.hosting import Hosted
 from .loadreport import ReportFailures, publish_load
+from .loras import AdapterSet, follow_adapters, static_records
 from .readiness import report_ready_when_registered
 
 log = logging.getLogger("splitserve.worker")
 
 
 def start_load_reports(ctx: ComponentContext, h: Hosted, interval_s: float,
-                       extra_waiting: Callable[[], int] = lambda: 0) -> asyncio.Task:
+                       extra_waiting: Callable[[], int] = lambda: 0,
+                       adapters: AdapterSet | None = None) -> asyncio.Task:
     """Publish the engine's load every ``interval_s`` (and refresh the worker's gauges);
     ``extra_waiting`` counts requests the shell holds that the engine does not see yet
-    (a decode worker's requests waiting for their remote prefill).  The task ends after
-    its last ("draining") report once the component stops."""
+    (a decode worker's requests waiting for their remote prefill); ``adapters``: the
+    replica's LoRA adapters, whose loaded names and load errors each report carries.
+    The task ends after its last ("draining") report once the component stops."""
     engine, metrics, worker_id = h.engine, h.metrics, h.worker_id
 
     def sample() -> WorkerLoad:
@@ -32,12 +35,34 @@ def start_load_reports(ctx: ComponentContext, h: Hosted, interval_s: float,
         kv = (ld.kv_used_blocks, ld.kv_total_blocks) if h.report_kv else (0, 0)
         waiting = ld.waiting + extra_waiting()
         metrics.update(ld.active, waiting, *kv)
+        loras = adapters.loaded() if adapters is not None else []
+        errors = adapters.errors() if adapters is not None else {}
         return WorkerLoad(worker_id=worker_id, active=ld.active, waiting=waiting,
-                          kv_used_blocks=kv[0], kv_total_blocks=kv[1])
+                          kv_used_blocks=kv[0], kv_total_blocks=kv[1], loras=loras,
+                          lora_errors=errors)
 
     return asyncio.create_task(publish_load(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, ctx.run.component), sample,
         interval_s, ctx.stopping, ReportFailures(metrics.load_report_failures)))
+
+
+def start_adapters(ctx: ComponentContext, h: Hosted, cfg, tasks: list[asyncio.Future]
+                   ) -> AdapterSet:
+    """The replica's LoRA adapters, following etcd in a task added to ``tasks`` (with no
+    etcd in the environment, a component started by hand, only none are served)."""
+    from splitserve.contracts.kit.etcd import etcd_client
+    from splitserve.contracts.kit.loras import LoraKeys
+
+    adapters = AdapterSet(h.engine, ctx.run.component)
+    endpoints = os.environ.get("ETCD_ENDPOINTS")
+    if not endpoints:
+        log.info("no ETCD_ENDPOINTS: LoRA adapters are not followed")
+        return adapters
+    static = static_records(cfg.loras, ctx.run.common.served_model_name)
+    tasks.append(asyncio.create_task(follow_adapters(
+        adapters, LoraKeys(ctx.namespace), h.worker_id, lambda: etcd_client(endpoints),
+        static), name="lora-adapters"))
+    return adapters
 
 
 def report_ready(ctx: ComponentContext, h: Hosted, extra: str = "") -> asyncio.Task:

@@ -5,7 +5,10 @@
 - ``priority_of``: the request's priority level (``contracts/priority.py``): the one
   the router put on it, or its class name ranked by the built-in table;
 - ``delta_chunk``: one engine delta as one wire output chunk (engines and the wire share
-  one finish vocabulary, ``contracts.wire.FinishReason``: nothing is translated).
+  one finish vocabulary, ``contracts.wire.FinishReason``: nothing is translated);
+- ``check_adapter``: a request for a LoRA adapter (``extra_args.splitserve.lora``, which
+  ``params_from_wire`` maps to ``GenerateParams.lora``) refused by name on an engine
+  that serves none.
 
 Called by the aggregated shell, the decode coordinator and the engine adapters' tests;
 nothing here imports an engine library.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from splitserve.contracts.engine import GenerateParams, TokenDelta
+from splitserve.contracts.engine import EngineInfo, GenerateParams, TokenDelta
 from splitserve.contracts.priority import DEFAULT_TABLE
 from splitserve.contracts.wire import FinishReason, RequestMeta, WorkerRequest, output_chunk
 
@@ -37,6 +40,7 @@ def params_from_wire(wreq: WorkerRequest) -> GenerateParams:
     s, sc, o = wreq.sampling_options, wreq.stop_conditions, wreq.output_options
     if not wreq.token_ids or not sc.max_tokens or sc.max_tokens < 1:
         raise ValueError("token_ids and max_tokens >= 1 are required")
+    meta = wreq.meta()
 
     def given(v, neutral):
         return neutral if v is None else v
@@ -46,14 +50,23 @@ def params_from_wire(wreq: WorkerRequest) -> GenerateParams:
         temperature=given(s.temperature, 1.0), top_p=given(s.top_p, 1.0), seed=s.seed,
         stop_token_ids=tuple(wreq.eos_token_ids) + tuple(sc.stop_token_ids_hidden or ()),
         ignore_eos=bool(sc.ignore_eos), min_tokens=sc.min_tokens or 0,
-        priority=priority_of(wreq.meta()),
+        priority=priority_of(meta),
         top_k=max(0, given(s.top_k, 0)), min_p=given(s.min_p, 0.0),
         presence_penalty=given(s.presence_penalty, 0.0),
         frequency_penalty=given(s.frequency_penalty, 0.0),
         repetition_penalty=given(s.repetition_penalty, 1.0),
         logit_bias=tuple(sorted((s.logit_bias or {}).items())),
         logprobs=o.logprobs, prompt_logprobs=o.prompt_logprobs,
-        json_schema=_schema_text(s.guided_decoding))
+        json_schema=_schema_text(s.guided_decoding), lora=meta.lora or None)
+
+
+def check_adapter(params: GenerateParams, info: EngineInfo) -> None:
+    """Refuse (ValueError naming the adapter and the engine) a request for a LoRA adapter
+    on an engine that serves none; called by every shell before ``engine.validate``, which
+    refuses an adapter a LoRA engine has not loaded."""
+    if params.lora is not None and not info.capabilities.serves_lora:
+        raise ValueError(f"the LoRA adapter '{params.lora}' cannot be served: the "
+                         f"{info.name} engine serves no LoRA adapters")
 
 
 def _schema_text(guided) -> str | None:

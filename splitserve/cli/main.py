@@ -8,6 +8,7 @@ from splitserve import __version__
 from splitserve.cli import (
     bench_cmd,
     infra_cmd,
+    lora_cmd,
     qos_cmd,
     route_cmd,
     scale_cmd,
@@ -33,6 +34,7 @@ app.add_typer(policy_cli.app, name="policy")
 app.add_typer(planner_cli.app, name="planner")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(qos_cmd.app, name="qos")
+app.add_typer(lora_cmd.app, name="lora")
 
 
 @app.command()

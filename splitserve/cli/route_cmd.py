@@ -44,7 +44,7 @@ def runtime_env(etcd: str, nats: str | None) -> dict[str, str]:
 
 
 async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[int],
-                   priority: str, timeout_s: float) -> dict:
+                   priority: str, timeout_s: float, lora: str | None = None) -> dict:
     os.environ.update(runtime_env(etcd, nats))
     os.environ.setdefault("DYN_LOG", "error")
     from dynamo.runtime.logging import configure_dynamo_logging
@@ -62,13 +62,13 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
              for component, name in (("Router", "route"), ("Frontend", "explain"))],
             timeout_s)
         call = RouteCall(request_id="explain", token_ids=token_ids, priority=priority,
-                         explain=True, record=False)
+                         explain=True, record=False, lora=lora)
         reply = None
         async for item in await client.round_robin(call.model_dump(mode="json")):
             reply = RouteReply.model_validate(chunk_data(item)).model_dump()
         if reply is None:
             raise RuntimeError("router returned nothing")
-        reply["offload"] = await _offload(rt, reply, token_ids, priority)
+        reply["offload"] = await _offload(rt, reply, token_ids, priority, lora)
         return reply
     finally:
         rt.shutdown()
@@ -123,7 +123,8 @@ async def _first_serving(clients: list, timeout_s: float):
     return ready[0]
 
 
-async def _offload(rt, reply: dict, token_ids: list[int], priority: str) -> dict | None:
+async def _offload(rt, reply: dict, token_ids: list[int], priority: str,
+                   lora: str | None = None) -> dict | None:
     """Ask the chosen decode worker how it would prefill (only disaggregated graphs)."""
     if reply.get("worker_id") is None or not reply.get("endpoint"):
         return None
@@ -136,8 +137,8 @@ async def _offload(rt, reply: dict, token_ids: list[int], priority: str) -> dict
     except TimeoutError:
         return None  # an aggregated worker: it has no offload decision
     try:
-        async for item in await client.direct({"token_ids": token_ids, "priority": priority},
-                                              reply["worker_id"]):
+        ask = {"token_ids": token_ids, "priority": priority, "lora": lora}
+        async for item in await client.direct(ask, reply["worker_id"]):
             return chunk_data(item)
     except Exception:  # noqa: BLE001 - the decision is extra information
         return None
@@ -162,6 +163,9 @@ def explain(
     model_dir: Path | None = typer.Option(None, "--model-dir", help="Tokenizer directory "
                                           "(default: the local graph's model, else the "
                                           "packaged default)."),
+    lora: str | None = typer.Option(None, "--lora", help="A LoRA adapter of --model: "
+                                    "prefix hits are counted under it and only workers "
+                                    "that report it loaded are candidates."),
     json_out: bool = typer.Option(False, "--json", help="Print the decision as JSON."),
     timeout_s: float = typer.Option(10.0, "--timeout", help="Seconds to wait for a router."),
     state_dir: str | None = typer.Option(None, "--state-dir", envvar="SPLITSERVE_HOME",
@@ -195,7 +199,8 @@ def explain(
     ids = codec.chat_ids([{"role": m.get("role", "user"), "content": m.get("content", "")}
                           for m in msgs])
     try:
-        reply = asyncio.run(_explain(etcd, nats, namespace or "dynamo", ids, priority, timeout_s))
+        reply = asyncio.run(_explain(etcd, nats, namespace or "dynamo", ids, priority,
+                                     timeout_s, lora))
     except TimeoutError:
         where = split_credentials(etcd.split(",")[0])[0]
         err.print("[red]error:[/] ", end="")
@@ -205,12 +210,14 @@ def explain(
         raise typer.Exit(1) from None
     name = next((n for n, m in served.items() if m["namespace"] == namespace), None)
     if json_out:
-        typer.echo(json.dumps({"model": name, "namespace": namespace,
+        typer.echo(json.dumps({"model": name, "lora": lora, "namespace": namespace,
                                "prompt_tokens": len(ids), **reply}, indent=2))
         return
     from splitserve.components.router import Decision, format_decision
 
-    Console().print(f"model {name or '?'} (namespace {namespace})  prompt tokens: {len(ids)}"
+    adapter = f", adapter {lora}" if lora else ""
+    Console().print(f"model {name or '?'}{adapter} (namespace {namespace})  prompt tokens: "
+                    f"{len(ids)}"
                     "  →  worker "
                     f"{reply['worker_id'] if reply['worker_id'] is None else hex(reply['worker_id'])}"
                     f"  ({reply['reason']})", highlight=False)

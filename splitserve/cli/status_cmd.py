@@ -58,7 +58,26 @@ async def registered_instances(etcd: str, namespace: str | None) -> list[dict]:
         rows.append({"namespace": data.get("namespace", ""), "component": data.get("component", ""),
                      "endpoint": data.get("endpoint", ""), "instance_id": data.get("instance_id"),
                      "address": str(addr).split("/")[0], "key": key})
+    await _add_adapters(etcd, rows)
     return rows
+
+
+async def _add_adapters(etcd: str, rows: list[dict]) -> None:
+    """Each worker's ``generate`` row gets its LoRA adapters (``loras``: name -> its
+    state there), from the statuses the workers keep in etcd (docs/lora.md)."""
+    from splitserve.contracts.kit.loras import LoraKeys, LoraView
+
+    for ns in sorted({r["namespace"] for r in rows if r["namespace"]}):
+        keys = LoraKeys(ns)
+        view = LoraView.from_items(keys, dict(await get_prefix(etcd, keys.statuses)))
+        for r in rows:
+            if r["namespace"] != ns or r["endpoint"] != "generate":
+                continue
+            mine = {name: by_worker[r["instance_id"]].state
+                    for name, by_worker in view.statuses.items()
+                    if r["instance_id"] in by_worker}
+            if mine:
+                r["loras"] = mine
 
 
 def dependencies_down(supervisor: dict, reported: list[dict] | None) -> list[str]:
@@ -134,12 +153,17 @@ def _print(report: dict, unreachable: list[str]) -> None:
         console.print(t)
     for ep, rows in report["etcd"].items():
         t = Table(title=f"instances registered in etcd {ep}")
-        for col in ("namespace", "component", "endpoint", "instance", "address"):
+        adapters = any(r.get("loras") for r in rows)
+        for col in ("namespace", "component", "endpoint", "instance", "address",
+                    *(("LoRA adapters",) if adapters else ())):
             t.add_column(col)
         for r in rows:
             iid = r["instance_id"]
+            shown = ", ".join(n if s == "loaded" else f"{n} ({s})"
+                              for n, s in sorted(r.get("loras", {}).items()))
             t.add_row(r["namespace"], r["component"], r["endpoint"],
-                      f"{iid:x}" if isinstance(iid, int) else str(iid), r["address"])
+                      f"{iid:x}" if isinstance(iid, int) else str(iid), r["address"],
+                      *((shown or "-",) if adapters else ()))
         console.print(t)
     for s in report["supervisors"]:
         for dep in s["dependencies_down"]:

@@ -145,3 +145,38 @@ def test_a_pools_planner_reads_only_its_models_requests_from_a_shared_frontend()
     assert (mine["splitserve_frontend_ttft_seconds_sum"],
             mine["splitserve_frontend_ttft_seconds_count"]) == (3.0, 3)
     assert parse_metrics(text)["splitserve_frontend_requests_total"] == 15
+
+
+def test_a_pools_planner_counts_its_models_lora_adapters_too():
+    """A LoRA adapter's requests run on its base model's workers: the frontend labels
+    them with the adapter as model and the base as base_model, and the base pool's
+    planner (which reads by base_model) counts them."""
+    def text(adapter_requests: int) -> str:
+        return ("# TYPE splitserve_frontend_requests_total counter\n"
+                'splitserve_frontend_requests_total{endpoint="chat",outcome="ok",'
+                'status="200",model="b",base_model="b"} 3\n'
+                'splitserve_frontend_requests_total{endpoint="chat",outcome="ok",'
+                f'status="200",model="b-lora",base_model="b"}} {adapter_requests}\n'
+                'splitserve_frontend_requests_total{endpoint="chat",outcome="ok",'
+                'status="200",model="a",base_model="a"} 7\n')
+
+    assert parse_metrics(text(4), base_model="b")["splitserve_frontend_requests_total"] == 7
+    assert parse_metrics(text(4), base_model="a")["splitserve_frontend_requests_total"] == 7
+    status = {"replicas": [{"component": "Frontend", "state": "ready",
+                            "endpoint": "http://frontend"}]}
+    scrapes = iter([text(4), text(14)])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if str(request.url) == f"{CONTROL}/v1/status":
+            return httpx.Response(200, json=status)
+        return httpx.Response(200, text=next(scrapes))
+
+    async def main():
+        client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        source = MetricsSource(CONTROL, client=client, model="b")
+        await source.observe(100.0)
+        second = await source.observe(101.0)
+        await client.aclose()
+        return second
+
+    assert asyncio.run(main()).requests_per_s == 10.0  # the adapter's, in b's pool

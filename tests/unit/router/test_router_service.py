@@ -33,8 +33,9 @@ class FakeIndexer:
         return {w: min(n, len(hashes)) for w, n in self._scores.items()}
 
 
-def hashes(tokens):
-    return [hash(tuple(tokens[: i + 16])) for i in range(0, len(tokens) - len(tokens) % 16, 16)]
+def hashes(tokens, lora=None):
+    return [hash((lora, *tokens[: i + 16]))
+            for i in range(0, len(tokens) - len(tokens) % 16, 16)]
 
 
 def service(policy="kv_aware", ids=(1, 2, 3), scores=None):

@@ -114,6 +114,6 @@ def test_a_down_worker_is_skipped_even_when_it_holds_the_whole_prefix():
 
     c = RouterComponentConfig(policy="kv_aware", use_kv_events=False)
     svc = RouterService(c, load_policy(c), Discovery([1, 2]), Index(),
-                        hash_blocks=lambda tokens: [7, 8, 9])
+                        hash_blocks=lambda tokens, lora=None: [7, 8, 9])
     assert svc.decide(call("a"))[0].worker_id == 1
     assert svc.decide(call("b", failed=[1]))[0].worker_id == 2
