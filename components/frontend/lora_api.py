@@ -20,7 +20,6 @@ directory): 401 without it, 403 for a browser's request (an ``Origin`` header).
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import time
@@ -30,6 +29,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from splitserve.contracts.kit.credentials import bearer_matches
 from splitserve.contracts.kit.loras import (
     ADAPTER_CONFIG,
     LoraRecord,
@@ -48,9 +48,11 @@ UNLOAD_WAIT_S = 5.0
 answer names those still holding it: requests in flight)."""
 
 
-def _error(err: APIError, **headers: str) -> JSONResponse:
+def _error(err: APIError) -> JSONResponse:
+    """The error's OpenAI-style body; a 401 names the scheme it wants."""
+    extra = {"WWW-Authenticate": "Bearer"} if err.status == 401 else {}
     return JSONResponse(err.body(), status_code=err.status, headers={**err.headers(),
-                                                                     **headers})
+                                                                     **extra})
 
 
 def authorize(request: Request, token: str | None) -> None:
@@ -62,9 +64,7 @@ def authorize(request: Request, token: str | None) -> None:
         raise APIError(401, "adapter management is off: this frontend was started "
                        "without the graph's control token", type_="authentication_error",
                        code="invalid_api_key")
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                             token.encode()):
+    if not bearer_matches(request.headers.get("authorization", ""), token):
         raise APIError(401, "adapter management needs the graph's control token as "
                        "'Authorization: Bearer <token>' (control.token in the run "
                        "directory; `dynamo lora` sends it)", type_="authentication_error",
@@ -127,7 +127,7 @@ async def load_adapter(request: Request) -> Response:
         body = await _body(request, state)
         return await _load(state, body)
     except APIError as err:
-        return _error(err, **({"WWW-Authenticate": "Bearer"} if err.status == 401 else {}))
+        return _error(err)
 
 
 async def _load(state: FrontendState, body: dict[str, Any]) -> Response:
@@ -247,7 +247,7 @@ async def unload_adapter(request: Request) -> Response:
                              "message": f"Success: LoRA adapter '{name}' removed "
                                         "successfully"})
     except APIError as err:
-        return _error(err, **({"WWW-Authenticate": "Bearer"} if err.status == 401 else {}))
+        return _error(err)
 
 
 async def list_adapters(request: Request) -> Response:
@@ -256,7 +256,7 @@ async def list_adapters(request: Request) -> Response:
     try:
         authorize(request, state.control_token)
     except APIError as err:
-        return _error(err, **({"WWW-Authenticate": "Bearer"} if err.status == 401 else {}))
+        return _error(err)
     served = {lane.name for lane in state.adapter_lanes()}
     data = []
     for namespace, name, record in state.adapters.entries():

@@ -7,6 +7,7 @@ them is the graph's operator; nobody else on the machine can.
 
 from __future__ import annotations
 
+import hmac
 import os
 import secrets
 import stat
@@ -40,3 +41,12 @@ def read_secret(path: Path | str) -> str:
     if not value:
         raise ValueError(f"{p} is empty")
     return value
+
+
+def bearer_matches(authorization: str, token: str) -> bool:
+    """Whether an ``Authorization`` header value is ``Bearer <token>`` (scheme in any
+    case), compared in constant time; the one check of the control token, for the
+    supervisor's control endpoint and the frontend's adapter endpoints alike."""
+    scheme, _, given = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                              token.encode())

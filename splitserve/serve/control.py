@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from splitserve.contracts.kit.credentials import bearer_matches
 
 Handler = Callable[[str, str, Any], Awaitable[tuple[int, Any]]]
 
@@ -43,9 +44,7 @@ def check_request(headers: dict[str, str], token: str) -> tuple[int, str] | None
     """
     if "origin" in headers:
         return 403, "browser requests (with an Origin header) are refused"
-    scheme, _, given = headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                             token.encode()):
+    if not bearer_matches(headers.get("authorization", ""), token):
         return 401, "missing or wrong bearer token (see control.token in the run directory)"
     length = int(headers.get("content-length", "0") or 0)
     if length:
