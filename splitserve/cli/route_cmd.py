@@ -43,6 +43,14 @@ def runtime_env(etcd: str, nats: str | None) -> dict[str, str]:
     return env
 
 
+# How long a registered router (and the decode worker it picks) may take to answer.
+ANSWER_S = 30.0
+
+
+class NoAnswer(RuntimeError):
+    """A router was found but its explanation did not come."""
+
+
 async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[int],
                    priority: str, timeout_s: float, lora: str | None = None) -> dict:
     os.environ.update(runtime_env(etcd, nats))
@@ -64,11 +72,18 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
         call = RouteCall(request_id="explain", token_ids=token_ids, priority=priority,
                          explain=True, record=False, lora=lora)
         reply = None
-        async for item in await client.round_robin(call.model_dump(mode="json")):
-            reply = RouteReply.model_validate(chunk_data(item)).model_dump()
+        answer_s = max(ANSWER_S, timeout_s)
+        try:
+            async with asyncio.timeout(answer_s):
+                async for item in await client.round_robin(call.model_dump(mode="json")):
+                    reply = RouteReply.model_validate(chunk_data(item)).model_dump()
+                if reply is not None:
+                    reply["offload"] = await _offload(rt, reply, token_ids, priority, lora)
+        except TimeoutError:
+            raise NoAnswer(f"the router registered in namespace {namespace!r} did not "
+                           f"answer within {answer_s:.0f}s") from None
         if reply is None:
-            raise RuntimeError("router returned nothing")
-        reply["offload"] = await _offload(rt, reply, token_ids, priority, lora)
+            raise NoAnswer("the router returned nothing")
         return reply
     finally:
         rt.shutdown()
@@ -201,6 +216,9 @@ def explain(
     try:
         reply = asyncio.run(_explain(etcd, nats, namespace or "dynamo", ids, priority,
                                      timeout_s, lora))
+    except NoAnswer as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
     except TimeoutError:
         where = split_credentials(etcd.split(",")[0])[0]
         err.print("[red]error:[/] ", end="")
