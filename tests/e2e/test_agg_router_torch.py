@@ -10,7 +10,7 @@ import pytest
 from tests.graphs import route_explain, start_graph
 from tests.e2e.helpers import metric, scrape
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.deep]
 
 MODEL = "SmolLM2-135M-Instruct"
 LONG = ("You are reviewing a long design document about a distributed cache. " * 12

@@ -73,6 +73,7 @@ def test_seeded_sampling_is_reproducible(agg):
     assert len(outs) == 1
 
 
+@pytest.mark.deep
 def test_32_concurrent_requests_equal_their_sequential_outputs(agg):
     c = client(agg)
     sequential = {p: ask(c, p) for p in PROMPTS}

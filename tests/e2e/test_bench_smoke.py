@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.deep]
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "../shared/traces/mooncake_fast25_conversation_trace.jsonl"

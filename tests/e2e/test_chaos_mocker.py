@@ -28,7 +28,7 @@ from tests.e2e.helpers import metric
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import descendants, http_post_json, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.timeout(300)]
 
 STREAMS = 9
 MAX_TOKENS = 600

@@ -107,17 +107,25 @@ def test_stalled_prefill_worker_times_out_and_full_queue_falls_back(fault_graph)
     assert fallbacks.get((("reason", "queue-full"),), 0) >= 1
 
 
+@pytest.mark.deep
 def test_prefill_worker_killed_mid_job_request_still_completes(fault_graph):
     run, url = fault_graph
     pid = prefill_pid(run)
     long_prompt = SHARED * 3 + QUESTIONS[0]
+    # The same request undisturbed, on this machine now: the bound below is that plus the
+    # remote-prefill timeout (4 s) and a local prefill, not a figure that holds only on
+    # an idle machine.
+    t0 = time.monotonic()
+    ask(url, SHARED * 3 + QUESTIONS[1], 24)
+    undisturbed = time.monotonic() - t0
     t0 = time.monotonic()
     with cf.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(ask, url, long_prompt, 24)
         time.sleep(0.3)  # the prefill worker has pulled the job and is computing
         os.kill(pid, signal.SIGKILL)
-        answer = fut.result(timeout=60).choices[0].message.content
-    assert time.monotonic() - t0 < 30
+        answer = fut.result(timeout=90).choices[0].message.content
+    elapsed = time.monotonic() - t0
+    assert elapsed < 2 * undisturbed + 4 + 15, (elapsed, undisturbed)
     # the supervisor brought the prefill worker back and remote prefill works again
     wait_until(lambda: any(r["state"] == "ready" and r["pid"] != pid
                            for r in run.replicas("PrefillWorker")), 60, interval_s=0.5,
@@ -145,6 +153,7 @@ def test_no_prefill_workers_means_local_prefill(fault_graph):
     assert sum(d.values()) - sum(before.values()) == 1.0
 
 
+@pytest.mark.deep
 def test_route_explain_shows_the_offload_decision(tmp_path, agg_torch):
     """The seed policy of the config explained, then followed: long prompts are prefilled
     remotely and short ones locally, and either way the greedy answer equals the

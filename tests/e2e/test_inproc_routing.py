@@ -16,7 +16,7 @@ from tests.e2e.helpers import by_label, dynamo, metric, scrape
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.deep]
 
 LONG = "Summarise the history of the printing press in Europe. " * 30
 

@@ -19,7 +19,7 @@ from tests.e2e.helpers import metric, scrape
 from tests.e2e.prompts import MODEL
 from tests.integration.serve_helpers import wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.timeout(600), pytest.mark.slow]
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm."
 MAX_TOKENS = 64

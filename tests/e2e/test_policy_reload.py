@@ -14,7 +14,7 @@ from tests.e2e.helpers import by_label, dynamo
 from tests.graphs import MOCKER_FLEET, start_graph
 from tests.integration.serve_helpers import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.deep]
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -100,6 +100,7 @@ def test_openai_tool_calls_streamed_and_not(c):
     assert again.choices[0].message.content and not again.choices[0].message.tool_calls
 
 
+@pytest.mark.deep
 def test_openai_auto_tool_choice_parses(c):
     for stream in (False, True):
         r = c.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOL], max_tokens=40,
@@ -157,6 +158,7 @@ def test_openai_responses_streamed_and_not(c):
     assert answer.output_text and not [o for o in answer.output if o.type == "function_call"]
 
 
+@pytest.mark.deep
 def test_openai_agents_sdk_agent_calls_a_python_tool(url):
     from agents import (
         Agent,
@@ -195,6 +197,7 @@ def test_openai_agents_sdk_agent_calls_a_python_tool(url):
     assert len(calls) == 1 and result.final_output == f"Sunny and 21 C in {calls[0]}."
 
 
+@pytest.mark.deep
 def test_langchain_bind_tools_and_structured_output(url):
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -220,6 +223,7 @@ def lm_eval_tasks(tmp: Path) -> Path:
     return tmp
 
 
+@pytest.mark.deep
 def test_lm_eval_local_completions_loglikelihood_and_generation(url, tmp_path):
     out = tmp_path / "results"
     args = [sys.executable, "-m", "lm_eval", "--model", "local-completions",
@@ -239,6 +243,7 @@ def test_lm_eval_local_completions_loglikelihood_and_generation(url, tmp_path):
     assert "exact_match,none" in results["splitserve_capitals_gen"]
 
 
+@pytest.mark.deep
 def test_aiperf_profiles_the_endpoint(url, tmp_path):
     assert AIPERF.exists(), "aiperf has its own environment: run scripts/setup.sh"
     args = [str(AIPERF), "profile", "--model", MODEL, "--url", url, "--endpoint-type",

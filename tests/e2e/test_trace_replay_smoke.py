@@ -14,7 +14,7 @@ import pytest
 from tests.graphs import start_graph
 from tests.e2e.helpers import metric
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.deep]
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "../shared/traces/mooncake_fast25_conversation_trace.jsonl"

@@ -21,7 +21,7 @@ from tests.graphs import start_graph
 from tests.e2e.helpers import metric
 from tests.integration.serve_helpers import ServeRun, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.deep]
 
 MODEL = "SmolLM2-135M-Instruct"
 BAD_IDS = [49152, 2**63, -1]

@@ -26,7 +26,7 @@ from splitserve.infra.embedded import EmbeddedInfra
 from splitserve.contracts.kit.procs import free_port
 from tests.integration.serve_helpers import REPO, ServeRun, dynamo_cmd, http_get_json, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.deep, pytest.mark.slow]
 
 RESTART_DELAY_S = 8.0  # long enough to observe the outage from outside, status included
 RECOVERY_BUDGET_S = 15.0

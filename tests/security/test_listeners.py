@@ -93,8 +93,9 @@ def test_decoding_of_proc_net_addresses():
 
 
 @pytest.mark.timeout(600)  # model loading on a busy 2-core machine
-@pytest.mark.parametrize("config", ["configs/disagg.yaml", "configs/mocker_disagg.yaml"],
-                         ids=["torch", "mocker"])
+@pytest.mark.parametrize("config", [
+    pytest.param("configs/disagg.yaml", id="torch", marks=pytest.mark.deep),
+    pytest.param("configs/mocker_disagg.yaml", id="mocker")])
 def test_every_listener_of_the_disagg_graph_is_on_loopback(tmp_path, config):
     run = ServeRun(tmp_path, "graphs.disagg:Frontend", "-f", config, "--Frontend.port=0")
     try:
