@@ -462,12 +462,16 @@ class Supervisor:
         if not live:
             return
         waits = [asyncio.create_task(r.proc.wait()) for r in live]
-        _, pending = await asyncio.wait(waits, timeout=max(grace_s, 0.1))
+        # Earlier shutdown ranks may have used up the overall deadline: these then get a
+        # moment, and the message says the deadline passed rather than a negative time.
+        wait_s = max(grace_s, 0.1)
+        _, pending = await asyncio.wait(waits, timeout=wait_s)
         overran = [r for r in live if r.proc.returncode is None]
+        why = (f"did not stop in {wait_s:.1f}s" if grace_s > 0.1 else
+               "did not stop before the shutdown deadline (spent by earlier ranks)")
         for r in overran:
             r.killed = True
-            self.printer("supervisor", f"{r.name} did not stop in {grace_s:.1f}s; killing "
-                         "(its threads' stacks follow)")
+            self.printer("supervisor", f"{r.name} {why}; killing (its threads' stacks follow)")
         await kill_with_stacks([r.proc for r in overran])
         if pending:
             await asyncio.wait(pending, timeout=5)
