@@ -168,7 +168,11 @@ def test_route_explain_shows_the_offload_decision(tmp_path, agg_torch):
         long = explain(SHARED * 3 + QUESTIONS[0])["offload"]
         assert long["decision"]["remote"] is True and long["decision"]["score"] == 0.7
         assert long["request"]["prompt_length"] > 256
-        prompts = [SHARED * 3 + QUESTIONS[1], SHARED * 3 + QUESTIONS[2], QUESTIONS[4]]
+        # The two long prompts share no prefix past the chat template's first tokens: with
+        # the report first, the second would find it cached on the decode worker (once the
+        # first's blocks are registered there) and be prefilled locally, by rule.
+        prompts = [QUESTIONS[1] + " " + SHARED * 3, QUESTIONS[2] + " " + SHARED * 3,
+                   QUESTIONS[4]]
         expected = [ask(agg_torch[1], p).choices[0].message.content for p in prompts]
         assert [ask(url, p).choices[0].message.content for p in prompts] == expected
         d = fleet(run, "DecodeWorker", "splitserve_disagg_decisions_total")
