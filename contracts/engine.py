@@ -345,8 +345,10 @@ class Engine(Protocol):
         """The error that killed the engine on its own, or None while it is healthy."""
 
     # ---- capabilities.prefix_lookup -----------------------------------------------------
-    async def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> int:
-        """Prompt tokens this engine's prefix cache holds now (for the decider)."""
+    async def cached_prefix_tokens(self, token_ids: tuple[int, ...],
+                                   lora: str | None = None) -> int:
+        """Prompt tokens this engine's prefix cache holds now (for the decider): the base
+        model's blocks, or adapter ``lora``'s (an adapter's KV is its own)."""
 
     # ---- capabilities.handoff_before_prefill --------------------------------------------
     async def begin_prefill(self, request_id: str, params: GenerateParams) -> PrefillTicket:
@@ -423,7 +425,8 @@ class WithoutFailureReport(WithoutAbility):
 class WithoutPrefixLookup(WithoutAbility):
     """For an engine whose prefix hit the decider cannot ask (``prefix_lookup`` false)."""
 
-    async def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> int:
+    async def cached_prefix_tokens(self, token_ids: tuple[int, ...],
+                                   lora: str | None = None) -> int:
         raise self._absent("cached_prefix_tokens", "prefix_lookup")
 
 

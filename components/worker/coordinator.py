@@ -125,10 +125,10 @@ class EngineDecodeCoordinator:
         """Live KV moves (``kv_moves.py``): the cut parks requests, and a request with a
         ``kv_source`` continues from that KV instead of being prefilled."""
 
-    async def _cached_prefix(self, token_ids: tuple[int, ...]) -> int:
+    async def _cached_prefix(self, token_ids: tuple[int, ...], lora: str | None = None) -> int:
         if not token_ids or not self.engine.info.capabilities.prefix_lookup:
             return 0
-        return await self.engine.cached_prefix_tokens(token_ids)
+        return await self.engine.cached_prefix_tokens(token_ids, lora)
 
     def _count(self, outcome: str) -> None:
         if self.requests is not None:
@@ -151,7 +151,8 @@ class EngineDecodeCoordinator:
         if tokens:
             self.engine.validate(GenerateParams(token_ids=tokens))
         req = OffloadRequest(request_id="explain", prompt_length=len(tokens),
-                             prefix_cached_length=await self._cached_prefix(tokens),
+                             prefix_cached_length=await self._cached_prefix(
+                                 tokens, request.get("lora")),
                              priority=request.get("priority", "default"))
         snap = self.snapshot()
         if request.get("lora"):  # a prefill job carries no adapter

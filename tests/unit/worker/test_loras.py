@@ -295,3 +295,29 @@ def test_a_decode_worker_prefills_an_adapter_request_itself(tmp_path):
     assert chunks[0]["finish_reason"] == "error"
     assert "'sql' cannot be served: the fake decode engine cannot prefill locally" in \
         chunks[0]["error"]
+
+
+def test_explain_reads_the_adapters_own_prefix_cache(tmp_path):
+    """An adapter's KV is its own: the explained prefix hit of an adapter request is the
+    one the engine holds for that adapter, not the base model's."""
+    engine = FakeLoraEngine()
+    engine.info.capabilities = dataclasses.replace(engine.info.capabilities,
+                                                   prefix_lookup=True)
+    asked: list[tuple[tuple[int, ...], str | None]] = []
+
+    async def cached_prefix_tokens(token_ids, lora=None):
+        asked.append((tuple(token_ids), lora))
+        return 16 if lora is None else 0
+
+    engine.cached_prefix_tokens = cached_prefix_tokens
+    coord, _, _ = decode_coordinator(engine)
+
+    async def explain(lora):
+        return [c async for c in coord.explain({"token_ids": list(range(1, 33)),
+                                                "lora": lora})][-1]
+
+    base, adapter = asyncio.run(explain(None)), asyncio.run(explain("sql"))
+    assert asked == [(tuple(range(1, 33)), None), (tuple(range(1, 33)), "sql")]
+    assert base["request"]["prefix_cached_length"] == 16
+    assert adapter["request"]["prefix_cached_length"] == 0
+    assert adapter["decision"]["reason"] == "lora-local-prefill"
