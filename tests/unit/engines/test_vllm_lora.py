@@ -31,7 +31,7 @@ from splitserve.components.engines.vllm.config import (
 from splitserve.components.engines.vllm.engine import VllmEngine
 from splitserve.contracts.block_events import BlockStored
 from splitserve.contracts.engine import GenerateParams
-from tests.fixtures.tiny_models import FAMILIES, SHAPE, TOKENIZER_FILES, write_lora_adapter
+from tests.fixtures.tiny_models import write_lora_adapter, write_vllm_cpu_llama
 from tests.unit.engines.adapter_helpers import collect, deltas
 from tests.installed import needs_vllm
 
@@ -46,29 +46,6 @@ BLOCK = 128  # vLLM's CPU attention block size
 
 
 # ---- the model and its reference ----------------------------------------------------------
-
-def write_cpu_llama(dest: Path, tokenizer_dir: Path) -> Path:
-    """The shared tiny Llama's family and shape with two heads of 32 (``tiny_models``'
-    Llama has heads of 16, and vLLM's CPU attention has no kernel for those: its first
-    step fails with "Unsupported CPU attention configuration: head_dim=16")."""
-    import torch
-    import transformers
-
-    config = transformers.LlamaConfig(**{**SHAPE, **FAMILIES["llama"][1],
-                                         "num_attention_heads": 2, "num_key_value_heads": 1})
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # norms away from 1, as the shared tiny models have them
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.normal_(mean=1.0, std=0.2)
-    dest.mkdir(parents=True)
-    model.save_pretrained(str(dest), safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, dest / name)
-    return dest
-
 
 def peft_greedy(base: Path, adapter: Path | None, prompt: tuple[int, ...], n: int) -> list[int]:
     """``n`` greedy tokens of transformers' model, with peft's adapter applied when given
@@ -106,7 +83,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, smollm2_dir):
     root = tmp_path_factory.mktemp("vllm-lora")
-    base = write_cpu_llama(root / "llama", smollm2_dir)
+    base = write_vllm_cpu_llama(root / "llama", smollm2_dir)
     adapter = write_lora_adapter(base, root / "adapter", rank=RANK)
     args = VllmEngineArgs(model=str(base), dtype="float32", max_model_len=2 * BLOCK + 64,
                           block_size=BLOCK, max_num_seqs=4, enable_lora=True, max_loras=2,
