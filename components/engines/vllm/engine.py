@@ -12,7 +12,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Literal
+from typing import Any, Literal
 
 from splitserve.contracts.kit.model_dir import weights_dir
 from splitserve.contracts.kit.waiting import poll_until
@@ -179,8 +179,15 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
             except Exception as exc:  # noqa: BLE001 - the engine is shut down next anyway
                 log.warning("aborting %d requests at shutdown failed: %s", len(self._active),
                             exc)
+        ctx = _zmq_context(self._engine)
         await asyncio.to_thread(self._engine.shutdown, self.stop_timeout_s)
         self._engine = None
+        if ctx is not None and not ctx.closed:
+            # vLLM's client closes its sockets (on this loop: let that run first) but
+            # leaves their context to the garbage collector, whose ResourceWarning then
+            # surfaces wherever the collection happens to run.
+            await asyncio.sleep(0)
+            ctx.destroy(linger=0)
 
     # ---- requests -----------------------------------------------------------------------
     def validate(self, params: GenerateParams) -> None:
@@ -379,3 +386,9 @@ def make_engine(ctx, cfg, role: Role) -> VllmEngine:
             else cfg.engine_args.model_copy(update={"kv_events": False}))
     return VllmEngine(args, common.served_model_name, role, kv_transfer=cfg.kv_transfer,
                       model=common.model, stop_timeout_s=stop_s)
+
+
+def _zmq_context(engine: Any) -> Any:
+    """The ZMQ context of vLLM's engine client (``MPClient.resources.ctx``), or None."""
+    resources = getattr(getattr(engine, "engine_core", None), "resources", None)
+    return getattr(resources, "ctx", None)
