@@ -19,7 +19,9 @@ pytest_plugins = ["tests.parallel"]  # module order and the lock for parallel wo
 # Dynamo's runtime in a test process (tests that call a graph's endpoints directly) logs
 # at INFO straight to the terminal, past pytest's capture (at interpreter exit, from an
 # xdist worker); its graphs' replicas run at this level too (splitserve.serve.runner).
-os.environ.setdefault("DYN_LOG", "warn")
+# The push router warns from a background thread when its runtime shuts down ("Instance
+# removal watcher stream ended; reconnecting"), which landed between pytest's dots.
+os.environ.setdefault("DYN_LOG", "warn,dynamo_runtime::pipeline::network::egress::push_router=error")
 
 GRAPH_LOG_TAIL_LINES = 60
 _GRAPHS_BEFORE = pytest.StashKey[int]()
