@@ -153,6 +153,7 @@ def test_an_unloaded_adapter_is_404(graph):
     wait_until(lambda: adapters(run) == [], 30, what="the adapter's records gone")
 
 
+@pytest.mark.deep  # its own disaggregated graph; the decision itself: tests/unit/worker
 def test_a_disaggregated_graph_prefills_an_adapter_request_on_its_decode_worker(
         tmp_path_factory, tiny_models, tiny_lora):
     """Prefill jobs carry no adapter: with remote prefill forced, the base model's
