@@ -7,6 +7,7 @@ under a per-run directory, so two runs on one machine never collide.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import time
 import urllib.error
@@ -68,7 +69,9 @@ class _Server:
         try:
             with urllib.request.urlopen(self.health_url, timeout=0.5) as resp:
                 return self.healthy_body in resp.read().decode()
-        except (urllib.error.URLError, OSError, ValueError):
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+            # HTTPException: another server holds the port (another graph's NATS took it
+            # in a port race); ours then fails to bind and start() retries on new ports.
             return False
 
     def log_tail(self, lines: int = 15) -> str:
