@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.e2e.helpers import dynamo
-from tests.e2e.test_lora import peft_greedy
+from tests.e2e.test_lora import MAX_TOKENS, greedy, peft_greedy
 from tests.e2e.test_own_model import PROMPT_IDS, transformers_greedy
 from tests.fixtures.tiny_models import write_lora_adapter, write_vllm_cpu_llama
 from tests.graphs import start_graph
@@ -23,7 +23,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.deep, pytest.mark.slow, pytest.mark.t
               pytest.mark.exclusive, needs_vllm]
 
 FIRST, POOLED, ADAPTER = "vllm-qwen3", "vllm-llama", "vllm-llama-sql"
-MAX_TOKENS = 8
 RANK = 8
 
 
@@ -65,12 +64,6 @@ def test_two_models_on_vllm_answer_each_with_its_own_weights(pools):
     r = httpx.post(f"{url}/v1/completions", timeout=30, json={
         "model": "nobody", "prompt": "Hi", "max_tokens": 2})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-
-
-def greedy(url: str, model: str) -> httpx.Response:
-    return httpx.post(f"{url}/v1/completions", timeout=120, json={
-        "model": model, "prompt": PROMPT_IDS, "max_tokens": MAX_TOKENS, "temperature": 0,
-        "min_tokens": MAX_TOKENS})
 
 
 def test_an_adapter_of_the_pooled_model_is_served_by_vllm_as_peft_answers(pools):

