@@ -34,7 +34,7 @@ had to fake.  Version 2 carries them as an optional ``destination``."""
 READABLE_VERSIONS = (1, WIRE_VERSION)
 """A version-1 job (from decode workers of the release before) is read as version 2: its
 blocks become the ``destination``, which only prefill engines that push KV look at."""
-ADDED_FIELDS = ("ignore_eos", "min_tokens")
+ADDED_FIELDS = ("ignore_eos", "min_tokens", "lora")
 """Optional fields added to version 1 after its first release (see ``encode``)."""
 RETIRED_FIELDS = ("trace_id", "parent_span_id")
 """Fields of version 1's first release that nothing ever read: still accepted as null,
@@ -81,6 +81,11 @@ class PrefillRequest(BaseModel):
     min_tokens: int = Field(default=0, ge=0, description="Tokens the request produces "
                             "before a stop token may end it (applies to the prefill's "
                             "first token too).")
+    lora: str | None = Field(
+        default=None, min_length=1, description="The LoRA adapter the prompt is computed "
+        "with, by the name workers loaded it under; None: the base model. Decode workers "
+        "send one only while every live prefill worker reports it loaded (a prefill "
+        "worker of an earlier release loads none and reports nothing).")
     handoff_subject: str | None = Field(
         default=None, min_length=1, description="The NATS subject on which the decode "
         "worker waits for the prefill result (its first token and the engine's handoff: "

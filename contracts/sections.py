@@ -119,7 +119,7 @@ class EnginePrefillSection(WorkerCommon, PrefillTimings):
     @model_validator(mode="after")
     def _no_adapters(self) -> EnginePrefillSection:
         if self.loras:
-            raise ValueError("loras: a prefill worker loads no adapter (a request for an "
-                             "adapter is prefilled by its decode worker); list them under "
+            raise ValueError("loras: a prefill worker loads the adapters its decode "
+                             "workers serve (from etcd), none of its own; list them under "
                              "DecodeWorker.loras")
         return self

@@ -115,7 +115,8 @@ def check_adapter_dir(path: str) -> str:
 
 
 def _workers(view: LoraView, name: str) -> dict[str, dict[str, str]]:
-    return {f"{w:x}": {"state": s.state, **({"error": s.error} if s.error else {})}
+    return {f"{w:x}": {"state": s.state, **({"error": s.error} if s.error else {}),
+                       **({"role": s.role} if s.role != "serve" else {})}
             for w, s in sorted(view.current(name).items())}
 
 

@@ -79,14 +79,16 @@ def job_carries(params: GenerateParams) -> bool:
             and params.prompt_logprobs is None)
 
 
-def check_adapter_prefill(params: GenerateParams, local_prefill: bool, engine: str) -> None:
-    """A prefill job carries no LoRA adapter (prefill workers load none), so a request
-    for one is prefilled where it decodes: refused (ValueError) on a decode engine that
-    cannot prefill locally, whose prompt would be computed without the adapter."""
-    if params.lora is not None and not local_prefill:
+def check_adapter_prefill(params: GenerateParams, local_prefill: bool, engine: str,
+                          prefill_serves: Callable[[str], bool]) -> None:
+    """A request for a LoRA adapter is prefilled remotely only while every live prefill
+    worker has the adapter loaded (``prefill_serves``), else where it decodes: refused
+    (ValueError) on a decode engine that cannot prefill locally, whose prompt would
+    otherwise be computed without the adapter."""
+    if params.lora is not None and not local_prefill and not prefill_serves(params.lora):
         raise ValueError(f"the LoRA adapter '{params.lora}' cannot be served: the {engine} "
-                         "decode engine cannot prefill locally, and prefill jobs carry no "
-                         "adapter")
+                         "decode engine cannot prefill locally, and not every live "
+                         "prefill worker has the adapter loaded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +123,9 @@ class EngineDecodeCoordinator:
         """The component's drain cut (``ComponentContext.drain_cut``): once set, requests
         still streaming end with a ``drained`` chunk and are resumed elsewhere."""
         self._engine_ids: dict[str, str] = {}  # request id -> engine's, where they differ
+        self.prefill_serves: Callable[[str], bool] = lambda name: False
+        """Whether every live prefill worker has LoRA adapter ``name`` loaded (the
+        shell's ``AdapterSet.prefill_serves``): only then is a request for it offloaded."""
         self.moves: KvMoves | None = None
         """Live KV moves (``kv_moves.py``): the cut parks requests, and a request with a
         ``kv_source`` continues from that KV instead of being prefilled."""
@@ -145,8 +150,8 @@ class EngineDecodeCoordinator:
 
     async def explain(self, request: dict, context=None) -> AsyncIterator[dict]:
         """The ``explain`` endpoint: the decider's verdict for ``token_ids`` (and
-        ``lora``: a request for an adapter prefills here) and the step this engine would
-        take, without acting."""
+        ``lora``: a request for an adapter the prefill pool lacks prefills here) and the
+        step this engine would take, without acting."""
         tokens = tuple(request.get("token_ids") or [])
         if tokens:
             self.engine.validate(GenerateParams(token_ids=tokens))
@@ -155,7 +160,8 @@ class EngineDecodeCoordinator:
                                  tokens, request.get("lora")),
                              priority=request.get("priority", "default"))
         snap = self.snapshot()
-        if request.get("lora"):  # a prefill job carries no adapter
+        lora = request.get("lora")
+        if lora and not self.prefill_serves(lora):
             decision = OffloadDecision(remote=False, reason="lora-local-prefill")
         else:
             decision = self.decider.decide(req, snap)
@@ -176,7 +182,8 @@ class EngineDecodeCoordinator:
             params = params_from_wire(wreq)
             info = self.engine.info
             check_adapter(params, info)
-            check_adapter_prefill(params, info.capabilities.local_prefill, info.name)
+            check_adapter_prefill(params, info.capabilities.local_prefill, info.name,
+                                  self.prefill_serves)
             self.engine.validate(params)
         except Exception as exc:  # noqa: BLE001 - the client gets the reason
             self._count("rejected")
@@ -270,7 +277,7 @@ class EngineDecodeCoordinator:
         if prefill_locally:
             # QoS degradation (low priority while the prefill pool is busy): no offload.
             decision = OffloadDecision(remote=False, reason="qos-local-prefill")
-        elif params.lora is not None:
+        elif params.lora is not None and not self.prefill_serves(params.lora):
             decision = OffloadDecision(remote=False, reason="lora-local-prefill")
         elif not job_carries(params):
             decision = OffloadDecision(remote=False, reason="sampling-local-prefill")
@@ -278,7 +285,7 @@ class EngineDecodeCoordinator:
             decision = self.decider.decide(
                 OffloadRequest(request_id=rid, prompt_length=len(params.token_ids),
                                prefix_cached_length=await self._cached_prefix(
-                                   params.token_ids),
+                                   params.token_ids, params.lora),
                                priority=priority), self.snapshot())
         waited = 0.0
         s = self.settings
@@ -331,7 +338,7 @@ class EngineDecodeCoordinator:
                     temperature=params.temperature, top_p=params.top_p, seed=params.seed,
                     stop_token_ids=list(params.stop_token_ids),
                     ignore_eos=params.ignore_eos, min_tokens=params.min_tokens,
-                    handoff_subject=self.subject)
+                    lora=params.lora, handoff_subject=self.subject)
             except ValueError as exc:
                 log.info("request %s cannot be offloaded (%s)", rid, str(exc).splitlines()[0])
                 await release(False)

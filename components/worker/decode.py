@@ -80,6 +80,8 @@ async def run_decode(ctx: ComponentContext, cfg) -> None:
         tasks: list[asyncio.Future] = []
         stack.push_async_callback(cancel_all, tasks)
         adapters = start_adapters(ctx, h, cfg, tasks)
+        coord.prefill_serves = lambda name: adapters.prefill_serves(
+            name, len(prefill_client.instance_ids()))
         reporter = start_load_reports(ctx, h, cfg.load_report_interval_s,
                                       extra_waiting=lambda: inbox.waiting,
                                       adapters=adapters)

@@ -1,12 +1,15 @@
 """A worker replica's LoRA adapters, kept in line with the records in etcd.
 
-Every aggregated and decode replica runs one ``AdapterSet`` (prefill workers load none:
-a request for an adapter is prefilled where it decodes).  ``follow_adapters`` writes the
-section's static ``loras`` to etcd, follows ``adapters/`` of the namespace
-(``contracts/kit/loras.py``) and hands every change to ``AdapterSet.apply``, which loads
-and unloads through the engine (``load_lora`` / ``unload_lora`` / ``loras``) and
-publishes this replica's status of each adapter on its lease.  A replica started later
-reads the whole set first, so it loads what the others have.
+Every worker replica runs one ``AdapterSet``: aggregated and decode replicas (role
+``serve``) and prefill workers (role ``prefill``, which compute the prompts of adapter
+requests that decode workers offload).  ``follow_adapters`` writes the section's static
+``loras`` to etcd, follows the namespace's adapters and statuses
+(``contracts/kit/loras.py``) and hands every change of the records to
+``AdapterSet.apply``, which loads and unloads through the engine (``load_lora`` /
+``unload_lora`` / ``loras``) and publishes this replica's status of each adapter on its
+lease.  A replica started later reads the whole set first, so it loads what the others
+have.  The statuses tell a decode replica which adapters the prefill pool can compute
+(``prefill_serves``): a request for any other is prefilled where it decodes.
 
 Failures never end the replica: a load that fails (a bad path, no slot left) is reported
 as ``failed`` with the engine's message, in etcd and in the load reports, and not tried
@@ -62,10 +65,14 @@ class AdapterSet:
     """The adapters of one replica's engine; ``apply`` is called with etcd's records
     after every change (and every ``RETRY_S`` while an unload waits)."""
 
-    def __init__(self, engine: Engine, component: str, publish: Publish | None = None) -> None:
+    def __init__(self, engine: Engine, component: str, publish: Publish | None = None,
+                 role: Literal["serve", "prefill"] = "serve") -> None:
         self.engine = engine
         self.component = component
+        self.role = role
         self.publish: Publish | None = publish
+        self.view = LoraView()
+        """The namespace's records and every replica's statuses, as last read."""
         self.records: dict[str, LoraRecord] = {}
         self.failed: dict[str, tuple[str, str]] = {}
         """name -> (path, why) of loads that failed."""
@@ -82,6 +89,15 @@ class AdapterSet:
     def loaded(self) -> list[str]:
         """The adapters loaded now (for load reports)."""
         return sorted(self.engine.loras()) if self.serves else []
+
+    def prefill_serves(self, name: str, live_prefill_workers: int) -> bool:
+        """True when every live prefill worker (``live_prefill_workers`` of them, at
+        least one) reports adapter ``name`` loaded from its current path and none reports
+        a problem with it: only then may a job for it go to the shared prefill queue,
+        which any of them may pull."""
+        loaded = self.view.loaded_on(name, role="prefill")
+        return (live_prefill_workers > 0 and len(loaded) >= live_prefill_workers
+                and not self.view.problems(name, role="prefill"))
 
     def errors(self) -> dict[str, str]:
         """Adapters that could not be loaded (or served), and why (for load reports)."""
@@ -121,11 +137,14 @@ class AdapterSet:
         for name, status in list(self.reported.items()):
             await self._report(name, status)
 
+    def _status(self, state: str, path: str, error: str = "") -> LoraStatus:
+        return LoraStatus(state=state, path=path, error=error, component=self.component,
+                          engine=self.engine.info.name, role=self.role)
+
     async def _unsupported(self) -> None:
         why = f"the {self.engine.info.name} engine serves no LoRA adapters"
         for name, record in self.records.items():
-            status = LoraStatus(state="unsupported", path=record.path, error=why,
-                                component=self.component, engine=self.engine.info.name)
+            status = self._status("unsupported", record.path, why)
             if self.reported.get(name) != status:
                 await self._report(name, status)
         for name in [n for n in self.reported if n not in self.records]:
@@ -148,20 +167,17 @@ class AdapterSet:
         return True
 
     async def _load(self, name: str, path: str) -> None:
-        info = self.engine.info
         try:
             await self.engine.load_lora(name, path)
         except Exception as exc:  # noqa: BLE001 - reported; the replica serves on
             why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
             log.warning("adapter %s from %s could not be loaded: %s", name, path, why)
             self.failed[name] = (path, why)
-            await self._report(name, LoraStatus(state="failed", path=path, error=why,
-                                                component=self.component, engine=info.name))
+            await self._report(name, self._status("failed", path, why))
             return
         self.failed.pop(name, None)
         log.info("adapter %s loaded from %s", name, path)
-        await self._report(name, LoraStatus(state="loaded", path=path,
-                                            component=self.component, engine=info.name))
+        await self._report(name, self._status("loaded", path))
 
     async def _report(self, name: str, status: LoraStatus | None) -> None:
         if status is None:
@@ -190,7 +206,8 @@ async def follow_adapters(adapters: AdapterSet, keys: LoraKeys, worker_id: int,
 
     Each etcd session: a lease for this replica's statuses, the static records written
     (config wins over a record of the same name), every status published again, then the
-    prefix read and watched (``follow_prefix``, which reconnects)."""
+    prefix read and watched (``follow_prefix``, which reconnects): ``adapters.view`` is
+    kept current with every change, and ``apply`` called when the records change."""
 
     @contextlib.asynccontextmanager
     async def session() -> AsyncIterator:
@@ -220,12 +237,18 @@ async def follow_adapters(adapters: AdapterSet, keys: LoraKeys, worker_id: int,
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(lease.revoke()), 2.0)
 
+    applied: dict[str, LoraRecord] | None = None
+
     async def on_items(items: dict[str, bytes]) -> None:
-        await adapters.apply(LoraView.from_items(keys, items).adapters)
+        nonlocal applied
+        adapters.view = LoraView.from_items(keys, items)
+        if adapters.view.adapters != applied:  # a status change alone loads nothing
+            applied = dict(adapters.view.adapters)
+            await adapters.apply(applied)
 
     retry = asyncio.create_task(_retry_busy(adapters))
     try:
-        await follow_prefix(session, keys.adapters, on_items, first=first)
+        await follow_prefix(session, keys.root, on_items, first=first)
     finally:
         retry.cancel()
 

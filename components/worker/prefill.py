@@ -2,7 +2,8 @@
 
 ``python -m splitserve.components.worker.prefill_main`` runs it.  Around the hosted
 engine it runs the prefill loop (``prefill_loop.py``: pull a job, prefill, hand the
-result to the decode worker, ack) and serves a presence endpoint on
+result to the decode worker, ack), loads the namespace's LoRA adapters (a job names the
+adapter its prompt is computed with) and serves a presence endpoint on
 ``<ns>.prefillworker.generate``, by which decode workers count live prefill workers;
 its load gauges are what the planner reads for the prefill pool.
 """
@@ -20,7 +21,7 @@ from .disagg_metrics import PrefillMetrics
 from splitserve.contracts.sections import Draining, PrefillTimings
 
 from .prefill_loop import PrefillLoopSettings, pull_loop
-from .shell import bounded, cancel_all, report_ready, start_load_reports
+from .shell import bounded, cancel_all, report_ready, start_adapters, start_load_reports
 
 
 def loop_settings(cfg) -> PrefillLoopSettings:
@@ -58,7 +59,9 @@ async def run_prefill(ctx: ComponentContext, cfg) -> None:
             # Decode workers count live prefill workers by this endpoint's instances.
             yield {"ok": True, "engine": engine.info.name, "worker": f"{worker_id:x}"}
 
-        reporter = start_load_reports(ctx, h, cfg.load_report_interval_s)
+        adapters = start_adapters(ctx, h, cfg, tasks, role="prefill")
+        reporter = start_load_reports(ctx, h, cfg.load_report_interval_s,
+                                      adapters=adapters)
         tasks += [reporter, report_ready(ctx, h)]
         serving = asyncio.ensure_future(serve_until_stopped(
             ctx, h.endpoint, presence, drain_timeout_s=cfg.drain_timeout_s,

@@ -63,13 +63,13 @@ async def keep_alive(job, every_s: float) -> None:
 
 
 def job_params(req: PrefillRequest) -> GenerateParams:
-    """The engine's view of a job: the prompt, one token, the request's sampling and
-    priority level."""
+    """The engine's view of a job: the prompt, one token, the request's sampling,
+    priority level and LoRA adapter."""
     return GenerateParams(token_ids=tuple(req.token_ids), max_tokens=1,
                           temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                           stop_token_ids=tuple(req.stop_token_ids),
                           ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
-                          priority=req.level())
+                          priority=req.level(), lora=req.lora)
 
 
 async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,

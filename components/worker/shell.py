@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from typing import Literal
 
 from splitserve.contracts.wire import WorkerLoad, load_subject
 from splitserve.contracts.kit.component import ComponentContext
@@ -46,14 +47,14 @@ def start_load_reports(ctx: ComponentContext, h: Hosted, interval_s: float,
         interval_s, ctx.stopping, ReportFailures(metrics.load_report_failures)))
 
 
-def start_adapters(ctx: ComponentContext, h: Hosted, cfg, tasks: list[asyncio.Future]
-                   ) -> AdapterSet:
+def start_adapters(ctx: ComponentContext, h: Hosted, cfg, tasks: list[asyncio.Future],
+                   role: Literal["serve", "prefill"] = "serve") -> AdapterSet:
     """The replica's LoRA adapters, following etcd in a task added to ``tasks`` (with no
     etcd in the environment, a component started by hand, only none are served)."""
     from splitserve.contracts.kit.etcd import etcd_client
     from splitserve.contracts.kit.loras import LoraKeys
 
-    adapters = AdapterSet(h.engine, ctx.run.component)
+    adapters = AdapterSet(h.engine, ctx.run.component, role=role)
     endpoints = os.environ.get("ETCD_ENDPOINTS")
     if not endpoints:
         log.info("no ETCD_ENDPOINTS: LoRA adapters are not followed")

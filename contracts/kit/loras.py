@@ -72,6 +72,10 @@ class LoraStatus(BaseModel):
     """Why it failed, or why the engine cannot serve it (``unsupported``)."""
     component: str = ""
     engine: str = ""
+    role: Literal["serve", "prefill"] = "serve"
+    """``serve``: a replica requests are routed to (aggregated or decode); ``prefill``: a
+    prefill worker, which computes the prompts of the adapter's requests that its decode
+    workers offload (written by this release on; earlier statuses read as ``serve``)."""
 
 
 @dataclass(frozen=True)
@@ -133,14 +137,17 @@ class LoraView:
         return {w: s for w, s in self.statuses.get(name, {}).items()
                 if s.state == "unsupported" or s.path == record.path}
 
-    def loaded_on(self, name: str) -> set[int]:
-        """Workers that report ``name`` loaded from its current path."""
-        return {w for w, s in self.current(name).items() if s.state == "loaded"}
+    def loaded_on(self, name: str, role: str = "serve") -> set[int]:
+        """Workers of ``role`` that report ``name`` loaded from its current path (by
+        default the replicas requests are routed to)."""
+        return {w for w, s in self.current(name).items()
+                if s.state == "loaded" and s.role == role}
 
-    def problems(self, name: str) -> dict[int, str]:
-        """Workers that could not load ``name`` (or cannot serve adapters), and why."""
+    def problems(self, name: str, role: str | None = None) -> dict[int, str]:
+        """Workers (of ``role``; None: of any) that could not load ``name`` (or cannot
+        serve adapters), and why."""
         return {w: s.error or s.state for w, s in self.current(name).items()
-                if s.state != "loaded"}
+                if s.state != "loaded" and role in (None, s.role)}
 
 
 OnItems = Callable[[dict[str, bytes]], Awaitable[None] | None]

@@ -193,7 +193,8 @@ def list_(
     for col in ("name", "base model", "served", "source", "path", "workers"):
         t.add_column(col)
     for a in rows:
-        workers = "; ".join(f"{w} {s['state']}" + (f": {s['error']}" if s.get("error") else "")
+        workers = "; ".join(f"{w}{' (prefill)' if s.get('role') == 'prefill' else ''} "
+                            f"{s['state']}" + (f": {s['error']}" if s.get("error") else "")
                             for w, s in a.get("workers", {}).items())
         t.add_row(a["id"], a["base_model"], "yes" if a.get("served") else "no", a["source"],
                   a["path"], workers or "-")

@@ -9,7 +9,8 @@
 - the management endpoint refuses a request without the graph's control token (401);
 - a replica started afterwards loads the adapter too, and requests reach it;
 - unloaded over HTTP, the adapter leaves /v1/models and its requests get 404;
-- in a disaggregated graph an adapter request is prefilled by its decode worker.
+- in a disaggregated graph the prefill worker loads the adapter too, and an adapter
+  request is prefilled there with it and answers as peft does.
 """
 
 from __future__ import annotations
@@ -154,11 +155,12 @@ def test_an_unloaded_adapter_is_404(graph):
 
 
 @pytest.mark.deep  # its own disaggregated graph; the decision itself: tests/unit/worker
-def test_a_disaggregated_graph_prefills_an_adapter_request_on_its_decode_worker(
+def test_a_disaggregated_graph_prefills_an_adapter_request_with_its_adapter(
         tmp_path_factory, tiny_models, tiny_lora):
-    """Prefill jobs carry no adapter: with remote prefill forced, the base model's
-    request is offloaded and the adapter's is prefilled where it decodes, and answers
-    as peft does."""
+    """The prefill worker loads the adapter as the decode worker does (its status has
+    role ``prefill``); with remote prefill forced, the adapter's request is offloaded,
+    its job names the adapter, and the answer is peft's (a prompt prefilled without the
+    adapter would answer differently)."""
     from transformers import AutoTokenizer
 
     run, url = start_graph(tmp_path_factory.mktemp("lora-disagg"), "graphs.disagg:Frontend",
@@ -167,6 +169,13 @@ def test_a_disaggregated_graph_prefills_an_adapter_request_on_its_decode_worker(
     try:
         res = dynamo(run, "lora", "load", ADAPTER, str(tiny_lora))
         assert res.returncode == 0, res.stderr
+
+        def roles() -> list[tuple[str, str]]:
+            return sorted((w.get("role", "serve"), w["state"])
+                          for a in adapters(run) for w in a["workers"].values())
+
+        wait_until(lambda: roles() == [("prefill", "loaded"), ("serve", "loaded")], 60,
+                   what="the adapter loaded on the decode and the prefill worker")
         r = greedy(url, ADAPTER)
         assert r.status_code == 200, r.text
         tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
@@ -174,7 +183,8 @@ def test_a_disaggregated_graph_prefills_an_adapter_request_on_its_decode_worker(
         assert r.json()["choices"][0]["text"] == tok.decode(want, skip_special_tokens=True)
         assert greedy(url, BASE).status_code == 200
         assert fleet(run, "DecodeWorker", "splitserve_disagg_decisions_total") == {
-            (("reason", "lora-local-prefill"), ("where", "local")): 1.0,
-            (("reason", "forced-remote"), ("where", "remote")): 1.0}
+            (("reason", "forced-remote"), ("where", "remote")): 2.0}
+        assert fleet(run, "PrefillWorker", "splitserve_prefill_jobs_total") == {
+            (("outcome", "done"),): 2.0}
     finally:
         assert run.stop(timeout_s=60) == 0, run.output()[-3000:]

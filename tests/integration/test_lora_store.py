@@ -35,9 +35,12 @@ async def eventually(predicate, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def replica(etcd: str, keys: LoraKeys, worker_id: int, static=None, serves=True):
+def replica(etcd: str, keys: LoraKeys, worker_id: int, static=None, serves=True,
+            role="serve", out: list | None = None):
     engine = FakeLoraEngine(serves=serves)
-    adapters = AdapterSet(engine, "Worker")
+    adapters = AdapterSet(engine, "Worker", role=role)
+    if out is not None:
+        out.append(adapters)
     task = asyncio.create_task(follow_adapters(
         adapters, keys, worker_id, lambda: etcd_client(etcd), static or {}))
     return engine, task
@@ -69,9 +72,19 @@ async def test_replicas_follow_the_records_and_report_on_their_leases(etcd_url, 
         assert "no adapter_config.json" in view.problems("bad")[0x1]
         assert view.problems("sql") == {0x3: "the fake engine serves no LoRA adapters"}
         # a replica started later loads the current set
-        two, t2 = replica(etcd_url, keys, 0x2)
+        decode: list[AdapterSet] = []
+        two, t2 = replica(etcd_url, keys, 0x2, out=decode)
         await eventually(lambda: catalog.loaded_on(ns, "sql") == {0x1, 0x2})
         assert set(two.loras()) == {"cfg", "sql"}
+        # a prefill worker loads it too; the decode replica sees the prefill pool has it,
+        # and the frontend still serves it only where requests are routed
+        assert not decode[0].prefill_serves("sql", live_prefill_workers=1)
+        pre, t4 = replica(etcd_url, keys, 0x4, role="prefill")
+        await eventually(lambda: catalog.view(ns).loaded_on("sql", role="prefill") == {0x4})
+        assert catalog.loaded_on(ns, "sql") == {0x1, 0x2} and "sql" in pre.loras()
+        await eventually(lambda: decode[0].prefill_serves("sql", live_prefill_workers=1))
+        await stop(t4)
+        await eventually(lambda: not decode[0].prefill_serves("sql", live_prefill_workers=1))
         # unloaded: every replica lets it go and withdraws its status
         await store.delete(ns, "sql")
         await eventually(lambda: "sql" not in one.loras() and "sql" not in two.loras())

@@ -137,3 +137,19 @@ def test_the_job_round_trips_its_priority_to_the_queue_and_the_prefill_engine(
     assert priority_level(got.priority, cfg) == queued
     assert got.level() == engine
     assert job_params(got).priority == engine
+
+
+def test_the_jobs_adapter_reaches_the_prefill_engine_and_is_written_only_when_set() -> None:
+    """A job for a LoRA adapter names it, and the prefill engine computes the prompt with
+    it; a job for the base model is written without the field, so a prefill worker of
+    the release before (which refuses unknown fields) still reads it."""
+    from splitserve.components.worker.prefill_loop import job_params
+
+    base = make_request()
+    assert "lora" not in json.loads(base.encode())
+    assert job_params(triage(base.encode(), now=1000.5).request).lora is None
+    adapter = make_request(lora="sql")
+    got = triage(adapter.encode(), now=1000.5).request
+    assert got is not None and got.lora == "sql" and job_params(got).lora == "sql"
+    with pytest.raises(ValidationError, match="lora"):
+        make_request(lora="")

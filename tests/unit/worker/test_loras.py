@@ -63,12 +63,15 @@ def test_the_aggregated_shell_refuses_before_anything_is_queued(serves, lora, re
         assert chunks == [{"token_ids": [], "finish_reason": "error", "error": refusal}]
 
 
-def test_an_adapter_request_is_prefilled_where_it_decodes():
+def test_an_adapter_request_the_prefill_pool_lacks_is_prefilled_where_it_decodes():
     params = params_from_wire(WorkerRequest.model_validate(wire("sql")))
     assert job_carries(params)  # the sampling alone would travel in a job...
-    check_adapter_prefill(params, local_prefill=True, engine="fake")  # ...but it stays here
-    with pytest.raises(ValueError, match="cannot prefill locally"):
-        check_adapter_prefill(params, local_prefill=False, engine="sglang")
+    lacks, has = (lambda name: False), (lambda name: name == "sql")
+    check_adapter_prefill(params, True, "fake", lacks)  # ...but it stays here
+    with pytest.raises(ValueError, match="cannot prefill locally, and not every live "
+                                         "prefill worker has the adapter loaded"):
+        check_adapter_prefill(params, False, "sglang", lacks)
+    check_adapter_prefill(params, False, "sglang", has)  # the prefill pool computes it
 
 
 # ---- which engine calls ---------------------------------------------------------------------
@@ -232,7 +235,8 @@ def test_a_sections_static_adapters_are_checked_before_anything_starts(tmp_path)
                         "directory (no adapter_config.json)"]
     with pytest.raises(ValidationError, match="not a valid adapter name"):
         WorkerCommon(loras={"a/b": str(good)})
-    with pytest.raises(ValidationError, match="a prefill worker loads no adapter"):
+    with pytest.raises(ValidationError, match="a prefill worker loads the adapters its "
+                                              "decode workers serve"):
         EnginePrefillSection(loras={"good": str(good)})
 
 
@@ -321,3 +325,119 @@ def test_explain_reads_the_adapters_own_prefix_cache(tmp_path):
     assert base["request"]["prefix_cached_length"] == 16
     assert adapter["request"]["prefix_cached_length"] == 0
     assert adapter["decision"]["reason"] == "lora-local-prefill"
+
+
+class RecordingQueue:
+    """Takes the job, then refuses it like a full stream (the request falls back)."""
+
+    def __init__(self) -> None:
+        self.jobs: list = []
+
+    async def enqueue(self, job) -> None:
+        from splitserve.components.prefill_queue.enqueue import QueueFull
+
+        self.jobs.append(job)
+        raise QueueFull()
+
+
+def test_a_decode_worker_offloads_an_adapter_request_the_prefill_pool_has(tmp_path):
+    """While every live prefill worker has the adapter, its request is decided like the
+    base model's: its prefix lookup is the adapter's own and its job names the adapter."""
+    from splitserve.components.worker.coordinator import (
+        CoordinatorSettings,
+        EngineDecodeCoordinator,
+    )
+    from splitserve.components.worker.disagg_metrics import DisaggMetrics
+    from splitserve.components.worker.handoff import HandoffInbox
+
+    engine = FakeLoraEngine()
+    engine.info.capabilities = dataclasses.replace(engine.info.capabilities,
+                                                   prefix_lookup=True)
+    asked: list[str | None] = []
+
+    async def cached_prefix_tokens(token_ids, lora=None):
+        asked.append(lora)
+        return 0
+
+    engine.cached_prefix_tokens = cached_prefix_tokens
+    asyncio.run(engine.load_lora("sql", str(adapter_dir(tmp_path, "sql"))))
+    metrics = WorkerMetrics()
+    queue = RecordingQueue()
+    coord = EngineDecodeCoordinator(
+        engine, RemoteAlways(), queue, HandoffInbox(), "subject", 0xABC,
+        live_prefill_workers=lambda: 2, queue_depth=lambda: 0,
+        metrics=DisaggMetrics(metrics.registry), settings=CoordinatorSettings(),
+        requests=metrics.requests)
+    coord.prefill_serves = lambda name: name == "sql"
+
+    async def run(req):
+        return [c async for c in coord.generate(req)]
+
+    chunks = asyncio.run(run(wire("sql")))
+    assert chunks[-1]["finish_reason"] == "eos"  # the full queue: prefilled here instead
+    assert [job.lora for job in queue.jobs] == ["sql"] and asked == ["sql"]
+    sample = metrics.registry.get_sample_value
+    assert sample("splitserve_disagg_decisions_total",
+                  {"where": "remote", "reason": "forced"}) == 1
+    assert sample("splitserve_disagg_decisions_total",
+                  {"where": "local", "reason": "lora-local-prefill"}) is None
+    # the explain endpoint agrees
+    verdict = asyncio.run(_last(coord.explain({"token_ids": [1, 2, 3], "lora": "sql"})))
+    assert verdict["decision"]["reason"] == "forced"
+
+
+async def _last(stream):
+    return [c async for c in stream][-1]
+
+
+def _view(*statuses: tuple[int, str, str]):
+    """A view with adapter ``sql`` at /a and (worker, state, role) statuses."""
+    from splitserve.contracts.kit.loras import LoraView
+
+    return LoraView(adapters={"sql": LoraRecord(path="/a", base_model="base")},
+                    statuses={"sql": {w: LoraStatus(state=state, path="/a", role=role)
+                                      for w, state, role in statuses}})
+
+
+PREFILL_POOLS = {
+    "both prefill workers have it": ([(1, "loaded", "prefill"), (2, "loaded", "prefill")],
+                                     2, True),
+    "one of two still loading": ([(1, "loaded", "prefill")], 2, False),
+    "one failed": ([(1, "loaded", "prefill"), (2, "failed", "prefill")], 2, False),
+    "an engine without LoRA": ([(1, "loaded", "prefill"), (2, "unsupported", "prefill")],
+                               1, False),
+    "only decode workers have it": ([(1, "loaded", "serve"), (2, "loaded", "serve")], 2,
+                                    False),
+    "no live prefill worker": ([(1, "loaded", "prefill")], 0, False),
+}
+
+
+@pytest.mark.parametrize(("statuses", "live", "serves"), PREFILL_POOLS.values(),
+                         ids=PREFILL_POOLS.keys())
+def test_the_prefill_pool_serves_an_adapter_only_when_every_live_worker_has_it(
+        statuses, live, serves):
+    adapters = AdapterSet(FakeLoraEngine(), "DecodeWorker")
+    adapters.view = _view(*statuses)
+    assert adapters.prefill_serves("sql", live) is serves
+    assert adapters.prefill_serves("other", live) is False
+
+
+def test_the_frontend_serves_an_adapter_only_where_requests_are_routed():
+    """A prefill worker's status counts for offloading, not for serving: an adapter loaded
+    only on prefill workers is not served (no decode worker could take its request)."""
+    view = _view((1, "loaded", "prefill"), (2, "failed", "serve"))
+    assert view.loaded_on("sql") == set() and view.loaded_on("sql", role="prefill") == {1}
+    assert view.problems("sql") == {2: "failed"} and view.problems("sql", "prefill") == {}
+
+
+def test_a_prefill_worker_reports_its_adapters_under_its_role(tmp_path):
+    published: list[tuple[str, LoraStatus | None]] = []
+
+    async def publish(name, status):
+        published.append((name, status))
+
+    adapters = AdapterSet(FakeLoraEngine(), "PrefillWorker", publish, role="prefill")
+    path = str(adapter_dir(tmp_path, "sql"))
+    asyncio.run(adapters.apply({"sql": LoraRecord(path=path, base_model="base")}))
+    assert [(n, s.state, s.role, s.component) for n, s in published] == [
+        ("sql", "loaded", "prefill", "PrefillWorker")]
