@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -179,7 +180,7 @@ def run_side(side: str, args) -> dict:
         return report
     w = WorkersRun("graphs.agg_router:Worker", "configs/mocker_agg_router.yaml", overrides)
     with w:
-        fe, url = dynamo_frontend(w, "kv")
+        fe, url = dynamo_frontend(w, "kv", shlex.split(args.dynamo_args))
         try:
             wait_serving(url, 90, 8, fe)
             rounds(report, url, fe.proc.pid, args)
@@ -227,6 +228,10 @@ def main(argv: list[str] | None = None) -> None:
                    "(tool_choice auto) and this many output tokens, which the frontend's "
                    "tool-call parser reads, instead of one-token completions")
     p.add_argument("--splitserve-overrides", nargs="*", default=[])
+    p.add_argument("--dynamo-args", default="", help="more flags of Dynamo's frontend, one "
+                   "string (e.g. \"--chat-processor vllm --tool-call-parser hermes "
+                   "--enable-auto-tool-choice\": its tool calls parsed by vLLM's parser "
+                   "in its own process)")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/frontend_cost.json"))
     args = p.parse_args(argv)
     out = {"command": "python benchmarks/bench_frontend_cost.py " + " ".join(argv or sys.argv[1:]),
