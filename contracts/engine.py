@@ -153,13 +153,18 @@ class PrefillResult:
     """What a prefill engine hands back for one job."""
 
     first_token: int
-    handoff: EngineHandoff
+    handoff: EngineHandoff | None
+    """None only with ``finished``: nothing is left to hand over."""
     cached_tokens: int = 0
     compute_s: float = 0.0
     transfer_s: float = 0.0
     """Time the prefill side spent moving KV itself (torch's NIXL write, the mocker's
     simulated transfer); 0 where the decode engine pulls."""
     transfer_bytes: int = 0
+    finished: FinishReason | None = None
+    """Set when the request ended at its first token (it is EOS or a stop token, which
+    an engine like TensorRT-LLM then hands no KV for): the decode worker answers that
+    token with this reason instead of decoding."""
 
 
 @dataclass(frozen=True)

@@ -95,9 +95,31 @@ def check_adapter_prefill(params: GenerateParams, local_prefill: bool, engine: s
 class RemotePrefill:
     """A finished remote prefill as the decode side receives it."""
 
-    handoff: EngineHandoff
+    handoff: EngineHandoff | None
     first_token: int
     cached_tokens: int = 0
+    finished: FinishReason | None = None
+    """The request ended at ``first_token`` (EOS or a stop token): nothing to decode."""
+
+
+def read_result(rid: str, got) -> tuple[RemotePrefill | None, str]:
+    """What a prefill worker's ``PrefillHandoff`` means for the waiting request: the
+    result (its handoff None when the request ended at its first token), or (None,
+    failure) when the engine refused the job or the handoff cannot be read."""
+    if got.refused is not None:
+        log.info("request %s: the prefill engine refused its job: %s", rid, got.refused)
+        return None, "prefill-refused"
+    usage = got.completion_usage or {}
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    if got.finish_reason is not None:
+        return RemotePrefill(None, got.first_token, cached,
+                             FinishReason(got.finish_reason)), ""
+    try:
+        handoff = HANDOFF_ADAPTER.validate_python(got.disaggregated_params)
+    except ValueError as exc:
+        log.warning("request %s: unreadable handoff: %s", rid, exc)
+        return None, "bad-handoff"
+    return RemotePrefill(handoff, got.first_token, cached), ""
 
 
 class EngineDecodeCoordinator:
@@ -246,6 +268,12 @@ class EngineDecodeCoordinator:
             local_id = rid
             if plan.action == "remote":
                 remote, failure = await self._remote_prefill(rid, params)
+                if remote is not None and remote.finished is not None:
+                    yield TokenDelta(token_ids=(remote.first_token,), finished=True,
+                                     finish_reason=remote.finished,
+                                     prompt_tokens=len(params.token_ids),
+                                     cached_tokens=remote.cached_tokens)
+                    return
                 if remote is not None:
                     async with contextlib.aclosing(self.engine.decode(
                             rid, params, remote.handoff, first_token=remote.first_token)
@@ -359,16 +387,14 @@ class EngineDecodeCoordinator:
             finally:
                 self.inbox.forget(rid)  # also when the client leaves while waiting
             self.metrics.remote_wait.observe(time.monotonic() - started)
-            try:
-                handoff = HANDOFF_ADAPTER.validate_python(got.disaggregated_params)
-            except ValueError as exc:
-                log.warning("request %s: unreadable handoff: %s", rid, exc)
-                await release(True)
-                return None, "bad-handoff"
-            usage = got.completion_usage or {}
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            result, failure = read_result(rid, got)
+            if result is None or result.handoff is None:
+                # refused or unreadable (a late write is possible), or finished at its
+                # first token (nothing comes): the reservation goes
+                await release(result is None)
+                return result, failure
             settled = True  # decode() takes the reservation over
-            return RemotePrefill(handoff, got.first_token, int(cached)), ""
+            return result, ""
         finally:
             if not settled:  # cancelled while waiting (client gone, shutdown)
                 try:

@@ -28,7 +28,8 @@ class PrefillHandoff(BaseModel):
 
     version: Literal[1] = Field(default=1, description="Wire format version.")
     request_id: str = Field(min_length=1, description="The prefill job's request id.")
-    first_token: int = Field(ge=0, description="The token the prefill engine sampled.")
+    first_token: int = Field(ge=0, description="The token the prefill engine sampled "
+                             "(0 with ``refused``).")
     disaggregated_params: Any = Field(
         default=None, description="The prefill engine's `disaggregated_params`, passed to "
         "the decode engine as `prefill_result.disaggregated_params`.")
@@ -39,10 +40,23 @@ class PrefillHandoff(BaseModel):
     compute_s: float = Field(ge=0, description="Engine time to the first token.")
     transfer_s: float = Field(ge=0, description="Simulated KV transfer time (from the "
                               "first token to the end of the prefill stream).")
+    finish_reason: str | None = Field(
+        default=None, min_length=1, description="Set when the request ended at its first "
+        "token (EOS or a stop token; the contracts' FinishReason value): there is no KV "
+        "to hand over, and the decode worker answers that token and ends the request. "
+        "Written only when set.")
+    refused: str | None = Field(
+        default=None, min_length=1, description="Set instead of a result when the prefill "
+        "engine refused the job itself (its parameters, for this engine): no delivery "
+        "could succeed, so the decode worker prefills the request at once instead of "
+        "waiting out its timeout. Written only when set.")
 
     def encode(self) -> bytes:
-        """Serialise for the NATS request; called by the prefill worker."""
-        return self.model_dump_json().encode("utf-8")
+        """Serialise for the NATS request; called by the prefill worker.  ``refused`` and
+        ``finish_reason`` are written only when set, so a decode worker of the release
+        before reads every ordinary result."""
+        unset = {k for k in ("refused", "finish_reason") if getattr(self, k) is None}
+        return self.model_dump_json(exclude=unset).encode("utf-8")
 
 
 class HandoffReply(BaseModel):

@@ -14,6 +14,11 @@ still held in the engine:
   are given the job's destination blocks and have written them before ``prefill``
   returns.
 
+An engine that refuses the job itself (``ValueError``: its parameters are invalid for
+this engine) fails the same way on every delivery: the job is terminated at once and
+the decode worker told (a ``PrefillHandoff`` with ``refused``), so it prefills the
+request itself without waiting out its timeout.
+
 The handoff travels as a ``PrefillHandoff`` NATS request/reply on the job's
 ``handoff_subject``.  Long jobs are heartbeated; failures nak (redelivery); a decode
 worker that is gone terminates the job; one that stopped waiting gets the job acked
@@ -64,12 +69,35 @@ async def keep_alive(job, every_s: float) -> None:
 
 def job_params(req: PrefillRequest) -> GenerateParams:
     """The engine's view of a job: the prompt, one token, the request's sampling,
-    priority level and LoRA adapter."""
+    priority level and LoRA adapter.  Of the request's ``min_tokens`` the job keeps what
+    applies to its one token (at most 1: that token must not be a stop token); more
+    than ``max_tokens`` is invalid for vLLM and SGLang, which refuse it."""
     return GenerateParams(token_ids=tuple(req.token_ids), max_tokens=1,
                           temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                           stop_token_ids=tuple(req.stop_token_ids),
-                          ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
+                          ignore_eos=req.ignore_eos, min_tokens=min(req.min_tokens, 1),
                           priority=req.level(), lora=req.lora)
+
+
+def observe(metrics: PrefillMetrics, result) -> dict | None:
+    """Count a finished prefill's compute and transfer; its usage for the handoff (the
+    prefix hit here, which the decode side reports)."""
+    metrics.compute.observe(result.compute_s)
+    if result.transfer_bytes or result.transfer_s:
+        metrics.transfer.observe(result.transfer_s)
+        metrics.transfer_bytes.inc(result.transfer_bytes)
+    if result.cached_tokens:
+        return {"prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+    return None
+
+
+def unservable(req: PrefillRequest, pushes_kv: bool) -> str:
+    """Why a job waits for a transfer this engine cannot make ("" when it can): no
+    subject to hand over on, or no blocks to write into (a decode engine that does not
+    take pushes)."""
+    if req.handoff_subject is None:
+        return "no-handoff-subject"
+    return "no-destination" if pushes_kv and req.destination is None else ""
 
 
 async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
@@ -85,16 +113,14 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
     pending = None
     try:
         caps = engine.info.capabilities
-        if req.handoff_subject is None or (caps.pushes_kv and req.destination is None):
-            # It waits for a transfer this engine cannot make: no subject to hand over
-            # on, or no blocks to write into (a decode engine that does not take pushes).
-            await job.term("no-handoff-subject" if req.handoff_subject is None
-                           else "no-destination")
+        why = unservable(req, caps.pushes_kv)
+        if why:
+            await job.term(why)
             outcome = "unservable"
             return outcome
         t0 = time.monotonic()
         params = job_params(req)
-        transfer_s, usage = 0.0, None
+        transfer_s, usage, finished = 0.0, None, None
         if caps.handoff_before_prefill:
             ticket = await engine.begin_prefill(eid, params)
             pending = ticket.result
@@ -105,15 +131,12 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
                                             settings.prefill_timeout_s)
             first_token, handoff = result.first_token, result.handoff
             transfer_s = result.transfer_s
-            metrics.compute.observe(result.compute_s)
-            if result.transfer_bytes or result.transfer_s:
-                metrics.transfer.observe(result.transfer_s)
-                metrics.transfer_bytes.inc(result.transfer_bytes)
-            if result.cached_tokens:
-                usage = {"prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+            finished = result.finished.value if result.finished is not None else None
+            usage = observe(metrics, result)
         message = PrefillHandoff(
             request_id=rid, first_token=first_token,
-            disaggregated_params=handoff.model_dump(mode="json"), completion_usage=usage,
+            disaggregated_params=None if handoff is None else handoff.model_dump(mode="json"),
+            finish_reason=finished, completion_usage=usage,
             prefill_worker_id=f"{worker_id:x}",
             compute_s=max(0.0, time.monotonic() - t0 - transfer_s), transfer_s=transfer_s)
         try:
@@ -135,6 +158,11 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
             metrics.compute.observe(result.compute_s)
         await job.ack()
         return outcome
+    except ValueError as exc:  # the engine refused the job: no delivery can succeed
+        log.warning("prefill of %s refused by the %s engine: %s", rid, engine.info.name, exc)
+        outcome = "refused"
+        await refuse(job, nc, worker_id, f"{engine.info.name}: {exc}", settings)
+        return outcome
     except Exception as exc:  # noqa: BLE001 - settle the job whatever happened
         log.warning("prefill of %s failed: %s", rid, exc)
         outcome = "failed"
@@ -152,6 +180,24 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
             except Exception as exc:  # noqa: BLE001 - the engine frees it on its own timeout
                 log.warning("abort of %s after its job ended failed: %s", eid, exc)
         metrics.jobs.labels(outcome).inc()
+
+
+async def refuse(job, nc, worker_id: int, why: str, settings: PrefillLoopSettings) -> None:
+    """Terminate a job its engine refused and tell the waiting decode worker (best
+    effort: a decode worker that does not hear it falls back at its timeout)."""
+    req = job.request
+    if req.handoff_subject is not None:
+        message = PrefillHandoff(request_id=req.request_id, first_token=0,
+                                 prefill_worker_id=f"{worker_id:x}", compute_s=0.0,
+                                 transfer_s=0.0, refused=why[:500])
+        try:
+            await hand_over(nc, req.handoff_subject, message, settings.handoff_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the decode worker's timeout covers it
+            log.debug("telling %s of its refusal failed: %s", req.request_id, exc)
+    try:
+        await job.term("refused")
+    except Exception as exc:  # noqa: BLE001 - at worst it is redelivered
+        log.debug("term of %s failed: %s", req.request_id, exc)
 
 
 async def pull_loop(engine: Engine, nc, queue, settings: PrefillLoopSettings, worker_id: int,

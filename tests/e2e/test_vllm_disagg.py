@@ -2,8 +2,9 @@
 
 Equality: with remote prefill forced, greedy outputs equal the aggregated vLLM graph's on
 20 prompts (8 share a long prefix), every prefill was remote, and every read finished
-inside the prefill engine's KV lease.  Faults: a killed prefill worker leaves requests
-completing; a client leaving mid-stream frees the decode engine's request.
+inside the prefill engine's KV lease; a request with ``min_tokens`` is prefilled remotely
+too.  Faults: a killed prefill worker leaves requests completing; a client leaving
+mid-stream frees the decode engine's request.
 """
 
 from __future__ import annotations
@@ -98,6 +99,32 @@ def test_no_remote_read_outlives_the_prefill_lease(disagg_answers, vllm_disagg):
     assert "Releasing expired KV blocks" not in log
     jobs = fleet(run, "PrefillWorker", "splitserve_prefill_jobs_total")
     assert jobs == {(("outcome", "done"),): len(PROMPTS)}
+
+
+def test_min_tokens_is_prefilled_remotely_as_fast_as_without(disagg_answers, vllm_disagg):
+    """A request whose ``min_tokens`` exceeds the job's one token is prefilled remotely
+    like any other.  vLLM refused such a job (min_tokens > max_tokens=1) on every
+    delivery, and the request waited out the remote-prefill timeout before its decode
+    worker prefilled it itself."""
+    run, url = vllm_disagg
+    done = (("outcome", "done"),)
+    before = fleet(run, "PrefillWorker", "splitserve_prefill_jobs_total").get(done, 0)
+
+    def timed(question: str, **extra) -> tuple[float, int]:
+        t0 = time.monotonic()
+        with client(url) as c:
+            r = c.chat.completions.create(
+                model=MODEL, temperature=0, max_tokens=MAX_TOKENS, extra_body=extra,
+                messages=[{"role": "user", "content": question}])
+        return time.monotonic() - t0, r.usage.completion_tokens
+
+    plain, _ = timed(QUESTIONS[1])
+    with_min, produced = timed(QUESTIONS[2], min_tokens=5)
+    assert produced >= 5
+    assert fleet(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == {}
+    assert fleet(run, "PrefillWorker", "splitserve_prefill_jobs_total") == {
+        done: before + 2}
+    assert with_min < 2 * plain + 5, (plain, with_min)  # not the 60 s timeout
 
 
 def model_thread_cores(replica_pid: int) -> str:

@@ -303,6 +303,14 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
                 self._abort(live)
         comp = out.outputs[0] if out is not None and out.outputs else None
         dparams = getattr(comp, "disaggregated_params", None)
+        if tokens and dparams is None and last.finish_reason in (FinishReason.EOS,
+                                                                 FinishReason.STOP):
+            # Its one token ended the request: TensorRT-LLM keeps no KV to hand off, and
+            # the answer is complete (Dynamo returns that response as it is).
+            return PrefillResult(first_token=tokens[0], handoff=None,
+                                 cached_tokens=last.cached_tokens,
+                                 compute_s=time.monotonic() - t0,
+                                 finished=last.finish_reason)
         if not tokens or dparams is None or (last and last.finish_reason == FinishReason.CANCELLED):
             raise RuntimeError(f"TensorRT-LLM context phase of {request_id!r} returned no "
                                f"{'token' if not tokens else 'disaggregated_params'}")

@@ -60,6 +60,16 @@ class FakeQueue:
                                      compute_s=0.01, transfer_s=0.002)
             # Delivered later, as a NATS callback would be.
             asyncio.get_running_loop().call_soon(self.inbox.take, handoff.encode())
+        elif self.answer == "finished":  # its first token ended the request
+            handoff = PrefillHandoff(request_id=job.request_id, first_token=2,
+                                     prefill_worker_id="p1", compute_s=0.01, transfer_s=0.0,
+                                     finish_reason="eos")
+            asyncio.get_running_loop().call_soon(self.inbox.take, handoff.encode())
+        elif self.answer == "refused":  # the prefill engine refused the job itself
+            handoff = PrefillHandoff(request_id=job.request_id, first_token=0,
+                                     prefill_worker_id="p1", compute_s=0.0,
+                                     transfer_s=0.0, refused="vllm: min_tokens > max_tokens")
+            asyncio.get_running_loop().call_soon(self.inbox.take, handoff.encode())
 
 
 class FakeDepth:

@@ -49,6 +49,7 @@ async def test_short_prompt_runs_on_the_local_aggregated_engine():
 @pytest.mark.parametrize(("answer", "prefill_workers", "decision", "fallback"), [
     ("full", 2, ("remote", "min-score-met"), "queue-full"),
     ("silence", 2, ("remote", "min-score-met"), "timeout"),
+    ("refused", 2, ("remote", "min-score-met"), "prefill-refused"),
     ("handoff", 0, ("local", "no-prefill-workers"), None),
 ])
 async def test_every_failed_or_refused_offload_still_completes_locally(
@@ -109,3 +110,15 @@ async def test_qos_local_prefill_flag_skips_the_decider():
     assert chunks[-1]["finish_reason"] == "length" and queue.jobs == []
     assert len(engines["local"].requests) == 1
     assert sample(coord, DECISIONS, where="local", reason="qos-local-prefill") == 1
+
+
+async def test_a_request_that_ended_at_its_first_token_is_answered_without_decoding():
+    """The prefill engine's one token was EOS (TensorRT-LLM then hands no KV off): the
+    decode worker answers that token and ends, neither decoding nor prefilling again."""
+    coord, engines, queue = coordinator(answer="finished")
+    chunks = await collect(coord, request(400, max_tokens=8))
+    assert [c["token_ids"] for c in chunks] == [[2]]
+    assert chunks[-1]["finish_reason"] == "eos"
+    assert engines["decode"].requests == [] and engines["local"].requests == []
+    assert len(queue.jobs) == 1 and coord.inbox.waiting == 0
+    assert sample(coord, FALLBACKS, reason="timeout") == 0

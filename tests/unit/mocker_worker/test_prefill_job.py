@@ -112,3 +112,61 @@ async def test_every_job_is_settled_exactly_once(error, fields, engine_fails, ex
                            PrefillEngine(fail=engine_fails))
     assert result == {expected: 1.0}
     assert job.settled == settled
+
+
+class RefusingEngine:
+    """An engine that refuses every job as vLLM refuses invalid sampling parameters."""
+
+    def __init__(self) -> None:
+        mocker = MockerEngine({"prefill": PrefillEngine()}, "m", 16, 1024, 5.0)
+        self.info = mocker.info
+        self.calls = 0
+
+    async def prefill(self, request_id, params, **kwargs):
+        self.calls += 1
+        raise ValueError("min_tokens must be less than or equal to max_tokens=1, got 5")
+
+
+async def test_a_job_its_engine_refuses_ends_at_once_and_its_decode_worker_is_told():
+    """A refusal fails on every delivery alike: no redelivery, and the decode worker
+    hears it now instead of waiting out its timeout (it then prefills locally)."""
+    inbox = HandoffInbox()
+    waiting = inbox.expect("r1")
+    job = FakeJob(handoff_subject="subj.d1")
+    engine = RefusingEngine()
+    metrics = PrefillMetrics(CollectorRegistry())
+    await prefill_one(engine, FakeNats(inbox), job, PrefillLoopSettings(), 0xBEEF, metrics)
+    assert outcome(metrics) == {"refused": 1.0} and engine.calls == 1
+    assert job.settled == ["term:refused"]
+    told = waiting.result()
+    assert told.refused is not None and "min_tokens" in told.refused
+    assert told.refused.startswith(f"{engine.info.name}: ")
+
+
+async def test_a_result_is_written_without_the_refusal_field():
+    """A decode worker of the release before refuses unknown fields: results stay
+    readable to it."""
+    import json
+
+    ok = PrefillHandoff(request_id="r", first_token=3, prefill_worker_id="p",
+                        compute_s=0.1, transfer_s=0.0)
+    assert "refused" not in json.loads(ok.encode())
+
+
+async def test_a_prefill_that_ended_the_request_hands_over_its_token_and_reason():
+    from splitserve.contracts.engine import PrefillResult
+    from splitserve.contracts.wire import FinishReason
+
+    class EndsAtOnce(RefusingEngine):
+        async def prefill(self, request_id, params, **kwargs):
+            return PrefillResult(first_token=2, handoff=None, finished=FinishReason.EOS)
+
+    inbox = HandoffInbox()
+    waiting = inbox.expect("r1")
+    job = FakeJob(handoff_subject="subj.d1")
+    metrics = PrefillMetrics(CollectorRegistry())
+    await prefill_one(EndsAtOnce(), FakeNats(inbox), job, PrefillLoopSettings(), 0xBEEF,
+                      metrics)
+    assert outcome(metrics) == {"done": 1.0} and job.settled == ["ack"]
+    told = waiting.result()
+    assert (told.first_token, told.finish_reason, told.disaggregated_params) == (2, "eos", None)

@@ -153,3 +153,22 @@ def test_the_jobs_adapter_reaches_the_prefill_engine_and_is_written_only_when_se
     assert got is not None and got.lora == "sql" and job_params(got).lora == "sql"
     with pytest.raises(ValidationError, match="lora"):
         make_request(lora="")
+
+
+@pytest.mark.parametrize(("min_tokens", "kept"), [(0, 0), (1, 1), (5, 1)])
+def test_a_jobs_min_tokens_is_what_its_one_token_needs_and_upstream_accepts_it(
+        min_tokens: int, kept: int) -> None:
+    """The job's one token must not end the request early (min_tokens >= 1 keeps 1);
+    more than its max_tokens of 1 is refused by vLLM's and SGLang's own validation."""
+    from splitserve.components.engines.sglang.requests import sampling_params as sglang_sp
+    from splitserve.components.engines.vllm.requests import sampling_params as vllm_sp
+    from splitserve.components.worker.prefill_loop import job_params
+    from tests.unit.engines.upstream import sglang_module
+
+    params = job_params(make_request(min_tokens=min_tokens))
+    assert params.min_tokens == kept and params.max_tokens == 1
+    assert vllm_sp(params, max_tokens=1).min_tokens == kept  # vLLM validates on build
+    SamplingParams = sglang_module("sglang.srt.sampling.sampling_params").SamplingParams
+    real = SamplingParams(**sglang_sp(params, max_new_tokens=1))
+    real.verify(vocab_size=50_000)
+    assert real.min_new_tokens == kept
