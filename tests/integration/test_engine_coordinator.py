@@ -16,6 +16,7 @@ import nats
 import pytest
 from prometheus_client import CollectorRegistry
 
+from splitserve.components.engines.sglang.requests import sglang_rid
 from splitserve.contracts.metrics import PREFIX
 from splitserve.components.disagg.forced import ForcedDecider, Params
 from splitserve.contracts.engine import GenerateParams
@@ -239,7 +240,7 @@ async def test_cancellation_mid_stream_aborts_in_engine(nats_url: str) -> None:
         got = [await anext(stream), await anext(stream)]
         assert len(got) == 2
         await stream.aclose()  # the client went away
-        assert "r6" in double_of(dec).aborted
+        assert sglang_rid("r6") in double_of(dec).aborted
         assert dec.inflight() == 0 and rig.coord.inflight == 0
 
 
@@ -430,7 +431,7 @@ async def test_client_gone_before_the_prefill_abandons_the_job(nats_url: str) ->
                 break
             await asyncio.sleep(0.05)
         assert rig.jobs("orphaned") == 1
-        assert "r10@1" in double_of(pre).aborted and pre.inflight() == 0
+        assert sglang_rid("r10@1") in double_of(pre).aborted and pre.inflight() == 0
         assert (await rig.queue.depth()).total == 0
 
 

@@ -57,6 +57,7 @@ from .requests import (
     finish_message,
     generate_kwargs,
     new_bootstrap_room,
+    sglang_rid,
     to_delta,
 )
 
@@ -169,7 +170,8 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
                 process.check_kv_host(self.advertise_host)
             os.environ.update(self.engine_env())  # read by SGLang's scheduler processes
         log.info("starting SGLang (%s): %s", self.role, kw)
-        self._engine = self._factory(**kw)
+        with process.keep_worker_logging():
+            self._engine = self._factory(**kw)
         self.tracker.start(self._engine)
 
     async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
@@ -355,7 +357,8 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
         """Abort one request in SGLang (unknown or finished ids are ignored by SGLang)."""
         if self._engine is not None:
             try:
-                self._engine.tokenizer_manager.abort_request(rid=request_id, abort_all=False)
+                self._engine.tokenizer_manager.abort_request(rid=sglang_rid(request_id),
+                                                             abort_all=False)
             except Exception as exc:  # noqa: BLE001 - finished or unknown: nothing to free
                 log.debug("abort of %s in SGLang failed: %s", request_id, exc)
 

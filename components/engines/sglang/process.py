@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from typing import Any
@@ -53,6 +54,27 @@ def keep_worker_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
 
     loop.add_signal_handler = add_signal_handler  # type: ignore[method-assign]
     loop._splitserve_signal_guard = True  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def keep_worker_logging():
+    """Keep the worker's own logging across SGLang's start.  ``sglang.Engine`` calls its
+    ``configure_logger``, which runs ``logging.basicConfig(force=True)`` at the engine's
+    ``log_level``: the worker's root handlers are removed and its INFO lines (requests
+    refused, the adapters loaded, the drain) go unseen.  The root logger's handlers and
+    level are put back as they were; SGLang's own loggers keep their levels."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for h in list(root.handlers):
+            if h not in handlers:
+                root.removeHandler(h)
+        for h in handlers:
+            if h not in root.handlers:
+                root.addHandler(h)
+        root.setLevel(level)
 
 
 def claim_process(label: str) -> None:

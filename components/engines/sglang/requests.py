@@ -112,6 +112,15 @@ def _shaping(p: GenerateParams) -> dict[str, Any]:
     return sp
 
 
+def sglang_rid(request_id: str) -> str:
+    """The id SGLang knows a request by.  SGLang's scheduler aborts every request whose
+    id *starts with* the aborted one (``scheduler.py``: ``req.rid.startswith(...)``), so
+    aborting ``job@1`` would also end ``job@10``; the ids given to it are made
+    prefix-free: the id with ``%`` and ``$`` escaped, then one ``$``, which no other
+    given id can continue."""
+    return request_id.replace("%", "%25").replace("$", "%24") + "$"
+
+
 def generate_kwargs(request_id: str, p: GenerateParams, *, max_new_tokens: int | None = None,
                     handoff: SglangBootstrapHandoff | None = None,
                     priority: SglangPriority = NO_PRIORITY) -> dict[str, Any]:
@@ -125,7 +134,7 @@ def generate_kwargs(request_id: str, p: GenerateParams, *, max_new_tokens: int |
     kw: dict[str, Any] = {
         "input_ids": list(p.token_ids),
         "sampling_params": sampling_params(p, max_new_tokens=max_new_tokens),
-        "stream": True, "rid": request_id,
+        "stream": True, "rid": sglang_rid(request_id),
     }
     kw.update(logprob_kwargs(p))
     rank = priority.value(p.priority)

@@ -137,5 +137,5 @@ class DeltaCursor:
             reason = _FINISH.get(str(raw or "stop"), FinishReason.EOS)
         return TokenDelta(token_ids=new, finished=bool(out.finished), finish_reason=reason,
                           prompt_tokens=len(getattr(out, "prompt_token_ids", None) or ()),
-                          cached_tokens=int(getattr(comp, "cached_tokens", 0) or 0)
-                          if comp is not None else 0, logprobs=logprobs)
+                          cached_tokens=int(getattr(out, "cached_tokens", 0) or 0),
+                          logprobs=logprobs)

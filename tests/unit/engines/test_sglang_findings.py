@@ -32,6 +32,7 @@ from splitserve.components.engines.sglang.sections import (
     SglangDecodeWorkerConfig,
     SglangPrefillWorkerConfig,
 )
+from splitserve.components.engines.sglang.requests import sglang_rid
 from tests.fixtures.engine_doubles import BootstrapRooms, SglangEngineDouble
 from tests.unit.engines.upstream import dynamo_source, sglang_module, sglang_source
 
@@ -205,7 +206,7 @@ def test_decode_gives_up_when_the_kv_never_arrives():
         with pytest.raises(RuntimeError, match="never arrived"):
             async for _ in dec.decode("d", P, orphan):
                 pass
-        assert "d" in dec._engine.aborted and dec.inflight() == 0
+        assert sglang_rid("d") in dec._engine.aborted and dec.inflight() == 0
     asyncio.run(go())
 
 
@@ -283,3 +284,76 @@ def test_min_tokens_reach_sglang_as_min_new_tokens():
     sp = sampling_params(GenerateParams(token_ids=(1,), max_tokens=1, min_tokens=1,
                                         ignore_eos=True))
     assert sp["min_new_tokens"] == 1 and sp["ignore_eos"] is True
+
+
+# ---- round 2, finding 14: aborts match by id prefix ---------------------------------------
+def test_sglangs_scheduler_aborts_by_id_prefix():
+    """The rule the ids below are made for, read from the installed scheduler."""
+    src = sglang_source("srt/managers/scheduler.py").text
+    assert "req.rid.startswith(recv_req.rid)" in src
+
+
+@pytest.mark.parametrize(("one", "other"), [
+    ("job@1", "job@10"), ("r", "r#local"), ("r", "r@2"), ("a$", "a$b"), ("a%24", "a$"),
+    ("x", "x$"), ("", "$"),
+])
+def test_the_ids_sglang_gets_never_start_one_another(one, other):
+    from splitserve.components.engines.sglang.requests import generate_kwargs
+
+    for a, b in ((one, other), (other, one)):
+        assert not sglang_rid(b).startswith(sglang_rid(a)), (a, b)
+    p = GenerateParams(token_ids=(1, 2), max_tokens=2)
+    assert generate_kwargs(one, p)["rid"] == sglang_rid(one)
+
+
+def test_an_abort_names_the_id_sglang_got():
+    from splitserve.components.engines.sglang.engine import SglangEngine
+
+    sent: list[str] = []
+
+    class Manager:
+        def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+            sent.append(rid)
+
+    engine = SglangEngine.__new__(SglangEngine)
+    engine._engine = type("E", (), {"tokenizer_manager": Manager()})()
+    asyncio.run(engine.abort("job@1"))
+    assert sent == [sglang_rid("job@1")] and not sglang_rid("job@10").startswith(sent[0])
+
+
+# ---- round 2, finding 13: SGLang's logger setup silenced the worker ------------------------
+def test_sglang_engine_configures_logging_with_force():
+    """The fact the fix is for, read from the installed source."""
+    assert "configure_logger(server_args)" in sglang_source("srt/entrypoints/engine.py").text
+    assert "force=True" in sglang_source("srt/utils/common.py").after(
+        "def configure_logger", 1200)
+
+
+def test_the_workers_info_logs_survive_sglangs_start():
+    import logging
+
+    configure_logger = sglang_module("sglang.srt.utils.common").configure_logger
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    mine = Keep()
+    root.handlers[:] = [mine]
+    root.setLevel(logging.INFO)
+    try:
+        def factory(**s):
+            # what sglang.Engine does first: SGLang's own logger setup, at its log level
+            configure_logger(types.SimpleNamespace(log_level="error"))
+            return SglangEngineDouble(BootstrapRooms(), **s)
+
+        eng = SglangEngine(ARGS, "m", "agg", factory=factory)
+        asyncio.run(eng.start())
+        logging.getLogger("splitserve.worker").info("the worker still speaks")
+        assert root.handlers == [mine] and root.level == logging.INFO
+        assert "the worker still speaks" in seen
+    finally:
+        root.handlers[:], _ = saved[0], root.setLevel(saved[1])

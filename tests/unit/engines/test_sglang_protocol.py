@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from splitserve.components.engines.sglang.requests import sglang_rid
 from splitserve.contracts.engine import (
     GenerateParams,
     OpaqueHandoff,
@@ -85,7 +86,7 @@ async def test_closing_the_stream_aborts_the_request_in_sglang():
     it = agg.generate("gone", GenerateParams(token_ids=(1, 2), max_tokens=50))
     await it.__anext__()
     await it.aclose()
-    assert "gone" in agg._engine.aborted and agg.inflight() == 0
+    assert sglang_rid("gone") in agg._engine.aborted and agg.inflight() == 0
 
 
 async def test_failed_prefill_aborts_and_raises():
@@ -110,6 +111,6 @@ async def test_shutdown_drains_then_aborts_the_rest():
     it = agg2.generate("long", GenerateParams(token_ids=(1,), max_tokens=10_000))
     await it.__anext__()
     await agg2.shutdown(drain_timeout_s=0.05)
-    assert "long" in double.aborted and double.shut
+    assert sglang_rid("long") in double.aborted and double.shut
     with pytest.raises(RuntimeError, match="not accepting"):
         await agg2.generate("late", PROMPT).__anext__()

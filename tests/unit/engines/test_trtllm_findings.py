@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from splitserve.contracts.engine import GenerateParams
+from splitserve.contracts.wire import FinishReason
 from splitserve.components.engines.trtllm.config import (
     TESTED_VERSION,
     TrtllmEngineArgs,
@@ -80,7 +81,9 @@ def test_prefill_job_carries_ignore_eos_and_min_tokens():
     req = PrefillRequest(request_id="r", token_ids=[1, 2], decode_worker_id="d",
                          enqueued_at=0.0, ignore_eos=True, min_tokens=4)
     p = job_params(req)
-    assert p.ignore_eos and p.min_tokens == 4 and p.max_tokens == 1
+    # the one token of the context phase may not be a stop token: min_tokens 1 says so
+    # (the job's 4 would be refused by vLLM and SGLang beside max_tokens 1)
+    assert p.ignore_eos and p.min_tokens == 1 and p.max_tokens == 1
 
 
 def test_prefill_jobs_without_the_new_fields_read_as_before():
@@ -100,8 +103,12 @@ def test_context_phase_whose_token_is_a_stop_token_still_hands_off_with_ignore_e
 
     async def go():
         pre = await started_trtllm("prefill", {})
-        with pytest.raises(RuntimeError, match="disaggregated_params"):
-            await pre.prefill("stops", stop_first)
+        # its one token ended the request: no KV to hand off, the answer is complete
+        # (round 2, finding 9: this raised, and the job was retried to exhaustion)
+        done = await pre.prefill("stops", stop_first)
+        # TensorRT-LLM names a stop token's end "stop", as EOS's
+        assert (done.first_token, done.handoff, done.finished) == (first, None,
+                                                                   FinishReason.EOS)
         for p in (GenerateParams(**{**stop_first.__dict__, "ignore_eos": True}),
                   GenerateParams(**{**stop_first.__dict__, "min_tokens": 1})):
             res = await pre.prefill(f"ok-{p.ignore_eos}", p)
@@ -270,3 +277,21 @@ def test_llm_is_built_on_the_event_loop_thread():
         await eng.start()
         return threading.current_thread()
     assert threads == [] and run(go()) is threads[0]
+
+
+# ---- round 2, finding 11: the prefix hit lives on RequestOutput --------------------------
+def test_dynamos_worker_reads_the_prefix_hit_from_the_request_output():
+    src = dynamo_source("trtllm/request_handlers/handler_base.py")
+    assert "engine_reported = int(res.cached_tokens or 0)" in src.after(
+        "def _prompt_tokens_details", 300)
+    assert "_prompt_tokens_details(\n" in src.text and "res, num_input_tokens" in src.text
+
+
+def test_usage_reports_the_request_outputs_prefix_hit():
+    from splitserve.components.engines.trtllm.requests import DeltaCursor
+    from tests.fixtures.engine_doubles import _Completion, _Output
+
+    out = _Output([_Completion([7, 8], "stop")], True, [1, 2, 3, 4], cached_tokens=2)
+    delta = DeltaCursor().delta(out)
+    assert delta.cached_tokens == 2 and delta.token_ids == (7, 8)
+    assert DeltaCursor().delta(_Output([], True, [1])).cached_tokens == 0

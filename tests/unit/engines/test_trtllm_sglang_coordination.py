@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from splitserve.components.engines.sglang.requests import sglang_rid
 from splitserve.contracts.engine import GenerateParams
 from splitserve.components.engines.sglang.config import SglangEngineArgs
 from splitserve.components.engines.sglang.engine import SglangEngine
@@ -116,7 +117,7 @@ async def test_sglang_decode_timeout_ends_in_503_and_aborts():
     silent = SilentPrefill(ARGS, "m", "prefill")
     outcome, plan = await serve(dec, silent, True, lambda: 1, timeout_s=0.3)
     assert outcome == "503" and plan.reason == "timeout"
-    assert "q" in dec._engine.aborted and dec.inflight() == 0
+    assert sglang_rid("q") in dec._engine.aborted and dec.inflight() == 0
 
 
 async def test_trtllm_timeout_falls_back_to_context_and_generation():
