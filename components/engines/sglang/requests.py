@@ -176,13 +176,17 @@ def _run(values, tops, n: int) -> TokenLogprobs:
 
 
 class LogprobReader:
-    """Turns SGLang's cumulative per-request logprob lists into per-delta runs, for a
-    request that asked for ``top_n`` alternatives per output token (None: no output
-    logprobs) and ``prompt_top_n`` per prompt token (None: no prompt logprobs)."""
+    """Turns SGLang's streamed logprob lists into per-delta runs, for a request that
+    asked for ``top_n`` alternatives per output token (None: no output logprobs) and
+    ``prompt_top_n`` per prompt token (None: no prompt logprobs).
+
+    With incremental streaming (which the adapter turns on) SGLang sends the output
+    logprobs of each chunk's own tokens only (``tokenizer_manager.py``,
+    ``_INCREMENTAL_STREAMING_META_INFO_KEYS``), while the prompt's come whole in every
+    chunk: the first are read per chunk, the second once."""
 
     def __init__(self, top_n: int | None, prompt_top_n: int | None) -> None:
         self.top_n, self.prompt_top_n = top_n, prompt_top_n
-        self.seen = 0
         self.prompt_sent = False
 
     @classmethod
@@ -200,12 +204,10 @@ class LogprobReader:
         if self.top_n is not None:
             values = list(meta.get("output_token_logprobs") or ())
             tops = list(meta.get("output_top_logprobs") or ())
-            end = self.seen + n_new
-            if len(values) < end:
-                raise RuntimeError(f"SGLang sent {len(values)} output logprobs for "
-                                   f"{end} tokens")
-            found["logprobs"] = _run(values[self.seen:end], tops[self.seen:end], self.top_n)
-            self.seen = end
+            if len(values) != n_new:
+                raise RuntimeError(f"SGLang sent {len(values)} output logprobs for a chunk "
+                                   f"of {n_new} tokens")
+            found["logprobs"] = _run(values, tops[:n_new], self.top_n)
         if self.prompt_top_n is not None and not self.prompt_sent:
             values = list(meta.get("input_token_logprobs") or ())
             if values:

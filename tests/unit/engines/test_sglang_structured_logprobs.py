@@ -18,7 +18,7 @@ from splitserve.components.engines.sglang.requests import (
 )
 from tests.fixtures.engine_doubles import BootstrapRooms, SglangEngineDouble, tokens_for
 from tests.unit.engines.adapter_helpers import deltas
-from tests.unit.engines.upstream import sglang_module
+from tests.unit.engines.upstream import sglang_module, sglang_source
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -68,18 +68,28 @@ async def test_logprob_arguments_of_async_generate(logprobs, prompt, expected):
     assert {k: kw[k] for k in kw if "logprob" in k} == expected
 
 
-async def test_the_reader_cuts_sglangs_cumulative_lists_into_runs():
+async def test_sglang_streams_each_chunks_own_output_logprobs():
+    """The installed SGLang slices the output logprobs to the chunk's tokens when it
+    streams incrementally (round 2, finding 2: the reader assumed running totals and
+    raised on the second chunk)."""
+    src = sglang_source("srt/managers/tokenizer_manager.py")
+    keys = src.after("_INCREMENTAL_STREAMING_META_INFO_KEYS = (", 200)
+    assert '"output_token_logprobs"' in keys and '"output_top_logprobs"' in keys
+    assert "meta_info[key] = meta_info[key][last_output_offset:]" in src.text
+
+
+async def test_the_reader_takes_each_chunks_own_logprobs():
     reader = LogprobReader(top_n=1, prompt_top_n=None)
     first = {"output_token_logprobs": [(-0.1, 7, None)],
              "output_top_logprobs": [[(-0.1, 7, None), (-2.0, 9, None)]]}
     assert reader.read(first, 1)["logprobs"].model_dump() == {
         "logprobs": [-0.1], "top": [[(7, -0.1)]]}
-    both = {"output_token_logprobs": [(-0.1, 7, None), (-0.3, 8, None), (-0.2, 4, None)],
-            "output_top_logprobs": [None, [(-0.3, 8, None)], [(-0.2, 4, None)]]}
-    run = reader.read(both, 2)["logprobs"]
+    second = {"output_token_logprobs": [(-0.3, 8, None), (-0.2, 4, None)],
+              "output_top_logprobs": [[(-0.3, 8, None)], [(-0.2, 4, None)]]}
+    run = reader.read(second, 2)["logprobs"]
     assert run.logprobs == [-0.3, -0.2] and run.top == [[(8, -0.3)], [(4, -0.2)]]
-    with pytest.raises(RuntimeError):  # more tokens than SGLang sent logprobs for
-        reader.read(both, 1)
+    with pytest.raises(RuntimeError):  # a chunk whose logprobs do not match its tokens
+        reader.read(second, 1)
 
 
 async def test_logprobs_stream_one_run_per_delta_with_the_prompts_once():
