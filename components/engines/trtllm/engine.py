@@ -114,6 +114,14 @@ class NotServedHere(ValueError):
     """A request asked for something this TensorRT-LLM engine cannot give it."""
 
 
+def _once(seen: set[str], what: str, exc: BaseException) -> None:
+    """Log a polling failure once per kind (the pollers run several times a second)."""
+    kind = f"{type(exc).__name__}: {exc}"[:200]
+    if kind not in seen:
+        seen.add(kind)
+        log.warning("TensorRT-LLM %s unreadable (logged once per kind): %s", what, kind)
+
+
 class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, WithoutKvMoves,
                    WithoutLora):
     """One TensorRT-LLM engine; implements ``splitserve.contracts.engine.Engine``, and
@@ -148,6 +156,10 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
         self._latest: LoadSample | None = None
         self._stats_interval_s = stats_interval_s
         self._stats_task: asyncio.Task | None = None
+        self._first_output = asyncio.Event()
+        """Set at the first output of any request: TensorRT-LLM creates its KV event and
+        stats queues with the first request, so both are polled only after it (as
+        Dynamo's worker starts its publisher at the first output)."""
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -232,6 +244,7 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
         cursor, finished = DeltaCursor(top_n), False
         try:
             async for out in result:
+                self._first_output.set()
                 live = self._active.get(request_id)
                 if live is not None:
                     live.first_seen = True
@@ -293,6 +306,7 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
         cursor, tokens, last, out = DeltaCursor(), [], None, None
         try:
             async for out in result:
+                self._first_output.set()
                 last = cursor.delta(out)
                 tokens += last.token_ids
                 if last.finished:
@@ -336,34 +350,37 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
     # ---- sources ------------------------------------------------------------------------
     async def run_kv_events(self, sink: KvEventSink,
                             ready: asyncio.Event | None = None) -> None:
-        """Poll ``get_kv_cache_events_async`` and feed ``sink`` until cancelled.  The
-        engine buffers events itself, so nothing is missed before the first poll."""
+        """Poll ``get_kv_cache_events_async`` and feed ``sink`` until cancelled, from
+        the first output on (before it TensorRT-LLM has no event queue and asserts).  The
+        engine buffers events itself, so nothing is missed before the first poll; a
+        failed poll is logged (once per kind) and the next one tried."""
         if ready is not None:
             ready.set()
         if not self.args.kv_events_enabled():
             return
-        while self.llm is None:  # noqa: ASYNC110 - set by start(), which has no event
-            await asyncio.sleep(0.05)
+        await self._first_output.wait()
+        seen: set[str] = set()
         while True:
             batch = []
-            async for event in self.llm.get_kv_cache_events_async(timeout=0.5):
-                batch += convert_event(event, self.args.tokens_per_block)
+            try:
+                async for event in self.llm.get_kv_cache_events_async(timeout=0.5):
+                    batch += convert_event(event, self.args.tokens_per_block)
+            except Exception as exc:  # noqa: BLE001 - the relay outlives one bad poll
+                _once(seen, "KV events", exc)
+                await asyncio.sleep(0.5)
             if batch:
                 sink(batch)
             await asyncio.sleep(0.01)
 
     async def _poll_stats(self) -> None:
+        await self._first_output.wait()  # no stats queue before the first request
         seen: set[str] = set()
         while self.llm is not None:
             try:
                 async for stat in self.llm.get_stats_async(timeout=0.5):
                     self._latest = load_from_stats(stat)
             except Exception as exc:  # noqa: BLE001 - load reports go on with the last stats
-                kind = f"{type(exc).__name__}: {exc}"[:200]
-                if kind not in seen:  # once per kind: this runs five times a second
-                    seen.add(kind)
-                    log.warning("TensorRT-LLM stats unreadable (logged once per kind): %s",
-                                kind)
+                _once(seen, "stats", exc)
             await asyncio.sleep(self._stats_interval_s)
 
     def load(self) -> LoadSample:

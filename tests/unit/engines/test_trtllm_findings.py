@@ -197,6 +197,7 @@ def test_transfer_timeout_stats_and_overlap_scheduler():
 
 def test_stats_need_the_flag_and_then_reach_load():
     llm = LlmDouble("agg", {})
+    llm.generated = True
     llm.stats.append({"numActiveRequests": 1})
 
     async def drain(x):
@@ -205,6 +206,7 @@ def test_stats_need_the_flag_and_then_reach_load():
 
     async def go():
         eng = await started_trtllm("agg", {})
+        await collect(eng.generate("first", P))  # the stats queue exists from here
         eng.llm.stats.append({"numActiveRequests": 2, "numQueuedRequests": 0,
                               "kvCacheStats": {"usedNumBlocks": 3, "maxNumBlocks": 9}})
         for _ in range(100):
@@ -295,3 +297,33 @@ def test_usage_reports_the_request_outputs_prefix_hit():
     delta = DeltaCursor().delta(out)
     assert delta.cached_tokens == 2 and delta.token_ids == (7, 8)
     assert DeltaCursor().delta(_Output([], True, [1])).cached_tokens == 0
+
+
+# ---- round 2, finding 4: events and stats exist after the first request ------------------
+def test_dynamo_starts_its_publisher_at_the_first_output():
+    src = handler_source()
+    i = src.find("self.publisher.start()")
+    assert "if self.first_generation and self.publisher:" in src.text[i - 200:i], src.label
+
+
+def test_nothing_is_polled_before_the_first_request_and_the_relay_survives():
+    async def go():
+        eng = await started_trtllm("agg", {})
+        got: list = []
+        relay = asyncio.ensure_future(eng.run_kv_events(got.extend))
+        await asyncio.sleep(0.3)  # several poll periods before any request
+        assert not relay.done() and eng.llm.early_stats_polls == 0
+        bs = eng.args.tokens_per_block
+        eng.llm.events.append({"event_id": 1, "data": {
+            "type": "stored", "parent_hash": None,
+            "blocks": [{"block_hash": 5, "tokens": [{"token_id": t} for t in range(bs)]}]}})
+        await collect(eng.generate("first", P))
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.02)
+        assert got and got[0].block_hashes == (5,) and not relay.done()
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)
+        await eng.shutdown()
+    run(go())

@@ -93,6 +93,7 @@ async def test_kv_events_and_stats_become_project_types():
     states: dict = {}
     agg = await started_trtllm("agg", states)
     bs = agg.args.tokens_per_block
+    await collect(agg.generate("first", P))  # TensorRT-LLM's queues exist from here
     agg.llm.events.append({"event_id": 1, "data": {"type": "stored", "parent_hash": None,
                            "blocks": [{"block_hash": 11, "tokens": [{"token_id": t} for t in range(bs)]}]}})
     agg.llm.stats.append({"numActiveRequests": 3, "numQueuedRequests": 1,
