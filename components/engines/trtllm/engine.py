@@ -360,11 +360,12 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
             return
         await self._first_output.wait()
         seen: set[str] = set()
+        partial: set[int] = set()  # partial blocks never announced, whose removal is not
         while True:
             batch = []
             try:
                 async for event in self.llm.get_kv_cache_events_async(timeout=0.5):
-                    batch += convert_event(event, self.args.tokens_per_block)
+                    batch += convert_event(event, self.args.tokens_per_block, partial)
             except Exception as exc:  # noqa: BLE001 - the relay outlives one bad poll
                 _once(seen, "KV events", exc)
                 await asyncio.sleep(0.5)

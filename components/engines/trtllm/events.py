@@ -4,7 +4,9 @@
 ``stored`` carries ``parent_hash`` and ``blocks`` (``block_hash`` and ``tokens``, each
 ``{"token_id": ...}``); ``removed`` carries ``block_hashes``.  A stored block shorter
 than the block size is partial: it is not announced, and the rest of that event is
-dropped (Dynamo's publisher does the same; a later event stores the full block).  A
+dropped (Dynamo's publisher does the same; a later event stores the full block).  Its
+hash is remembered so that its ``removed`` event, which TensorRT-LLM sends like any
+other, is not passed on either: the index never had that block.  A
 ``stored`` event's ``lora_name``, read by Dynamo's publisher too, goes on the event.
 ``LLM.get_stats_async`` yields iteration stats with ``numActiveRequests``,
 ``numQueuedRequests`` and ``kvCacheStats`` (``usedNumBlocks``, ``maxNumBlocks``).
@@ -19,8 +21,12 @@ from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent
 from splitserve.components.engines.zmq_relay import block_hash
 
 
-def convert_event(event: dict[str, Any], block_size: int) -> list[KvEvent]:
-    """One TensorRT-LLM KV event as zero or one project events."""
+def convert_event(event: dict[str, Any], block_size: int,
+                  partial: set[int] | None = None) -> list[KvEvent]:
+    """One TensorRT-LLM KV event as zero or one project events.  ``partial``: the raw
+    hashes of partial blocks seen so far (kept by the caller across events), whose
+    removals are dropped."""
+    partial = set() if partial is None else partial
     data = event.get("data") or {}
     kind = data.get("type")
     if kind == "stored":
@@ -28,7 +34,10 @@ def convert_event(event: dict[str, Any], block_size: int) -> list[KvEvent]:
         tokens: list[int] = []
         for block in data.get("blocks") or ():
             block_tokens = [int(t["token_id"]) for t in block.get("tokens") or ()]
-            if block.get("block_hash") is None or len(block_tokens) != block_size:
+            if block.get("block_hash") is None:
+                break
+            if len(block_tokens) != block_size:
+                partial.add(int(block["block_hash"]))
                 break
             hashes.append(block_hash(int(block["block_hash"])))
             tokens += block_tokens
@@ -40,7 +49,14 @@ def convert_event(event: dict[str, Any], block_size: int) -> list[KvEvent]:
                             token_ids=tuple(tokens), num_block_tokens=(block_size,) * len(hashes),
                             lora_name=data.get("lora_name"))]
     if kind == "removed":
-        hashes = [block_hash(int(h)) for h in data.get("block_hashes") or () if h is not None]
+        hashes = []
+        for h in data.get("block_hashes") or ():
+            if h is None:
+                continue
+            if int(h) in partial:  # never announced: nothing to remove
+                partial.discard(int(h))
+                continue
+            hashes.append(block_hash(int(h)))
         return [BlockRemoved(tuple(hashes))] if hashes else []
     return []  # "created" (the pool's initial blocks) and "updated" do not change the index
 

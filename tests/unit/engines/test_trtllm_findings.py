@@ -327,3 +327,37 @@ def test_nothing_is_polled_before_the_first_request_and_the_relay_survives():
         await asyncio.gather(relay, return_exceptions=True)
         await eng.shutdown()
     run(go())
+
+
+# ---- round 2, finding 12: a partial block's removal is not passed on ----------------------
+def test_dynamo_drops_the_removal_of_partial_blocks():
+    src = dynamo_source("trtllm/publisher.py")
+    removed = src.after('elif data["type"] == "removed":', 600)
+    assert "if block_hash in self.partial_block_hashes:" in removed, src.label
+
+
+def test_the_relay_removes_only_blocks_it_announced():
+    from splitserve.components.engines.zmq_relay import block_hash
+    from splitserve.contracts.block_events import BlockRemoved, BlockStored
+
+    async def go():
+        eng = await started_trtllm("agg", {})
+        await collect(eng.generate("first", P))
+        bs = eng.args.tokens_per_block
+        eng.llm.events += [
+            {"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [
+                {"block_hash": 7, "tokens": [{"token_id": t} for t in range(bs)]},
+                {"block_hash": 8, "tokens": [{"token_id": 1}]}]}},  # partial
+            {"event_id": 2, "data": {"type": "removed", "block_hashes": [7, 8]}}]
+        got: list = []
+        relay = asyncio.ensure_future(eng.run_kv_events(got.extend))
+        for _ in range(100):
+            if len(got) >= 2:
+                break
+            await asyncio.sleep(0.02)
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)
+        assert [type(e) for e in got] == [BlockStored, BlockRemoved]
+        assert got[0].block_hashes == got[1].block_hashes == (block_hash(7),)
+        await eng.shutdown()
+    run(go())
