@@ -34,7 +34,8 @@ had to fake.  Version 2 carries them as an optional ``destination``."""
 READABLE_VERSIONS = (1, WIRE_VERSION)
 """A version-1 job (from decode workers of the release before) is read as version 2: its
 blocks become the ``destination``, which only prefill engines that push KV look at."""
-ADDED_FIELDS = ("ignore_eos", "min_tokens", "lora")
+ADDED_FIELDS = ("ignore_eos", "min_tokens", "lora", "top_k", "min_p", "presence_penalty",
+                "frequency_penalty", "repetition_penalty", "logit_bias")
 """Optional fields added to version 1 after its first release (see ``encode``)."""
 RETIRED_FIELDS = ("trace_id", "parent_span_id")
 """Fields of version 1's first release that nothing ever read: still accepted as null,
@@ -81,6 +82,21 @@ class PrefillRequest(BaseModel):
     min_tokens: int = Field(default=0, ge=0, description="Tokens the request produces "
                             "before a stop token may end it (applies to the prefill's "
                             "first token too).")
+    top_k: int = Field(default=0, ge=0, description="The request's top-k (0: off): the "
+                       "prefill samples its first token as the decode side would.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="The request's min-p "
+                         "(0: off).")
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, description="OpenAI's "
+                                    "presence penalty (no output yet: it shapes nothing "
+                                    "for the first token, and is carried for engines that "
+                                    "check it).")
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, description="OpenAI's "
+                                     "frequency penalty (as presence_penalty).")
+    repetition_penalty: float = Field(default=1.0, gt=0.0, description="CTRL's repetition "
+                                      "penalty over prompt and output (1: off): it shapes "
+                                      "the first token through the prompt's tokens.")
+    logit_bias: list[tuple[int, float]] = Field(default_factory=list, description="(token "
+                                                "id, bias) pairs added to the logits.")
     lora: str | None = Field(
         default=None, min_length=1, description="The LoRA adapter the prompt is computed "
         "with, by the name workers loaded it under; None: the base model. Decode workers "
@@ -157,8 +173,9 @@ class PrefillRequest(BaseModel):
         version 1 later (``ADDED_FIELDS``) are written only when set, so a prefill worker
         of the previous release, which refuses unknown fields, still reads every request
         that does not use them."""
+        fields = type(self).model_fields
         unset = {k for k in ADDED_FIELDS
-                 if getattr(self, k) == type(self).model_fields[k].default}
+                 if getattr(self, k) == fields[k].get_default(call_default_factory=True)}
         return self.model_dump_json(exclude=unset | set(RETIRED_FIELDS)).encode("utf-8")
 
 

@@ -73,9 +73,10 @@ class Rejected(Exception):
 
 def job_carries(params: GenerateParams) -> bool:
     """True when a prefill job can sample the first token as this request asks: jobs carry
-    temperature, top-p, seed and the stop conditions, not penalties, bias, top-k, min-p
-    or log-probabilities (such requests are prefilled where they decode)."""
-    return (params.neutral_sampling() and params.logprobs is None
+    the sampling (temperature, top-p, top-k, min-p, seed, penalties, bias) and the stop
+    conditions, not a JSON schema or log-probabilities (such requests are prefilled
+    where they decode)."""
+    return (params.json_schema is None and params.logprobs is None
             and params.prompt_logprobs is None)
 
 
@@ -366,6 +367,11 @@ class EngineDecodeCoordinator:
                     temperature=params.temperature, top_p=params.top_p, seed=params.seed,
                     stop_token_ids=list(params.stop_token_ids),
                     ignore_eos=params.ignore_eos, min_tokens=params.min_tokens,
+                    top_k=params.top_k, min_p=params.min_p,
+                    presence_penalty=params.presence_penalty,
+                    frequency_penalty=params.frequency_penalty,
+                    repetition_penalty=params.repetition_penalty,
+                    logit_bias=[list(pair) for pair in params.logit_bias],
                     lora=params.lora, handoff_subject=self.subject)
             except ValueError as exc:
                 log.info("request %s cannot be offloaded (%s)", rid, str(exc).splitlines()[0])

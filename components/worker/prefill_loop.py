@@ -68,15 +68,19 @@ async def keep_alive(job, every_s: float) -> None:
 
 
 def job_params(req: PrefillRequest) -> GenerateParams:
-    """The engine's view of a job: the prompt, one token, the request's sampling,
-    priority level and LoRA adapter.  Of the request's ``min_tokens`` the job keeps what
+    """The engine's view of a job: the prompt, one token, the request's sampling (its
+    cuts, penalties and bias included), priority level and LoRA adapter.  Of the request's ``min_tokens`` the job keeps what
     applies to its one token (at most 1: that token must not be a stop token); more
     than ``max_tokens`` is invalid for vLLM and SGLang, which refuse it."""
     return GenerateParams(token_ids=tuple(req.token_ids), max_tokens=1,
                           temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                           stop_token_ids=tuple(req.stop_token_ids),
                           ignore_eos=req.ignore_eos, min_tokens=min(req.min_tokens, 1),
-                          priority=req.level(), lora=req.lora)
+                          priority=req.level(), lora=req.lora, top_k=req.top_k,
+                          min_p=req.min_p, presence_penalty=req.presence_penalty,
+                          frequency_penalty=req.frequency_penalty,
+                          repetition_penalty=req.repetition_penalty,
+                          logit_bias=tuple((int(t), float(b)) for t, b in req.logit_bias))
 
 
 def observe(metrics: PrefillMetrics, result) -> dict | None:

@@ -122,3 +122,26 @@ async def test_a_request_that_ended_at_its_first_token_is_answered_without_decod
     assert engines["decode"].requests == [] and engines["local"].requests == []
     assert len(queue.jobs) == 1 and coord.inbox.waiting == 0
     assert sample(coord, FALLBACKS, reason="timeout") == 0
+
+
+@pytest.mark.parametrize(("options", "where", "reason"), [
+    ({"sampling_options": {"top_k": 5, "repetition_penalty": 1.1}}, "remote",
+     "min-score-met"),
+    ({"output_options": {"logprobs": 2}}, "local", "sampling-local-prefill"),
+    ({"sampling_options": {"guided_decoding": {"json": {"type": "object"}}}}, "local",
+     "sampling-local-prefill"),
+])
+async def test_a_job_carries_the_sampling_but_not_logprobs_or_a_schema(options, where,
+                                                                       reason):
+    coord, _, queue = coordinator()
+    req = request(400, max_tokens=2)
+    for section, values in options.items():
+        req[section] = {**(req.get(section) or {}), **values}
+    chunks = await collect(coord, req)
+    assert chunks[-1]["finish_reason"] == "length"
+    assert sample(coord, DECISIONS, where=where, reason=reason) == 1
+    if where == "remote":
+        (job,) = queue.jobs
+        assert (job.top_k, job.repetition_penalty) == (5, 1.1)
+    else:
+        assert queue.jobs == []

@@ -172,3 +172,38 @@ def test_a_jobs_min_tokens_is_what_its_one_token_needs_and_upstream_accepts_it(
     real = SamplingParams(**sglang_sp(params, max_new_tokens=1))
     real.verify(vocab_size=50_000)
     assert real.min_new_tokens == kept
+
+
+SHAPED = {"top_k": 5, "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+          "repetition_penalty": 1.2, "logit_bias": [(7, -100.0), (9, 2.5)]}
+
+
+def test_a_job_carries_the_requests_sampling_to_the_prefill_engine_and_upstream_accepts_it(
+        ) -> None:
+    """The first token is sampled as the decode side would sample it (round 2, finding
+    5: top-k, min-p, penalties and bias were dropped, and engines that stream the
+    prefill's token as the answer's first sampled it from another distribution)."""
+    from splitserve.components.engines.sglang.requests import sampling_params as sglang_sp
+    from splitserve.components.engines.vllm.requests import sampling_params as vllm_sp
+    from splitserve.components.worker.prefill_loop import job_params
+    from tests.unit.engines.upstream import sglang_module
+
+    got = triage(make_request(**SHAPED, temperature=0.7).encode(), now=1000.5).request
+    assert got is not None
+    p = job_params(got)
+    assert (p.top_k, p.min_p, p.presence_penalty, p.frequency_penalty,
+            p.repetition_penalty, p.logit_bias) == (5, 0.05, 0.5, -0.5, 1.2,
+                                                    ((7, -100.0), (9, 2.5)))
+    sp = vllm_sp(p, max_tokens=1)  # vLLM validates on build
+    assert (sp.top_k, sp.min_p, sp.repetition_penalty) == (5, 0.05, 1.2)
+    SamplingParams = sglang_module("sglang.srt.sampling.sampling_params").SamplingParams
+    real = SamplingParams(**sglang_sp(p, max_new_tokens=1))
+    real.verify(vocab_size=50_000)
+    assert (real.top_k, real.min_p, real.repetition_penalty) == (5, 0.05, 1.2)
+
+
+def test_a_plain_job_is_written_without_the_sampling_fields() -> None:
+    plain = json.loads(make_request().encode())
+    assert not set(SHAPED) & set(plain)  # a prefill worker of the release before reads it
+    with pytest.raises(ValidationError, match="top_k"):
+        make_request(top_k=-1)
