@@ -223,8 +223,12 @@ def engine_env(args: VllmEngineArgs, transfer: VllmKvTransfer | None = None,
     before starting (vLLM has no arguments for these)."""
     # VLLM_HOST_IP: vLLM's inter-process queues otherwise listen on the machine's
     # external address; this project keeps every listener on loopback.
+    # VLLM_WORKER_MULTIPROC_METHOD: vLLM forks its engine core by default on CUDA (the
+    # CPU build forces spawn); a fork from a worker thread of a process that holds
+    # Dynamo's runtime and its NATS and etcd sockets is unsafe, so spawn, as Dynamo's
+    # vLLM worker sets it.
     env = {"VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_space_gib),
-           "VLLM_HOST_IP": "127.0.0.1"}
+           "VLLM_HOST_IP": "127.0.0.1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     if args.cpu_cores is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = args.cpu_cores
     if transfer is not None:
