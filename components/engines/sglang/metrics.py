@@ -1,9 +1,15 @@
-"""Load of an SGLang engine, from the ``KvMetrics`` its scheduler pushes each step.
+"""Load of an SGLang engine: the ``KvMetrics`` its scheduler pushes each step, else the
+load snapshots every scheduler publishes.
 
 With ``enable_metrics`` and KV events on, SGLang's scheduler pushes a ``KvMetrics``
 (running and waiting requests, KV tokens used and total) to the engine's
-``metrics_ipc_name`` socket; the tracker pulls them and keeps the latest.  Token counts
-become blocks by the page size (rounded up), the unit the routers use.
+``metrics_ipc_name`` socket; the tracker pulls them and keeps the latest.  Engines
+without a KV-event publisher (every prefill engine, decode engines without a radix
+cache) push none, so the tracker also polls ``tokenizer_manager.get_loads()``: one
+``LoadSnapshot`` per data-parallel rank (``num_running_reqs``, ``num_waiting_reqs``,
+``num_used_tokens``, ``max_total_num_tokens``), which rank 0 of every scheduler writes
+whatever the role.  Token counts become blocks by the page size (rounded up), the unit
+the routers use.
 """
 
 from __future__ import annotations
@@ -26,10 +32,14 @@ def tokens_to_blocks(tokens: int, page_size: int) -> int:
 class LoadTracker:
     """The latest scheduler metrics of one engine."""
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, poll_s: float = 0.5) -> None:
         self.page_size = page_size
+        self.poll_s = poll_s
         self.latest: Any = None
+        self.snapshot: LoadSample | None = None
+        """The load snapshots' sum, when no ``KvMetrics`` came."""
         self._task: asyncio.Task | None = None
+        self._poll: asyncio.Task | None = None
 
     def update(self, kv_metrics: Any) -> None:
         """Keep one ``KvMetrics`` (called by the pull loop, or directly in tests)."""
@@ -39,6 +49,8 @@ class LoadTracker:
         """The current load; before any metrics, the adapter's own in-flight count."""
         m = self.latest
         if m is None:
+            if self.snapshot is not None:
+                return self.snapshot
             return LoadSample(active=inflight, waiting=0, kv_used_blocks=0, kv_total_blocks=0)
         return LoadSample(active=int(m.request_active_slots),
                           waiting=int(m.num_requests_waiting),
@@ -46,10 +58,40 @@ class LoadTracker:
                           kv_total_blocks=tokens_to_blocks(m.kv_total_blocks, self.page_size))
 
     def start(self, engine: Any) -> None:
-        """Pull the engine's metrics socket in the background (real engines only)."""
+        """Pull the engine's metrics socket (real engines only) and poll its load
+        snapshots in the background."""
         name = getattr(getattr(engine, "port_args", None), "metrics_ipc_name", None)
         if isinstance(name, str) and name.startswith("ipc://"):
             self._task = asyncio.ensure_future(self._pull(name))
+        manager = getattr(engine, "tokenizer_manager", None)
+        if callable(getattr(manager, "get_loads", None)):
+            self._poll = asyncio.ensure_future(self._poll_loads(manager))
+
+    def take_snapshots(self, loads: Any) -> None:
+        """Sum one ``get_loads()`` answer (one snapshot per rank) into ``snapshot``."""
+        loads = list(loads or ())
+        if not loads:
+            return
+        total = sum(int(x.max_total_num_tokens) for x in loads)
+        self.snapshot = LoadSample(
+            active=sum(int(x.num_running_reqs) for x in loads),
+            waiting=sum(int(x.num_waiting_reqs) for x in loads),
+            kv_used_blocks=tokens_to_blocks(sum(int(x.num_used_tokens) for x in loads),
+                                            self.page_size),
+            kv_total_blocks=tokens_to_blocks(total, self.page_size))
+
+    async def _poll_loads(self, manager: Any) -> None:
+        seen: set[str] = set()
+        while True:
+            try:
+                self.take_snapshots(await manager.get_loads())
+            except Exception as exc:  # noqa: BLE001 - load reports go on with the last
+                kind = f"{type(exc).__name__}: {exc}"[:200]
+                if kind not in seen:
+                    seen.add(kind)
+                    log.warning("SGLang load snapshots unreadable (logged once per kind): "
+                                "%s", kind)
+            await asyncio.sleep(self.poll_s)
 
     async def _pull(self, name: str) -> None:
         import zmq
@@ -66,7 +108,8 @@ class LoadTracker:
                 sock.close(0)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in (self._task, self._poll):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._poll = None

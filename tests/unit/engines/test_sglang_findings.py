@@ -357,3 +357,32 @@ def test_the_workers_info_logs_survive_sglangs_start():
         assert "the worker still speaks" in seen
     finally:
         root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+
+
+# ---- round 2, finding 6: load without KV events -------------------------------------------
+def test_every_sglang_scheduler_writes_load_snapshots_with_the_fields_read():
+    src = sglang_source("srt/managers/scheduler.py")
+    assert "self.load_snapshot_writer = create_load_snapshot_writer(" in src.text
+    LoadSnapshot = sglang_module("sglang.srt.managers.load_snapshot").LoadSnapshot
+    for name in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens",
+                 "max_total_num_tokens"):
+        assert name in LoadSnapshot.__struct_fields__, name
+    assert "async def get_loads(" in sglang_source(
+        "srt/managers/tokenizer_control_mixin.py").text
+
+
+def test_a_prefill_engine_without_kv_events_reports_its_load():
+    """A prefill engine publishes no KV events, so its scheduler pushes no KvMetrics:
+    its load came out as 0 of 0 blocks and 0 waiting (the planner read an idle pool)."""
+    async def go():
+        eng = engine("prefill", BootstrapRooms())
+        eng.tracker.poll_s = 0.01
+        await eng.start()
+        for _ in range(100):
+            if eng.load().kv_total_blocks:
+                break
+            await asyncio.sleep(0.01)
+        got = eng.load()
+        assert got.kv_total_blocks == 4096 // ARGS.page_size and got.kv_used_blocks == 0
+        await eng.shutdown()
+    asyncio.run(go())
