@@ -121,6 +121,10 @@ class SglangEngineArgs(StrictModel):
         SGLANG_TIMEOUT_S, ge=10, description="How long a decode engine waits for the KV "
         "of a joined room (SGLANG_DISAGGREGATION_WAITING_TIMEOUT); the decode worker "
         "gives up 30 s later if SGLang has not ended the request.")
+    warmup_timeout_s: float = Field(
+        1800.0, gt=0, description="A prefill engine runs one request through each "
+        "data-parallel rank's disaggregated path before it serves (JIT and CUDA-graph "
+        "capture); the start fails when that takes longer (Dynamo's bound).")
     enable_lora: bool = Field(
         False, description="Serve LoRA adapters (SGLang's --enable-lora): those of "
         "lora_paths from the start, others loaded at run time (load_lora), named per "

@@ -59,6 +59,7 @@ from .requests import (
     new_bootstrap_room,
     sglang_rid,
     to_delta,
+    warmup_kwargs,
 )
 
 log = logging.getLogger("splitserve.sglang")
@@ -173,6 +174,25 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
         with process.keep_worker_logging():
             self._engine = self._factory(**kw)
         self.tracker.start(self._engine)
+        if self.role == "prefill":
+            await self._warm_up(int(kw.get("dp_size") or 1))
+
+    async def _warm_up(self, dp_size: int) -> None:
+        """Run one request through every data-parallel rank's disaggregated path before
+        the worker registers, so the first real prefill does not pay JIT and CUDA-graph
+        capture inside SGLang's bootstrap timeouts (as Dynamo's worker does).  A failure
+        fails the start: an engine that cannot prefill must not register."""
+
+        async def one(rank: int) -> None:
+            gen = await self._engine.async_generate(**warmup_kwargs(rank, self.bootstrap_port))
+            async for _ in gen:
+                pass
+
+        t0 = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*(one(r) for r in range(dp_size))),
+                               self.args.warmup_timeout_s)
+        log.info("SGLang prefill engine warmed up (%d rank(s), %.1fs)", dp_size,
+                 time.monotonic() - t0)
 
     async def shutdown(self, drain_timeout_s: float = 0.0) -> None:
         """Refuse new work, wait up to ``drain_timeout_s`` for in-flight requests, abort

@@ -112,6 +112,23 @@ def _shaping(p: GenerateParams) -> dict[str, Any]:
     return sp
 
 
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+"""SGLang's ``disaggregation.utils.FAKE_BOOTSTRAP_HOST``: a prefill request naming it
+runs without a decode peer (its KV is dropped), which is how a prefill engine is warmed
+up before it serves."""
+
+
+def warmup_kwargs(dp_rank: int, bootstrap_port: int) -> dict[str, Any]:
+    """One warm-up request for data-parallel rank ``dp_rank`` of a prefill engine: a short
+    prompt through the disaggregated path, with no decode peer (as Dynamo's worker warms
+    every prefill rank)."""
+    return {"input_ids": [10, 11, 12, 13], "stream": True,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True},
+            "bootstrap_host": FAKE_BOOTSTRAP_HOST, "bootstrap_port": bootstrap_port,
+            "bootstrap_room": dp_rank, "routed_dp_rank": dp_rank,
+            "rid": sglang_rid(f"warmup-{dp_rank}")}
+
+
 def sglang_rid(request_id: str) -> str:
     """The id SGLang knows a request by.  SGLang's scheduler aborts every request whose
     id *starts with* the aborted one (``scheduler.py``: ``req.rid.startswith(...)``), so

@@ -386,3 +386,55 @@ def test_a_prefill_engine_without_kv_events_reports_its_load():
         assert got.kv_total_blocks == 4096 // ARGS.page_size and got.kv_used_blocks == 0
         await eng.shutdown()
     asyncio.run(go())
+
+
+# ---- round 2, finding 10: prefill engines are warmed up before they serve -----------------
+def test_the_warmup_host_is_sglangs_and_dynamo_warms_every_prefill_rank():
+    from splitserve.components.engines.sglang.requests import FAKE_BOOTSTRAP_HOST
+
+    assert f'FAKE_BOOTSTRAP_HOST = "{FAKE_BOOTSTRAP_HOST}"' in sglang_source(
+        "srt/disaggregation/utils.py").text
+    dynamo_source("sglang/_disagg.py").require(
+        "bootstrap_host=FAKE_BOOTSTRAP_HOST", "routed_dp_rank=dp_rank")
+
+
+@pytest.mark.parametrize("dp_size", [1, 2])
+def test_a_prefill_engine_is_warmed_up_on_every_rank_before_start_returns(dp_size):
+    from splitserve.components.engines.sglang.requests import FAKE_BOOTSTRAP_HOST
+
+    async def go():
+        built: list = []
+
+        def factory(**s):
+            built.append(SglangEngineDouble(BootstrapRooms(), **s))
+            return built[-1]
+
+        a = ARGS.model_copy(update={"extra_server_args": {"dp_size": dp_size}})
+        eng = SglangEngine(a, "m", "prefill", factory=factory)
+        assert eng.server_kwargs()["dp_size"] == dp_size
+        await eng.start()
+        warm = built[0].warmups
+        assert sorted(w["bootstrap_room"] for w in warm) == list(range(dp_size))
+        assert sorted(w["routed_dp_rank"] for w in warm) == list(range(dp_size))
+        assert all(w["bootstrap_host"] == FAKE_BOOTSTRAP_HOST for w in warm)
+        assert built[0].calls == []  # nothing served yet
+        await eng.shutdown()
+        for role in ("decode", "agg"):  # only prefill engines need it
+            other = SglangEngine(ARGS, "m", role, factory=factory)
+            await other.start()
+            assert built[-1].warmups == []
+            await other.shutdown()
+    asyncio.run(go())
+
+
+def test_a_prefill_engine_whose_warmup_fails_does_not_start():
+    async def go():
+        def factory(**s):
+            double = SglangEngineDouble(BootstrapRooms(), **s)
+            double.fail_warmup = True
+            return double
+
+        eng = SglangEngine(ARGS, "m", "prefill", factory=factory)
+        with pytest.raises(RuntimeError, match="prefill path failed"):
+            await eng.start()
+    asyncio.run(go())

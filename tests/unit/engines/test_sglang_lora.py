@@ -199,7 +199,8 @@ class LoraEngineDouble(SglangEngineDouble):
         if name is not None and name not in self.adapters:
             raise ValueError(f"The following requested LoRA adapters are not loaded: {name}")
         gen = await super().async_generate(*args, **kw)
-        self.calls[-1]["lora_path"] = name
+        if kw.get("bootstrap_host") != "2.2.2.2":  # a warm-up is not a request served
+            self.calls[-1]["lora_path"] = name
         return gen
 
 
