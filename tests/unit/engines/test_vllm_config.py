@@ -75,7 +75,8 @@ def test_kv_events_endpoint_must_be_loopback(endpoint):
 
 def test_kv_cache_space_goes_to_the_cpu_backend_environment():
     assert engine_env(VllmEngineArgs(kv_cache_space_gib=2)) == {
-        "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_HOST_IP": "127.0.0.1"}
+        "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     with pytest.raises(ValidationError):  # vLLM reads it as an integer
         VllmEngineArgs(kv_cache_space_gib=0.5)
 

@@ -166,15 +166,19 @@ def test_wire_carries_sampling_to_the_engines(codec):
     assert req.logit_bias == ((17, -100.0),) and req.temperature == 0.5
 
 
-def test_prefill_jobs_carry_only_neutral_sampling():
+def test_prefill_jobs_carry_the_sampling_but_not_logprobs_or_a_schema():
     from splitserve.components.worker.coordinator import job_carries
 
     base = {"token_ids": [1, 2], "stop_conditions": {"max_tokens": 4, "min_tokens": 2},
             "sampling_options": {"temperature": 0.7, "seed": 1}}
     assert job_carries(params_from_wire(WorkerRequest.model_validate(base)))
     for extra in ({"sampling_options": {"logit_bias": {"3": -100}}},
-                  {"sampling_options": {"presence_penalty": 0.5}},
-                  {"output_options": {"logprobs": 0}}):
+                  {"sampling_options": {"presence_penalty": 0.5, "top_k": 5}}):
+        wreq = WorkerRequest.model_validate({**base, **extra})
+        assert job_carries(params_from_wire(wreq))  # the job carries them since R5
+    for extra in ({"output_options": {"logprobs": 0}},
+                  {"output_options": {"prompt_logprobs": 1}},
+                  {"sampling_options": {"guided_decoding": {"json": {"type": "object"}}}}):
         wreq = WorkerRequest.model_validate({**base, **extra})
         assert not job_carries(params_from_wire(wreq))
 
