@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 
 from splitserve.contracts.kit.connect import close_nats
+from splitserve.contracts.kit.once import OncePerKind
 from splitserve.contracts.wire import WorkerLoad
 
 log = logging.getLogger("splitserve.worker")
@@ -19,15 +20,12 @@ class ReportFailures:
 
     def __init__(self, counter=None) -> None:
         self.counter = counter  # a prometheus Counter, e.g. WorkerMetrics.load_report_failures
-        self.seen: set[str] = set()
+        self.logged = OncePerKind(log, "load report failed (counted; logged once per kind): %s")
 
     def __call__(self, exc: Exception) -> None:
         if self.counter is not None:
             self.counter.inc()
-        kind = f"{type(exc).__name__}: {exc}"[:200]
-        if kind not in self.seen:
-            self.seen.add(kind)
-            log.warning("load report failed (counted; logged once per kind): %s", kind)
+        self.logged(exc)
 
 
 async def publish_load(nats_url: str, subject: str, sample: Callable[[], WorkerLoad],

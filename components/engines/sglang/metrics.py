@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 from splitserve.contracts.engine import LoadSample
+from splitserve.contracts.kit.once import OncePerKind
 
 log = logging.getLogger("splitserve.sglang")
 
@@ -81,16 +82,13 @@ class LoadTracker:
             kv_total_blocks=tokens_to_blocks(total, self.page_size))
 
     async def _poll_loads(self, manager: Any) -> None:
-        seen: set[str] = set()
+        failed = OncePerKind(log, "SGLang load snapshots unreadable (logged once per kind): "
+                                  "%s")
         while True:
             try:
                 self.take_snapshots(await manager.get_loads())
             except Exception as exc:  # noqa: BLE001 - load reports go on with the last
-                kind = f"{type(exc).__name__}: {exc}"[:200]
-                if kind not in seen:
-                    seen.add(kind)
-                    log.warning("SGLang load snapshots unreadable (logged once per kind): "
-                                "%s", kind)
+                failed(exc)
             await asyncio.sleep(self.poll_s)
 
     async def _pull(self, name: str) -> None:

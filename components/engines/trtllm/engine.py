@@ -29,6 +29,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from splitserve.contracts.kit.once import OncePerKind
 from splitserve.contracts.engine import (
     EngineCapabilities,
     EngineHandoff,
@@ -114,12 +115,9 @@ class NotServedHere(ValueError):
     """A request asked for something this TensorRT-LLM engine cannot give it."""
 
 
-def _once(seen: set[str], what: str, exc: BaseException) -> None:
-    """Log a polling failure once per kind (the pollers run several times a second)."""
-    kind = f"{type(exc).__name__}: {exc}"[:200]
-    if kind not in seen:
-        seen.add(kind)
-        log.warning("TensorRT-LLM %s unreadable (logged once per kind): %s", what, kind)
+def _unreadable(what: str) -> OncePerKind:
+    """A poller's failure log (the pollers run several times a second)."""
+    return OncePerKind(log, f"TensorRT-LLM {what} unreadable (logged once per kind): %s")
 
 
 class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, WithoutKvMoves,
@@ -359,7 +357,7 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
         if not self.args.kv_events_enabled():
             return
         await self._first_output.wait()
-        seen: set[str] = set()
+        failed = _unreadable("KV events")
         partial: set[int] = set()  # partial blocks never announced, whose removal is not
         while True:
             batch = []
@@ -367,7 +365,7 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
                 async for event in self.llm.get_kv_cache_events_async(timeout=0.5):
                     batch += convert_event(event, self.args.tokens_per_block, partial)
             except Exception as exc:  # noqa: BLE001 - the relay outlives one bad poll
-                _once(seen, "KV events", exc)
+                failed(exc)
                 await asyncio.sleep(0.5)
             if batch:
                 sink(batch)
@@ -375,13 +373,13 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
 
     async def _poll_stats(self) -> None:
         await self._first_output.wait()  # no stats queue before the first request
-        seen: set[str] = set()
+        failed = _unreadable("stats")
         while self.llm is not None:
             try:
                 async for stat in self.llm.get_stats_async(timeout=0.5):
                     self._latest = load_from_stats(stat)
             except Exception as exc:  # noqa: BLE001 - load reports go on with the last stats
-                _once(seen, "stats", exc)
+                failed(exc)
             await asyncio.sleep(self._stats_interval_s)
 
     def load(self) -> LoadSample:
