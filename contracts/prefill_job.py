@@ -9,6 +9,7 @@ prompt of 100k tokens is about 600 kB, under NATS's default 1 MB payload limit.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -173,10 +174,19 @@ class PrefillRequest(BaseModel):
         version 1 later (``ADDED_FIELDS``) are written only when set, so a prefill worker
         of the previous release, which refuses unknown fields, still reads every request
         that does not use them."""
-        fields = type(self).model_fields
-        unset = {k for k in ADDED_FIELDS
-                 if getattr(self, k) == fields[k].get_default(call_default_factory=True)}
-        return self.model_dump_json(exclude=unset | set(RETIRED_FIELDS)).encode("utf-8")
+        return json_omitting_defaults(self, ADDED_FIELDS, always=RETIRED_FIELDS)
+
+
+def json_omitting_defaults(model: BaseModel, optional: Iterable[str],
+                           always: Iterable[str] = ()) -> bytes:
+    """``model`` as JSON bytes without those of ``optional`` that hold their default and
+    without ``always``: fields added to a wire message after its first release are
+    written only when set, so a reader of the release before (which refuses unknown
+    fields) still reads every message that does not use them."""
+    fields = type(model).model_fields
+    unset = {k for k in optional
+             if getattr(model, k) == fields[k].get_default(call_default_factory=True)}
+    return model.model_dump_json(exclude=unset | set(always)).encode("utf-8")
 
 
 def priority_level(priority: int | str, config: PrefillQueueConfig) -> int:

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from splitserve.contracts.prefill_job import json_omitting_defaults
+
 log = logging.getLogger("splitserve.mocker_disagg")
 
 HANDOFF_VERSION = 1
@@ -55,8 +57,7 @@ class PrefillHandoff(BaseModel):
         """Serialise for the NATS request; called by the prefill worker.  ``refused`` and
         ``finish_reason`` are written only when set, so a decode worker of the release
         before reads every ordinary result."""
-        unset = {k for k in ("refused", "finish_reason") if getattr(self, k) is None}
-        return self.model_dump_json(exclude=unset).encode("utf-8")
+        return json_omitting_defaults(self, ("refused", "finish_reason"))
 
 
 class HandoffReply(BaseModel):
