@@ -260,7 +260,7 @@ class NoQueue:
         raise AssertionError("an adapter request must not be offloaded")
 
 
-def decode_coordinator(engine):
+def decode_coordinator(engine, queue=None):
     from splitserve.components.worker.coordinator import (
         CoordinatorSettings,
         EngineDecodeCoordinator,
@@ -269,7 +269,7 @@ def decode_coordinator(engine):
     from splitserve.components.worker.handoff import HandoffInbox
 
     metrics = WorkerMetrics()
-    queue = NoQueue()
+    queue = NoQueue() if queue is None else queue
     coord = EngineDecodeCoordinator(
         engine, RemoteAlways(), queue, HandoffInbox(), "subject", 0xABC,
         live_prefill_workers=lambda: 2, queue_depth=lambda: 0,
@@ -343,13 +343,6 @@ class RecordingQueue:
 def test_a_decode_worker_offloads_an_adapter_request_the_prefill_pool_has(tmp_path):
     """While every live prefill worker has the adapter, its request is decided like the
     base model's: its prefix lookup is the adapter's own and its job names the adapter."""
-    from splitserve.components.worker.coordinator import (
-        CoordinatorSettings,
-        EngineDecodeCoordinator,
-    )
-    from splitserve.components.worker.disagg_metrics import DisaggMetrics
-    from splitserve.components.worker.handoff import HandoffInbox
-
     engine = FakeLoraEngine()
     engine.info.capabilities = dataclasses.replace(engine.info.capabilities,
                                                    prefix_lookup=True)
@@ -361,13 +354,7 @@ def test_a_decode_worker_offloads_an_adapter_request_the_prefill_pool_has(tmp_pa
 
     engine.cached_prefix_tokens = cached_prefix_tokens
     asyncio.run(engine.load_lora("sql", str(adapter_dir(tmp_path, "sql"))))
-    metrics = WorkerMetrics()
-    queue = RecordingQueue()
-    coord = EngineDecodeCoordinator(
-        engine, RemoteAlways(), queue, HandoffInbox(), "subject", 0xABC,
-        live_prefill_workers=lambda: 2, queue_depth=lambda: 0,
-        metrics=DisaggMetrics(metrics.registry), settings=CoordinatorSettings(),
-        requests=metrics.requests)
+    coord, queue, metrics = decode_coordinator(engine, RecordingQueue())
     coord.prefill_serves = lambda name: name == "sql"
 
     async def run(req):
