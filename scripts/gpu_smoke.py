@@ -269,10 +269,7 @@ def check_kv_events(run: ServeRun, url: str, model: str) -> tuple[bool, str]:
 
 
 def ask(url: str, prompt: str, max_tokens: int, model: str) -> str:
-    import openai
-
-    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
-                       timeout=300) as c:
+    with client(url) as c:
         r = c.chat.completions.create(model=model, temperature=0, max_tokens=max_tokens,
                                       messages=[{"role": "user", "content": prompt}])
     return r.choices[0].message.content or ""
@@ -340,10 +337,7 @@ def children(pid: int) -> list[int]:
 
 
 def check_cancel(run: ServeRun, url: str, model: str) -> tuple[bool, str]:
-    import openai
-
-    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
-                       timeout=300) as c:
+    with client(url) as c:
         stream = c.completions.create(model=model, prompt="Count from 1 to 1000:",
                                       max_tokens=1000, temperature=0, stream=True,
                                       extra_body={"ignore_eos": True})
