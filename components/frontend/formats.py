@@ -200,6 +200,11 @@ class LoadedFormat:
         return self.parser_cls(self.tokenizer, tools)
 
 
+def imported() -> bool:
+    """Whether vLLM's parsers are imported (``load`` then takes milliseconds)."""
+    return _loaded.cache_info().currsize > 0
+
+
 def load(tool: str | None, reasoning: str | None, tokenizer: Any) -> LoadedFormat | None:
     """vLLM's parser for ``tool`` and ``reasoning`` (None when both are None); the first
     call imports vLLM (seconds): call it off the event loop.  Raises ValueError when the

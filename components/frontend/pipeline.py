@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 from splitserve.contracts.wire import FinishReason, chunk_logprobs, chunk_prompt_logprobs
 
+from . import formats
 from .backend import StreamMeta
 from .chat_input import chat_history, output_plan, parse_request
 from .chat_output import OutputPlan
@@ -88,12 +89,24 @@ def _check_length(codec: TextCodec, chars: int, param: str) -> None:
                           "context_length_exceeded")
 
 
+INLINE_PREPARE_BYTES = 16 * 1024
+"""Request bodies up to this size are parsed and tokenised on the event loop."""
+
+
 async def parse_and_prepare(state: FrontendState, endpoint: Endpoint, raw: bytes,
                             priority: str) -> Prepared:
-    """Stages 1 and 2 in the bounded tokenizer pool (a multi-megabyte prompt takes
-    seconds to tokenise); 503 when what already waits for the pool would take longer
-    than ``max_tokenization_wait_s`` (or too many wait)."""
+    """Stages 1 and 2: a small body on the event loop, any other in the bounded tokenizer
+    pool (a multi-megabyte prompt takes seconds to tokenise); 503 when what already waits
+    for the pool would take longer than ``max_tokenization_wait_s`` (or too many wait)."""
     backlog, size = state.backlog, len(raw)
+    parsed = None
+    if size <= INLINE_PREPARE_BYTES:
+        # A small request is parsed and tokenised in well under a millisecond: handing it
+        # to the pool would cost more than the work (two thread wake-ups and the GIL).
+        # Not one whose tools may need vLLM's parsers imported first (seconds, once).
+        parsed = parse(state, endpoint, raw, priority)
+        if not getattr(parsed.req, "tools", None) or formats.imported():
+            return prepare(state, parsed)
     why = backlog.refusal(size)
     if why is not None:
         raise overloaded(f"{why}; retry later", retry_after_s=1)
@@ -102,7 +115,7 @@ async def parse_and_prepare(state: FrontendState, endpoint: Endpoint, raw: bytes
 
     def timed() -> Prepared:
         t0 = time.perf_counter()
-        out = prepare(state, parse(state, endpoint, raw, priority))
+        out = prepare(state, parsed or parse(state, endpoint, raw, priority))
         busy.append(time.perf_counter() - t0)
         return out
 
@@ -134,7 +147,9 @@ async def next_chunk(state: FrontendState, chunks: AsyncIterator[dict], meta: St
     timeout = (state.first_token_timeout_s if meta.first_token_at is None
                else state.inter_token_timeout_s)
     try:
-        chunk = await asyncio.wait_for(anext(chunks), timeout)
+        # asyncio.timeout, not wait_for: wait_for wraps every chunk's await in a new task.
+        async with asyncio.timeout(timeout):
+            chunk = await anext(chunks)
     except StopAsyncIteration:
         raise upstream_error("worker stream ended without a finish reason") from None
     except TimeoutError:

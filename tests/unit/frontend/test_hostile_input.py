@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from splitserve.components.frontend.pipeline import INLINE_PREPARE_BYTES
 from splitserve.components.frontend.textcodec import TextCodec
 
 from .test_frontend_app import MODEL, chat_body, client_for
@@ -195,20 +196,36 @@ def test_declared_oversized_body_is_413_before_reading(codec):
     assert_error(r, 413, code="request_too_large")
 
 
+def pooled_chat_body():
+    """A chat request too large to be tokenised on the event loop: it goes to the pool."""
+    return {"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "user", "content": "word " * (INLINE_PREPARE_BYTES // 4)}]}
+
+
 def test_tokenisation_queue_is_bounded(codec):
     c, _, state = client_for(codec)
     state.backlog.max_pending = 1
     state.backlog.enter(10)
-    assert_error(post(c, "/v1/chat/completions", chat_body()), 503)
+    assert_error(post(c, "/v1/chat/completions", pooled_chat_body()), 503)
 
 
 def test_tokenisation_queue_is_bounded_by_its_wait(codec):
     c, _, state = client_for(codec)
     state.backlog.bytes_per_s = 1000.0  # 1 KB/s per thread: anything queued waits long
     state.backlog.enter(100_000)
-    r = post(c, "/v1/chat/completions", chat_body())
+    r = post(c, "/v1/chat/completions", pooled_chat_body())
     assert_error(r, 503)
     assert "would take" in r.json()["error"]["message"]
+
+
+def test_small_requests_do_not_wait_for_a_busy_tokenizer_pool(codec):
+    """A small body is tokenised on the event loop: a pool held by long prompts neither
+    delays nor refuses it."""
+    c, _, state = client_for(codec)
+    state.backlog.max_pending = 1
+    state.backlog.enter(10)
+    r = post(c, "/v1/chat/completions", chat_body(max_tokens=2))
+    assert r.status_code == 200, r.text
 
 
 def test_models_lists_the_model_only_when_ready(codec):
