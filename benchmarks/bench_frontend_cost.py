@@ -192,7 +192,7 @@ def run_side(side: str, args) -> dict:
 def rounds(report: dict, url: str, pid: int, args) -> None:
     for i in range(args.rounds):
         spy = None
-        if args.profile and i == 0 and report["side"] == "splitserve":
+        if args.profile and i == args.profile_round and report["side"] == "splitserve":
             spy = profile(pid, args.seconds, Path(args.profile).with_suffix(".raw"),
                           args.native)
         r = one_round(url, pid, args, seed=1000 * i)
@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--speedup", type=float, default=100.0)
     p.add_argument("--profile", default=None, help="write py-spy's top functions here")
+    p.add_argument("--profile-round", type=int, default=0, help="which round --profile "
+                   "samples (round 0 includes first-use imports)")
     p.add_argument("--native", action="store_true", help="profile native frames too")
     p.add_argument("--tools", type=int, default=0, help="send chat requests with tools "
                    "(tool_choice auto) and this many output tokens, which the frontend's "
