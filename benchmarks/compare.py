@@ -317,7 +317,7 @@ def deployment(name: str, args, report: dict):
 # ---- the comparison ---------------------------------------------------------------------
 def slim(records: list[dict]) -> list[dict]:
     keep = ("index", "outcome", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens", "output_tokens",
-            "scheduled_s", "sent_s")
+            "scheduled_s", "sent_s", "predicted_ttft_s")
     return [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if k in keep}
             for r in records]
 

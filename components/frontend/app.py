@@ -78,7 +78,7 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
         return error_response(err)
     return StreamingResponse(_sse(state, answer, started, label, model, first, flow),
                              media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+                             headers={"Cache-Control": "no-cache", **_predicted(metas)})
 
 
 async def _collect(state: FrontendState, answer: Renderer, started: float, label: str,
@@ -100,7 +100,17 @@ async def _collect(state: FrontendState, answer: Renderer, started: float, label
         state.metrics.inflight.dec()
         _account(state, answer.metas, started, model)
     state.metrics.requests.labels(label, "ok", "200", *model).inc()
-    return JSONResponse(answer.body())
+    return JSONResponse(answer.body(), headers=_predicted(answer.metas))
+
+
+PREDICTED_TTFT_HEADER = "x-splitserve-predicted-ttft-ms"
+
+
+def _predicted(metas: list[StreamMeta]) -> dict[str, str]:
+    """Admission's TTFT prediction for the request (its first choice), when one was made:
+    clients and benchmarks set it beside the TTFT they measured."""
+    est = metas[0].predicted_ttft_ms if metas else None
+    return {PREDICTED_TTFT_HEADER: f"{est:.0f}"} if est is not None else {}
 
 
 def _account(state: FrontendState, metas: list[StreamMeta], started: float,

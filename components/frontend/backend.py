@@ -68,6 +68,9 @@ class StreamMeta:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     route_reason: str = ""
+    predicted_ttft_ms: float | None = None
+    """Admission's prediction of this request's TTFT when it was placed (None: none was
+    made); answered in ``x-splitserve-predicted-ttft-ms``."""
     router_id: int | None = None
     """Instance id of the router replica that placed the request: its release goes there."""
 
@@ -373,6 +376,7 @@ class RoutedBackend:
     def _note_reply(reply: RouteReply, meta: StreamMeta) -> None:
         """What the placement tells the accounting (the call itself: ``placed``)."""
         meta.route_reason = reply.reason
+        meta.predicted_ttft_ms = (reply.qos or {}).get("est_ttft_ms")
         meta.class_name = reply.class_name
         meta.worker_id = reply.worker_id
 

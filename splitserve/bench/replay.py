@@ -355,6 +355,9 @@ async def send_one(client, url: str, model: str, req: PreparedRequest, timeout_s
         async with client.post(f"{url}/v1/completions", json=body,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             rec["status"] = resp.status
+            predicted = resp.headers.get(PREDICTED_TTFT_HEADER)
+            if predicted is not None:
+                rec["predicted_ttft_s"] = float(predicted) / 1000.0
             if resp.status != 200:
                 text = (await resp.read())[:300].decode(errors="replace")
                 rec["outcome"] = "rejected" if resp.status == 503 else "error"
@@ -377,6 +380,11 @@ async def send_one(client, url: str, model: str, req: PreparedRequest, timeout_s
     elif rec["error"] is None:
         rec["error"] = "stream ended without a finish reason"
     return rec
+
+
+PREDICTED_TTFT_HEADER = "x-splitserve-predicted-ttft-ms"
+"""Where this project's frontend answers admission's TTFT prediction (recorded as
+``predicted_ttft_s`` beside the measured ``ttft_s``)."""
 
 
 @dataclass

@@ -131,3 +131,19 @@ def test_a_wait_past_route_timeout_is_a_503_and_leaves_no_waiter():
         await held.aclose()
     asyncio.run(go())
     assert svc.fleet.placed == {} and svc.admission.reserved == 0
+
+
+def test_admissions_prediction_reaches_the_request_and_its_response_header():
+    from splitserve.components.frontend.app import PREDICTED_TTFT_HEADER, _predicted
+    from splitserve.bench.replay import PREDICTED_TTFT_HEADER as READ_BY_THE_METER
+
+    backend, _ = in_process(Workers([1]))
+    meta = StreamMeta("r", None)
+
+    async def go():
+        return [c async for c in backend.stream(request(), meta, None)]
+    asyncio.run(go())
+    assert meta.predicted_ttft_ms is not None and meta.predicted_ttft_ms > 0
+    assert _predicted([meta]) == {PREDICTED_TTFT_HEADER: f"{meta.predicted_ttft_ms:.0f}"}
+    assert _predicted([StreamMeta("unrouted", None)]) == {}
+    assert READ_BY_THE_METER == PREDICTED_TTFT_HEADER
