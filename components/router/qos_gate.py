@@ -24,7 +24,9 @@ refusals are counted and followed to their outcome.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -101,6 +103,19 @@ def log2_ratio(measured: float, predicted: float) -> float:
     return math.log2(max(measured, 0.1) / max(predicted, 0.1))
 
 
+TRACE_ENV = "SPLITSERVE_QOS_TRACE"
+"""A file to append one JSON line per first token to (its prediction, the queue it was
+judged on and what was measured): a diagnostic for the admission benchmarks."""
+
+
+def _jsonl_appender(path: str) -> Callable[[dict], None]:
+    f = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives with the gate
+
+    def write(row: dict) -> None:
+        f.write(json.dumps(row) + "\n")
+    return write
+
+
 class QosGate:
     """Decides admission per request and learns latencies from releases."""
 
@@ -112,6 +127,9 @@ class QosGate:
         self.metrics = QosMetrics(registry)
         self.prefill_depth = prefill_depth
         self.inflight_ttl_s = inflight_ttl_s
+        trace_to = os.environ.get(TRACE_ENV)
+        if trace_to:
+            self.predictor.trace = _jsonl_appender(trace_to)
 
     def reconfigure(self, config: QosConfig) -> None:
         """Apply a new policy version; learned latencies are kept."""

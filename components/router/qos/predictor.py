@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .estimator import EstimatorParams, _Fit
@@ -126,6 +127,7 @@ class _Worker:
     at: float = 0.0
     inflight_tokens: float = 0.0  # uncached prompt tokens of placed requests not released
     pending_tokens: float = 0.0  # ... of those whose first token was not reported yet
+    pending_requests: int = 0  # placed requests whose first token was not reported yet
     ttft: _Fit | None = None
     tpot: _Bins = field(default_factory=_Bins)
     busy_area: float = 0.0  # integral of [prompt work ahead] over time, seconds
@@ -152,6 +154,7 @@ class Ticket:
     placed_at: float
     x_ttft: float  # ahead + own tokens
     area_at: float
+    ahead_requests: int  # placed requests on the worker still without a first token
     estimate: Estimate
     would_reject: bool
 
@@ -192,6 +195,8 @@ class LatencyPredictor:
         self.decode_seen: set[str] = set()  # requests whose TPOT taught the fit already
         self.busy_at_first: dict[str, tuple[float, float]] = {}  # rid -> (time, busy_area)
         self.first_tokens_reported = False
+        self.trace: Callable[[dict], None] | None = None
+        """Diagnostics: called with each first token's prediction against its measure."""
 
     def _worker(self, worker: str, now: float) -> _Worker:
         w = self.workers.get(worker)
@@ -283,7 +288,9 @@ class LatencyPredictor:
         w.pending_tokens += estimate.request_tokens
         self.tickets[request_id] = Ticket(
             worker, class_name, now, estimate.prefill_queued_tokens
-            + max(1, estimate.request_tokens), w.area, estimate, would_reject)
+            + max(1, estimate.request_tokens), w.area, w.pending_requests, estimate,
+            would_reject)
+        w.pending_requests += 1
         while len(self.tickets) > MAX_TICKETS:
             rid, old = self.tickets.popitem(last=False)
             self._drop(old, now, rid)
@@ -300,7 +307,15 @@ class LatencyPredictor:
         self.first_tokens_reported = True
         w = self._worker(ticket.worker, now)
         w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
+        w.pending_requests = max(0, w.pending_requests - 1)
         self.busy_at_first[request_id] = (now, w.busy_area)
+        if self.trace is not None:
+            self.trace({"event": "first_token", "request": request_id, "worker": ticket.worker,
+                        "at": now, "placed_at": ticket.placed_at, "own": ticket.estimate
+                        .request_tokens, "ahead": ticket.estimate.prefill_queued_tokens,
+                        "ahead_requests": ticket.ahead_requests,
+                        "predicted_ms": ticket.estimate.est_ttft_ms,
+                        "source": ticket.estimate.prefill_source, "measured_ms": ttft_ms})
         self._learn_ttft(w, ticket.x_ttft, ttft_ms)
 
     def decode_progress(self, request_id: str, tokens: int, now: float) -> None:
@@ -349,6 +364,7 @@ class LatencyPredictor:
         w = self._worker(ticket.worker, now)
         if self.first_tokens.pop(rid, None) is None:
             w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
+            w.pending_requests = max(0, w.pending_requests - 1)
         w.running = max(0, w.running - 1)
         w.inflight_tokens = max(0.0, w.inflight_tokens - ticket.estimate.request_tokens)
         w.pending_tokens = min(w.pending_tokens, w.inflight_tokens)
