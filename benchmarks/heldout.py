@@ -79,6 +79,7 @@ from splitserve.bench import sweep as sw  # noqa: E402
 
 MOONCAKE = "../shared/traces/mooncake_fast25_conversation_trace.jsonl"
 SHARED = "generated:shared-prefix"  # shared_prefix_trace.py's defaults, seed 0
+GROUPS = "generated:shared-groups"  # its ``groups`` shape, seed 0
 AZURE = "../shared/traces/AzureLLMInferenceTrace_code.csv"
 FLEET = ["--Worker.engine_args.block_size=64", "--Worker.engine_args.num_gpu_blocks=7500",
          "--Worker.engine_args.speedup_ratio=1"]
@@ -112,6 +113,10 @@ CASES = {
     # Capacity: not measured for this trace yet; the conversation trace's knee, so the
     # offered rate is 54 req/s (its shared prefixes make the fleet's real knee higher).
     "shared-sustained": Case(SHARED, 1, 16.0, 4, "ttft=2000,tpot=50", 20.0, ((2.7, 60.0),)),
+    # Capacity: not measured yet (``groups-knee`` finds it).
+    "groups-sustained": Case(GROUPS, 1, 16.0, 4, "ttft=2000,tpot=50", 20.0,
+                             ((2.7, 60.0),)),
+    "groups-knee": Case(GROUPS, 1, 16.0, 4, "ttft=2000,tpot=50", 20.0, ((1.0, 40.0),)),
 }
 
 
@@ -124,8 +129,10 @@ def materialize(trace: str) -> str:
 
     import shared_prefix_trace
 
-    path = Path(tempfile.gettempdir()) / "splitserve-bench-shared-prefix-seed0.jsonl"
-    return str(shared_prefix_trace.write(path, seed=0))
+    shape = {SHARED: "zipf", GROUPS: "groups"}[trace]
+    path = Path(tempfile.gettempdir()) / f"splitserve-bench-shared-prefix-{shape}-seed0.jsonl"
+    return str(shared_prefix_trace.write(path, shape, seed=0))
+
 
 DYNAMO = {
     "dynamo-kv": [],
@@ -234,12 +241,57 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
             out["loadavg_1m"] = [round(la, 2), round(os.getloadavg()[0], 2)]
             out["confusion"] = confusion(metrics)
             out["rejected_codes"] = rejected_codes(res["requests"])
+            out["timeline"] = timeline(res["requests"], slo)
+            for row in out["timeline"]:
+                print(f"[{case_name} {name}] {json.dumps(row)}", flush=True)
             if args.keep_requests:
                 out["requests_detail"] = slim(res["requests"])
     except Exception as exc:  # noqa: BLE001 - record it and go on with the next one
         out["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         print(f"[{case_name} {name}] FAILED: {out['error']}", flush=True)
     out["wall_s"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))], 3)
+
+
+def timeline(records: list[dict], slo: dict[str, float], width_s: float = 5.0) -> list[dict]:
+    """Per ``width_s`` of scheduled arrivals: requests sent, refused (503), served in
+    the SLO, admitted and missed (served late, or no answer), and the admitted requests'
+    measured TTFT against admission's prediction (``x-splitserve-predicted-ttft-ms``;
+    requests that never got a first token carry none)."""
+    rows: dict[int, dict] = {}
+    for r in records:
+        k = int(r["scheduled_s"] // width_s)
+        row = rows.setdefault(k, {"from_s": k * width_s, "sent": 0, "refused": 0,
+                                  "met": 0, "admitted_missed": 0, "_ttft": [], "_pred": [],
+                                  "_ratio": []})
+        row["sent"] += 1
+        if r["outcome"] == "rejected":
+            row["refused"] += 1
+            continue
+        ok = (r["outcome"] == "ok" and r.get("ttft_s") is not None
+              and r["ttft_s"] * 1000 <= slo.get("ttft_ms", float("inf"))
+              and (r.get("tpot_s") is None
+                   or r["tpot_s"] * 1000 <= slo.get("tpot_ms", float("inf"))))
+        row["met" if ok else "admitted_missed"] += 1
+        if r.get("ttft_s") is not None:
+            row["_ttft"].append(r["ttft_s"])
+            if r.get("predicted_ttft_s") is not None:
+                row["_pred"].append(r["predicted_ttft_s"])
+                row["_ratio"].append(r["ttft_s"] / max(1e-3, r["predicted_ttft_s"]))
+    out = []
+    for k in sorted(rows):
+        row = rows[k]
+        ttft, pred, ratio = row.pop("_ttft"), row.pop("_pred"), row.pop("_ratio")
+        row.update(ttft_p50_s=_pct(ttft, 0.5), predicted_p50_s=_pct(pred, 0.5),
+                   measured_over_predicted_p50=_pct(ratio, 0.5))
+        out.append(row)
     return out
 
 

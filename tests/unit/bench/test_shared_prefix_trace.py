@@ -48,3 +48,19 @@ def test_the_replay_reads_its_shared_prefixes(tmp_path):
     assert [r.hash_ids for r in rows] == [r["hash_ids"] for r in raw]
     assert spt.repeated_share(raw) == spt.repeated_share(
         [{"hash_ids": r.hash_ids} for r in rows])
+
+
+def test_the_groups_shape_opens_each_prefix_once_with_a_group_within_seconds():
+    rows = spt.generate_groups(seconds=60.0, seed=3)
+    assert rows == spt.generate_groups(seconds=60.0, seed=3)
+    assert 0.45 < spt.repeated_share(rows) < 0.65
+    assert 0.8 * 20 * 60 < len(rows) < 1.2 * 20 * 60
+    assert [r["timestamp"] for r in rows] == sorted(r["timestamp"] for r in rows)
+    by_prefix: dict[int, list[int]] = {}
+    for row in rows:
+        blocks = len(row["hash_ids"])
+        assert (blocks - 1) * spt.BLOCK < row["input_length"] <= blocks * spt.BLOCK <= 8192
+        by_prefix.setdefault(row["hash_ids"][0], []).append(row["timestamp"])
+    for times in by_prefix.values():
+        assert len(times) <= 6 and max(times) - min(times) <= 3000
+    assert sum(len(t) > 1 for t in by_prefix.values()) > 0.7 * len(by_prefix)
