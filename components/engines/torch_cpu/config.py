@@ -77,6 +77,36 @@ class EngineConfig(StrictModel):
         64, ge=1, description="Highest LoRA rank (r) an adapter may have to be loaded."
     )
 
+    host_kv_cache_gib: float = Field(
+        0.0, ge=0, allow_inf_nan=False,
+        description="Host-memory KV tier, GiB (0: off). A prefix block evicted from the "
+        "pool is copied here instead of dropped, and copied back when a new request's "
+        "prefix needs it; bytes per token = layers x 2 x KV heads x head dim x 4. Refused "
+        "at start when the machine has less memory available.",
+    )
+    disk_kv_cache_dir: str | None = Field(
+        None,
+        description="Directory of the disk KV tier; the engine writes one file per block "
+        "in a folder of its own there (several engines may share it) and removes it when "
+        "it stops. Required when disk_kv_cache_gib > 0.",
+    )
+    disk_kv_cache_gib: float = Field(
+        0.0, ge=0, allow_inf_nan=False,
+        description="Disk KV tier, GiB (0: off): blocks the host tier evicts (or the pool, "
+        "without a host tier) are written here by a background writer. Refused at start "
+        "when the directory has less free space.",
+    )
+
+    @model_validator(mode="after")
+    def _disk_tier_has_a_directory(self) -> EngineConfig:
+        if self.disk_kv_cache_gib > 0 and not self.disk_kv_cache_dir:
+            raise ValueError(f"disk_kv_cache_gib={self.disk_kv_cache_gib} needs "
+                             "disk_kv_cache_dir (the directory to write blocks in)")
+        if self.disk_kv_cache_dir and self.disk_kv_cache_gib == 0:
+            raise ValueError(f"disk_kv_cache_dir={self.disk_kv_cache_dir!r} is set but "
+                             "disk_kv_cache_gib=0 turns the disk tier off")
+        return self
+
     @model_validator(mode="after")
     def _tile_is_whole_blocks(self) -> EngineConfig:
         if self.attention_tile % self.block_size:

@@ -1,6 +1,7 @@
 """The engine core: a pure step loop (schedule -> forward -> sample -> update).
 
-No threads, sockets or clocks: the worker process calls ``add_request``,
+No sockets or clocks, and no threads but the optional disk KV tier's writer
+(``kv_tiers``): the worker process calls ``add_request``,
 ``abort`` and ``step`` and publishes what comes back (tokens, KV events,
 stats). Disaggregation hooks: a ``prefill_only`` request keeps its blocks
 after its first token, and a decode engine can reserve blocks for KV that
@@ -19,7 +20,8 @@ import torch
 from .attention import decode_mask, prefill_mask
 from .config import EngineConfig, ModelConfig
 from .grammar import JsonGrammars
-from .kv_cache import KVCacheManager
+from .kv_cache import KVCacheManager, block_nbytes
+from .kv_tiers import build_tiers
 from .lora import LoraSlots, LoraWeights, read_lora
 from splitserve.contracts.block_events import KvEvent
 from .model import ForwardBatch, LlamaWeights, PrefillSpan, forward
@@ -58,12 +60,12 @@ class EngineCore:
         self.grammars = grammars  # structured output; None: requests with a schema refused
         self.model_config = model_config
         self.config = config
+        shape = (model_config.num_layers, model_config.num_kv_heads, model_config.head_dim)
         self.kv = KVCacheManager(
             config.num_blocks,
             config.block_size,
-            model_config.num_layers,
-            model_config.num_kv_heads,
-            model_config.head_dim,
+            *shape,
+            tiers=build_tiers(config, block_nbytes(config.block_size, *shape)),
         )
         self.scheduler = Scheduler(config, self.kv)
         self.loras = LoraSlots(config.max_loras)
@@ -122,6 +124,11 @@ class EngineCore:
                 self._apply(plan, logits, layout)
         outputs, self._pending = self._pending, []
         return outputs
+
+    def close(self) -> None:
+        """Release the KV offload tiers (the disk tier's writer and files); called when
+        the engine stops."""
+        self.kv.close()
 
     def drain_kv_events(self) -> list[KvEvent]:
         """Return (and forget) the BlockStored / BlockRemoved events since the last call."""

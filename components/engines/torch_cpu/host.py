@@ -39,7 +39,10 @@ def build_core(args, model: str, threads: int, progress):
     cfg = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                        max_running=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens,
                        max_chunk_tokens=args.max_chunk_tokens, max_loras=args.max_loras,
-                       max_lora_rank=args.max_lora_rank)
+                       max_lora_rank=args.max_lora_rank,
+                       host_kv_cache_gib=args.host_kv_cache_gib,
+                       disk_kv_cache_dir=args.disk_kv_cache_dir,
+                       disk_kv_cache_gib=args.disk_kv_cache_gib)
     grammars = JsonGrammars(loaded.tokenizer, loaded.config.vocab_size)
     return EngineCore(loaded.weights, loaded.config, cfg, grammars=grammars)
 
@@ -75,6 +78,7 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
     runner = EngineRunner(core, asyncio.get_running_loop(), on_kv_events=on_events,
                           on_fatal=on_fatal)
     runner.start()
+    stack.callback(core.close)  # after the runner stopped: the disk tier's writer and files
     stack.callback(runner.stop)
     worker_id = endpoint.connection_id()
     metrics = WorkerMetrics()

@@ -12,6 +12,12 @@ least recently released one is evicted (``BlockRemoved``).
 KV computed with a LoRA adapter is not the base model's: a sequence's hashes are seeded
 with its adapter's name (``hash_block``'s ``lora_name``), so a prefix is only reused by
 requests of the same adapter, and its ``BlockStored`` events say which adapter it is.
+
+With offload tiers (``kv_tiers.TierChain``), an evicted cached block is copied one tier
+down instead of dropped, and a prefix lookup that misses in the pool goes on in the tiers,
+block by block along the hash chain: blocks found there are copied into fresh pool blocks
+and count as cached.  Events describe the pool only: a block leaving it is
+``BlockRemoved`` wherever its copy goes, and one copied back is ``BlockStored`` again.
 """
 
 from __future__ import annotations
@@ -19,10 +25,22 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent, hash_block
+
+if TYPE_CHECKING:
+    from .kv_tiers import TierChain, TierStats
+
+POOL_DTYPE = torch.float32
+
+
+def block_nbytes(block_size: int, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+    """Bytes of one pool block: every layer's K and V for ``block_size`` tokens."""
+    return (block_size * num_layers * 2 * num_kv_heads * head_dim
+            * torch.empty((), dtype=POOL_DTYPE).element_size())
 
 
 @dataclass
@@ -46,7 +64,9 @@ class KVCacheManager:
         num_layers: int,
         num_kv_heads: int,
         head_dim: int,
+        tiers: TierChain | None = None,
     ) -> None:
+        """``tiers``: where evicted cached blocks go (None: they are dropped)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be >= 1")
         self.block_size = block_size
@@ -54,7 +74,7 @@ class KVCacheManager:
         # Zeros, not empty: attention reads (and masks) the unwritten tail of a
         # block, and 0 * garbage must stay 0 (NaN would not).
         self._pool = torch.zeros(
-            num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim, dtype=torch.float32
+            num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim, dtype=POOL_DTYPE
         )  # [blocks, layers, K/V, block_size, kv_heads, head_dim]
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
@@ -64,6 +84,9 @@ class KVCacheManager:
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self._seqs: dict[str, _SeqBlocks] = {}
         self._events: list[KvEvent] = []
+        self._tiers = tiers
+        self.num_offloaded_blocks = 0  # cached blocks handed to the tiers on eviction
+        self.num_restored_blocks = 0  # blocks copied back from the tiers into the pool
 
     # ---- public views -------------------------------------------------------------
     def pool(self) -> torch.Tensor:
@@ -93,6 +116,16 @@ class KVCacheManager:
         """Blocks that currently carry a prefix hash (live or evictable)."""
         return len(self._cached)
 
+    def tier_stats(self) -> dict[str, TierStats]:
+        """Each offload tier's counters by tier name ({} without tiers)."""
+        return self._tiers.stats() if self._tiers is not None else {}
+
+    def close(self) -> None:
+        """Release the offload tiers (the disk tier's writer and files); called when the
+        engine stops."""
+        if self._tiers is not None:
+            self._tiers.close()
+
     def drain_events(self) -> list[KvEvent]:
         """Return the KV events since the last call, oldest first, and forget them."""
         events, self._events = self._events, []
@@ -105,14 +138,15 @@ class KVCacheManager:
         ``lora_name`` (None: the base model), without taking blocks.
 
         Called by a decode worker's offload decider before it decides where to prefill;
-        counts the same blocks ``open_sequence`` would reuse.
+        counts the same blocks ``open_sequence`` would reuse (those in a lower tier
+        included, as long as the pool has room to copy them back).
         """
         bs = self.block_size
         parent: int | None = None
         n = 0
         for i in range((len(token_ids) - 1) // bs):
             h = hash_block(parent, token_ids[i * bs : (i + 1) * bs], lora_name)
-            if h not in self._cached:
+            if h not in self._cached and (self._tiers is None or not self._tiers.contains(h)):
                 break
             parent, n = h, n + 1
         return n * bs
@@ -123,7 +157,8 @@ class KVCacheManager:
         computed with adapter ``lora_name`` (None: the base model).
 
         Called when a request is admitted (or re-admitted after preemption).
-        Returns the number of leading tokens whose KV is already in the cache.
+        Returns the number of leading tokens whose KV is already in the cache (the
+        pool, or a lower tier it is copied back from).
         At least one token is always left uncached so that the engine computes
         the logits of the last position.  ``reuse=False`` reuses nothing (a request
         that needs the logits of every prompt position).
@@ -133,17 +168,23 @@ class KVCacheManager:
         seq = _SeqBlocks(lora_name)
         bs = self.block_size
         max_blocks = (len(token_ids) - 1) // bs if reuse else 0
+        restored: list[int] = []  # indexes of blocks copied back from a tier
         parent: int | None = None
         for i in range(max_blocks):
             h = hash_block(parent, token_ids[i * bs : (i + 1) * bs], lora_name)
             block = self._cached.get(h)
-            if block is None:
-                break
-            self._take(block)
+            if block is not None:
+                self._take(block)
+            else:
+                block = self._restore(h, lora_name)
+                if block is None:
+                    break
+                restored.append(i)
             seq.blocks.append(block)
             seq.hashes.append(h)
             parent = h
         self._seqs[seq_id] = seq
+        self._emit_restored(seq, token_ids, restored)
         return len(seq.blocks) * bs
 
     def allocate(self, seq_id: str, num_tokens: int) -> bool:
@@ -181,10 +222,7 @@ class KVCacheManager:
             seq.hashes.append(h)
             block = seq.blocks[i]
             if self._hash[block] is None and h not in self._cached:
-                self._hash[block] = h
-                self._cached[h] = block
-                if seq.lora_name is not None:
-                    self._adapter[block] = seq.lora_name
+                self._publish(block, h, seq.lora_name)
                 if not run:
                     run_parent = parent
                 run.append(i)
@@ -216,6 +254,8 @@ class KVCacheManager:
         must not be credited with this one's KV.  The blocks keep their place in the
         pool but are handed out before any cached block (``BlockRemoved`` for them).
         """
+        if self._tiers is not None:
+            self._tiers.discard_adapter(lora_name)
         gone = [b for b, name in self._adapter.items() if name == lora_name]
         if not gone:
             return
@@ -242,10 +282,50 @@ class KVCacheManager:
         if old is not None:
             self._hash[block] = None
             del self._cached[old]
-            self._adapter.pop(block, None)
+            lora_name = self._adapter.pop(block, None)
+            if self._tiers is not None:
+                # Copied now: the block is about to be overwritten.
+                self._tiers.put(old, self._pool[block], lora_name)
+                self.num_offloaded_blocks += 1
             self._events.append(BlockRemoved(block_hashes=(old,)))
         self._ref[block] = 1
         return block
+
+    def _publish(self, block: int, h: int, lora_name: str | None) -> None:
+        """Make ``block`` the pool's cached copy of hash ``h``."""
+        self._hash[block] = h
+        self._cached[h] = block
+        if lora_name is not None:
+            self._adapter[block] = lora_name
+
+    def _restore(self, h: int, lora_name: str | None) -> int | None:
+        """Copy the block of hash ``h`` from the first tier holding it into a fresh pool
+        block (taken, ref 1, cached); None when no tier holds it or no block is free."""
+        if self._tiers is None or not self._free:
+            return None
+        data = self._tiers.get(h)
+        if data is None:
+            return None
+        # Taking the block may evict another into the tiers; ``data`` stays valid (a tier
+        # hands its blocks over, it never writes into them).
+        block = self._fresh_block()
+        self._pool[block].copy_(data)
+        self._publish(block, h, lora_name)
+        self.num_restored_blocks += 1
+        return block
+
+    def _emit_restored(self, seq: _SeqBlocks, token_ids: Sequence[int],
+                       restored: list[int]) -> None:
+        """``BlockStored`` for each run of consecutive restored blocks of ``seq``."""
+        runs: list[list[int]] = []
+        for i in restored:
+            if runs and i == runs[-1][-1] + 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for run in runs:
+            parent = seq.hashes[run[0] - 1] if run[0] else None
+            self._emit_stored(seq, token_ids, run, parent)
 
     def _emit_stored(
         self, seq: _SeqBlocks, token_ids: Sequence[int], run: list[int], parent: int | None

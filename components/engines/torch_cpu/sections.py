@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from splitserve.contracts.models import StrictModel
 from splitserve.components.engines.torch_cpu.kv_transfer.config import KvTransferConfig
@@ -45,6 +45,22 @@ class TorchEngineArgs(StrictModel):
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: "
                                 "OMP_NUM_THREADS when set, else the usable cores divided "
                                 "among this component's replicas.")
+    host_kv_cache_gib: float = Field(0.0, ge=0, allow_inf_nan=False, description="KV "
+                                     "offload to host memory, GiB (0: off): prefix blocks "
+                                     "evicted from the pool are kept here and copied back "
+                                     "instead of recomputed (docs/kv_tiers.md).")
+    disk_kv_cache_dir: str | None = Field(None, description="Directory of the disk KV "
+                                          "tier (needed when disk_kv_cache_gib > 0).")
+    disk_kv_cache_gib: float = Field(0.0, ge=0, allow_inf_nan=False, description="KV "
+                                     "offload to disk, GiB (0: off): the blocks the host "
+                                     "tier (or the pool) evicts.")
+
+    @model_validator(mode="after")
+    def _disk_tier_has_a_directory(self) -> TorchEngineArgs:
+        if (self.disk_kv_cache_gib > 0) != bool(self.disk_kv_cache_dir):
+            raise ValueError("disk_kv_cache_gib > 0 and disk_kv_cache_dir go together: "
+                             f"got {self.disk_kv_cache_gib} and {self.disk_kv_cache_dir!r}")
+        return self
 
 
 class KvMovesFields(StrictModel):

@@ -1,0 +1,415 @@
+"""KV offload tiers below the paged pool: host memory, then disk.
+
+A block evicted from the pool (``KVCacheManager``) keeps its contents one level down
+instead of being dropped, keyed by its chained hash, so a later request whose prefix
+misses in the pool can copy it back rather than recompute it.  Equal hashes mean equal
+KV (``hash_block``), so a tier never needs the tokens.
+
+Each tier is an LRU store with a byte budget and plain counters (``TierStats``) that an
+adapter can export as metrics.  ``TierChain`` stacks them: what the host tier evicts is
+written to the disk tier, and what the disk tier evicts is gone.
+
+Threads: every method is called from the engine's own thread, except that ``DiskTier``
+writes its files on a small writer thread of its own (behind a bounded queue), so a
+step does not wait for the disk; until its file is complete a block is served from the
+copy waiting in the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import torch
+
+from .config import EngineConfig
+
+GIB = 1 << 30
+
+
+@dataclass
+class TierStats:
+    """Cumulative counters of one tier (``bytes_used`` is the current size)."""
+
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0  # blocks stored (for the disk tier: files completed)
+    evictions: int = 0  # blocks pushed out to make room
+    errors: int = 0  # disk writes or reads that failed; the block is dropped
+    bytes_used: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    write_seconds: float = 0.0  # copying into host memory, or writing files
+    read_seconds: float = 0.0  # reading files (a host hit hands out its copy: ~0)
+
+
+class TierBlock(NamedTuple):
+    """One block's contents as a tier holds it."""
+
+    key: int  # the block's chained hash
+    data: torch.Tensor  # [layers, 2, block_size, kv_heads, head_dim], never written to
+    lora_name: str | None  # the adapter its KV was computed with (None: the base model)
+
+
+class KvTier(Protocol):
+    """A store of blocks by hash with a byte budget, least recently used out first."""
+
+    name: str
+    stats: TierStats
+
+    def put(self, key: int, data: torch.Tensor, lora_name: str | None, *,
+            copy: bool = True) -> list[TierBlock]:
+        """Store ``data`` under ``key`` (a copy of it, or ``data`` itself when ``copy`` is
+        False and the caller hands it over); a key already held is only refreshed.
+        Returns the blocks evicted to make room, for the next tier down."""
+        ...
+
+    def get(self, key: int) -> torch.Tensor | None:
+        """The contents stored under ``key`` (read-only), or None; counts a hit or miss."""
+        ...
+
+    def contains(self, key: int) -> bool:
+        """True when ``key`` is held; changes no counter and no LRU order."""
+        ...
+
+    def discard_adapter(self, lora_name: str) -> None:
+        """Forget every block computed with adapter ``lora_name`` (it was unloaded)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the tier holds (files included)."""
+        ...
+
+
+def _nbytes(data: torch.Tensor) -> int:
+    return data.numel() * data.element_size()
+
+
+class HostTier:
+    """Blocks kept as tensors in host memory."""
+
+    name = "host"
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.stats = TierStats()
+        self._blocks: OrderedDict[int, TierBlock] = OrderedDict()
+
+    def put(self, key: int, data: torch.Tensor, lora_name: str | None, *,
+            copy: bool = True) -> list[TierBlock]:
+        if key in self._blocks:
+            self._blocks.move_to_end(key)
+            return []
+        nbytes = _nbytes(data)
+        start = time.perf_counter()
+        owned = data.clone() if copy else data
+        if nbytes > self.capacity_bytes:  # never fits here: straight to the next tier
+            return [TierBlock(key, owned, lora_name)]
+        evicted = []
+        while self.stats.bytes_used + nbytes > self.capacity_bytes:
+            _, old = self._blocks.popitem(last=False)
+            self.stats.bytes_used -= _nbytes(old.data)
+            self.stats.evictions += 1
+            evicted.append(old)
+        self._blocks[key] = TierBlock(key, owned, lora_name)
+        self.stats.write_seconds += time.perf_counter() - start
+        self.stats.writes += 1
+        self.stats.bytes_used += nbytes
+        self.stats.bytes_written += nbytes
+        return evicted
+
+    def get(self, key: int) -> torch.Tensor | None:
+        block = self._blocks.get(key)
+        if block is None:
+            self.stats.misses += 1
+            return None
+        self._blocks.move_to_end(key)
+        self.stats.hits += 1
+        self.stats.bytes_read += _nbytes(block.data)
+        return block.data
+
+    def contains(self, key: int) -> bool:
+        return key in self._blocks
+
+    def discard_adapter(self, lora_name: str) -> None:
+        for key in [k for k, b in self._blocks.items() if b.lora_name == lora_name]:
+            self.stats.bytes_used -= _nbytes(self._blocks.pop(key).data)
+
+    def close(self) -> None:
+        self._blocks.clear()
+        self.stats.bytes_used = 0
+
+
+@dataclass
+class _DiskEntry:
+    path: str
+    nbytes: int
+    shape: torch.Size
+    dtype: torch.dtype
+    lora_name: str | None
+    pending: torch.Tensor | None  # the copy to write; None once the file is complete
+
+
+def _as_bytes(data: torch.Tensor):
+    """A writable byte view (numpy) of a contiguous tensor's memory, for file I/O."""
+    return data.reshape(-1).view(torch.uint8).numpy()
+
+
+class DiskTier:
+    """One file per block, of the tensor's raw bytes, in a folder of this tier's own.
+
+    Files are written under a temporary name and renamed when complete, so a file with
+    a block's name always holds the whole block.  The folder (inside ``directory``, which
+    several engines may share) is removed on ``close`` or when the tier is collected.
+    """
+
+    name = "disk"
+
+    def __init__(self, directory: str, capacity_bytes: int, queue_depth: int = 64) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.directory = tempfile.mkdtemp(prefix="kv-", dir=directory)
+        self.capacity_bytes = capacity_bytes
+        self.stats = TierStats()
+        self._lock = threading.Lock()  # guards _index and stats against the writer
+        self._index: OrderedDict[int, _DiskEntry] = OrderedDict()
+        self._jobs: queue.Queue = queue.Queue(maxsize=queue_depth)
+        writer = threading.Thread(target=_write_loop, name="kv-disk-writer", daemon=True,
+                                  args=(self._jobs, self._lock, self._index, self.stats))
+        # Not a method of self: the writer must not keep the tier alive.
+        self._close = weakref.finalize(self, _shut_down, self._jobs, writer, self._lock,
+                                       self._index, self.directory)
+        writer.start()
+
+    def put(self, key: int, data: torch.Tensor, lora_name: str | None, *,
+            copy: bool = True) -> list[TierBlock]:
+        nbytes = _nbytes(data)
+        with self._lock:
+            if key in self._index:
+                self._index.move_to_end(key)
+                return []
+            if nbytes > self.capacity_bytes:
+                return []
+            while self.stats.bytes_used + nbytes > self.capacity_bytes:
+                self._evict_lru()
+        start = time.perf_counter()
+        owned = data.clone() if copy else data.contiguous()
+        entry = _DiskEntry(os.path.join(self.directory, f"{key & (2**64 - 1):016x}.kv"),
+                           nbytes, owned.shape, owned.dtype, lora_name, owned)
+        with self._lock:
+            self.stats.write_seconds += time.perf_counter() - start
+            self.stats.bytes_used += nbytes
+            self._index[key] = entry
+        self._jobs.put((key, entry))  # outside the lock: a full queue waits for the writer
+        return []
+
+    def get(self, key: int) -> torch.Tensor | None:
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None:
+                self.stats.misses += 1
+                return None
+            self._index.move_to_end(key)
+            pending = entry.pending
+        if pending is not None:
+            with self._lock:
+                self.stats.hits += 1
+            return pending
+        # Only this thread removes files, so the file stays while it is read.
+        start = time.perf_counter()
+        out = torch.empty(entry.shape, dtype=entry.dtype)
+        try:
+            with open(entry.path, "rb") as f:
+                n = f.readinto(_as_bytes(out))
+        except OSError:
+            n = -1
+        with self._lock:
+            if n != entry.nbytes:
+                self.stats.errors += 1
+                self.stats.misses += 1
+                if self._index.get(key) is entry:
+                    self._drop(key)
+                return None
+            self.stats.hits += 1
+            self.stats.bytes_read += n
+            self.stats.read_seconds += time.perf_counter() - start
+        return out
+
+    def contains(self, key: int) -> bool:
+        with self._lock:
+            return key in self._index
+
+    def discard_adapter(self, lora_name: str) -> None:
+        with self._lock:
+            for key in [k for k, e in self._index.items() if e.lora_name == lora_name]:
+                self._drop(key)
+
+    def flush(self) -> None:
+        """Wait until every queued block has been written (or skipped)."""
+        self._jobs.join()
+
+    def close(self) -> None:
+        self._close()
+
+    def _evict_lru(self) -> None:
+        self._drop(next(iter(self._index)))
+        self.stats.evictions += 1
+
+    def _drop(self, key: int) -> None:
+        """Forget ``key``; lock held.  A block still queued is skipped by the writer."""
+        entry = self._index.pop(key)
+        self.stats.bytes_used -= entry.nbytes
+        if entry.pending is None:
+            _remove(entry.path)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
+def _write_loop(jobs: queue.Queue, lock: threading.Lock,
+                index: OrderedDict[int, _DiskEntry], stats: TierStats) -> None:
+    """The disk tier's writer thread: one queued block at a time, until None."""
+    while True:
+        job = jobs.get()
+        try:
+            if job is None:
+                return
+            _write_one(*job, lock, index, stats)
+        finally:
+            jobs.task_done()
+
+
+def _write_one(key: int, entry: _DiskEntry, lock: threading.Lock,
+               index: OrderedDict[int, _DiskEntry], stats: TierStats) -> None:
+    with lock:
+        if index.get(key) is not entry:
+            return  # evicted (or discarded) before its turn
+        data = entry.pending
+    tmp = entry.path + ".tmp"
+    start = time.perf_counter()
+    try:
+        with open(tmp, "wb") as f:
+            f.write(_as_bytes(data))
+    except OSError:  # disk full, folder gone: the block is simply not kept
+        _remove(tmp)
+        with lock:
+            stats.errors += 1
+            if index.get(key) is entry:
+                del index[key]
+                stats.bytes_used -= entry.nbytes
+        return
+    with lock:
+        stats.write_seconds += time.perf_counter() - start
+        if index.get(key) is entry:
+            # Under the lock: an eviction sees either the pending copy or the whole file.
+            os.replace(tmp, entry.path)
+            entry.pending = None
+            stats.writes += 1
+            stats.bytes_written += entry.nbytes
+            return
+    _remove(tmp)  # evicted while it was being written
+
+
+def _shut_down(jobs: queue.Queue, writer: threading.Thread, lock: threading.Lock,
+               index: OrderedDict[int, _DiskEntry], directory: str) -> None:
+    with lock:
+        index.clear()  # queued blocks are skipped, not written
+    if writer is threading.current_thread():  # collected by the writer itself: no waiting
+        with contextlib.suppress(queue.Full):
+            jobs.put_nowait(None)
+    else:
+        jobs.put(None)
+        writer.join()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+class TierChain:
+    """Tiers from the fastest down: evictions of one are written to the next."""
+
+    def __init__(self, tiers: Sequence[KvTier]) -> None:
+        if not tiers:
+            raise ValueError("a tier chain needs at least one tier")
+        self.tiers = list(tiers)
+
+    def put(self, key: int, data: torch.Tensor, lora_name: str | None) -> None:
+        """Keep a copy of ``data`` (a pool block about to be reused) in the first tier;
+        called when the pool evicts a cached block."""
+        spill = self.tiers[0].put(key, data, lora_name)
+        for tier in self.tiers[1:]:
+            spill = [out for b in spill
+                     for out in tier.put(b.key, b.data, b.lora_name, copy=False)]
+
+    def get(self, key: int) -> torch.Tensor | None:
+        """The block stored under ``key`` in the first tier that holds it (read-only)."""
+        for tier in self.tiers:
+            data = tier.get(key)
+            if data is not None:
+                return data
+        return None
+
+    def contains(self, key: int) -> bool:
+        return any(t.contains(key) for t in self.tiers)
+
+    def discard_adapter(self, lora_name: str) -> None:
+        for tier in self.tiers:
+            tier.discard_adapter(lora_name)
+
+    def stats(self) -> dict[str, TierStats]:
+        """Each tier's counters by tier name (live objects: read, do not change)."""
+        return {t.name: t.stats for t in self.tiers}
+
+    def close(self) -> None:
+        for tier in self.tiers:
+            tier.close()
+
+
+def _available_memory() -> int:
+    """Bytes of memory the machine can still hand out without swapping."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def build_tiers(config: EngineConfig, block_nbytes: int) -> TierChain | None:
+    """The tiers ``config`` asks for, or None when both are off; called once where the
+    pool is built.  ValueError naming the field when the machine has not the room
+    (memory available now, free space in the directory) or a tier holds no block."""
+    tiers: list[KvTier] = []
+    if config.host_kv_cache_gib > 0:
+        size = int(config.host_kv_cache_gib * GIB)
+        _check_size("host_kv_cache_gib", config.host_kv_cache_gib, size, block_nbytes,
+                    _available_memory(), "of memory is available")
+        tiers.append(HostTier(size))
+    if config.disk_kv_cache_gib > 0:
+        directory = config.disk_kv_cache_dir
+        size = int(config.disk_kv_cache_gib * GIB)
+        os.makedirs(directory, exist_ok=True)
+        _check_size("disk_kv_cache_gib", config.disk_kv_cache_gib, size, block_nbytes,
+                    shutil.disk_usage(directory).free, f"is free in {directory}")
+        tiers.append(DiskTier(directory, size))
+    return TierChain(tiers) if tiers else None
+
+
+def _check_size(field: str, gib: float, size: int, block_nbytes: int, room: int,
+                where: str) -> None:
+    if size > room:
+        raise ValueError(f"engine_args.{field}={gib}: only {room / GIB:.2f} GiB {where}")
+    if size < block_nbytes:
+        raise ValueError(f"engine_args.{field}={gib}: holds no KV block "
+                         f"(one block is {block_nbytes} bytes)")
