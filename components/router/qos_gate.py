@@ -140,16 +140,17 @@ class QosGate:
         return resolve_class(call.priority, call.user, call.metadata, self.config)
 
     def _estimate(self, call: RouteCall, wid: int, cached_tokens: int, now: float,
-                  held_ms: float):
-        """The prediction for ``call`` on worker ``wid``, which holds ``cached_tokens``
-        of its prompt (only the rest is prefilled)."""
+                  held_ms: float, class_name: str):
+        """The prediction for ``call`` (of class ``class_name``) on worker ``wid``, which
+        holds ``cached_tokens`` of its prompt (only the rest is prefilled)."""
         return self.predictor.predict(f"{wid:x}", len(call.token_ids) - cached_tokens,
-                                      now, held_ms, output_tokens=call.max_tokens)
+                                      now, held_ms, output_tokens=call.max_tokens,
+                                      class_name=class_name)
 
     def _judge(self, call: RouteCall, class_name: str, worker: WorkerState | None,
                wid: int, cached_tokens: int, now: float, depth: int,
                held_ms: float) -> Admission:
-        estimate = self._estimate(call, wid, cached_tokens, now, held_ms)
+        estimate = self._estimate(call, wid, cached_tokens, now, held_ms, class_name)
         load = LoadSignals(prefill_queue_depth=depth,
                            decode_kv_usage=worker.kv_usage if worker is not None else 0.0)
         verdict = admit(AdmissionRequest(request_id=call.request_id, class_name=class_name,
@@ -195,7 +196,7 @@ class QosGate:
             better = min(
                 ((usage, wid) for wid in self._alternatives(ids, chosen, cached)
                  if (usage := slo_usage(self._estimate(call, wid, cached.get(wid, 0), now,
-                                                       held_ms), cls)) < mine),
+                                                       held_ms, cls.name), cls)) < mine),
                 default=None)
             if better is not None:
                 moved = judge(better[1])

@@ -6,7 +6,9 @@ hit), at time ``now``::
 
     ahead      = uncached prompt tokens of the requests placed on w that have not
                  produced a first token (reported in process) or finished
-    est_ttft   = fixed + (ahead + n) x per_token                  (TTFT fit of w)
+    est_ttft   = (fixed + (ahead + n) x per_token) x lag          (TTFT fit of w)
+    lag        = how late w's oldest request still without a first token already is
+                 (its age over its prediction, at least 1: ``lag``)
     batch      = requests running on w + 1                        (the batch it joins)
     busy       = the share of recent time w had prompt work ahead  (EMA, ``BUSY_WINDOW_S``)
     est_tpot   = (base + per_request x batch) / (1 - busy)        (TPOT fit of w)
@@ -81,6 +83,8 @@ EXTRAPOLATION = 2.0  # a TTFT fit judges x up to this times the largest x it has
 BUSY_WINDOW_S = 0.5  # time constant of the prefill-busy share
 MAX_BUSY = 0.9  # a worker busier than this predicts (and teaches) as if 0.9
 STALL_SMOOTHING = 0.1  # EMA weight of the newest placed prompt's prefill time
+LAG_SLACK_MS = 250.0  # lateness below this (network, a step) is no evidence (``lag``)
+MAX_LAG = 100.0
 
 
 @dataclass
@@ -128,6 +132,9 @@ class _Worker:
     inflight_tokens: float = 0.0  # uncached prompt tokens of placed requests not released
     pending_tokens: float = 0.0  # ... of those whose first token was not reported yet
     pending_requests: int = 0  # placed requests whose first token was not reported yet
+    waiting: OrderedDict[str, Ticket] = field(default_factory=OrderedDict)
+    """Those requests' tickets, oldest placement first (first tokens reported in process
+    only; elsewhere a request leaves at its release)."""
     ttft: _Fit | None = None
     tpot: _Bins = field(default_factory=_Bins)
     busy_area: float = 0.0  # integral of [prompt work ahead] over time, seconds
@@ -244,8 +251,32 @@ class LatencyPredictor:
         one = tpot[0] + tpot[1] if tpot else self.params.warmup_decode_ms_per_token
         return per_token, one
 
+    def lag(self, worker: str, now: float, class_name: str | None = None) -> float:
+        """How much later than predicted the worker's oldest request still waiting for
+        its first token (of ``class_name``, when given) already is: its age over its
+        predicted TTFT plus ``LAG_SLACK_MS``, at least 1 and at most ``MAX_LAG``.
+
+        A request that has not answered is a sample the fits cannot learn from yet (its
+        TTFT is only known to exceed its age): when the queue ahead costs more than the
+        fits say, for whatever reason (prefix credit for KV that is gone by the time the
+        request runs, work the token count does not see), nothing teaches them until the
+        late requests answer, and everything placed meanwhile is predicted from the same
+        wrong line.  Under FIFO a request waits for the ones placed before it, so the
+        oldest one's lateness is a lower bound of how wrong the line is right now."""
+        w = self.workers.get(worker)
+        if w is None or not self.first_tokens_reported:
+            return 1.0
+        for ticket in w.waiting.values():
+            if class_name is not None and ticket.class_name != class_name:
+                continue
+            late = (now - ticket.placed_at) * 1000.0 / (ticket.estimate.est_ttft_ms
+                                                       + LAG_SLACK_MS)
+            return min(MAX_LAG, max(1.0, late))
+        return 1.0
+
     def predict(self, worker: str, own_tokens: int, now: float,
-                held_ms: float = 0.0, output_tokens: int = 0) -> Estimate:
+                held_ms: float = 0.0, output_tokens: int = 0,
+                class_name: str | None = None) -> Estimate:
         """Predict a request with ``own_tokens`` uncached prompt tokens placed on
         ``worker`` now; called by admission for each candidate worker.  ``held_ms``: the
         time it will wait before being placed (an admission queue ahead of it);
@@ -259,8 +290,12 @@ class LatencyPredictor:
         batch = w.running + 1
         if ttft_source != "warmup" and own > EXTRAPOLATION * self._seen(worker, ttft_source):
             ttft_source = "warmup"  # a prompt beyond what the fit has seen: a guess
-        queue_ms = ahead * per_token + max(0.0, held_ms)
+        lag = self.lag(worker, now, class_name) if ttft_source != "warmup" else 1.0
         own_ms = fixed + own * per_token
+        # Late first tokens scale the whole line (the queue and this prompt alike); only
+        # the queue's part carries it, so the SLO limit (at least ``own_ms``) is not
+        # raised by it.
+        queue_ms = (own_ms + ahead * per_token) * lag - own_ms + max(0.0, held_ms)
         busy = min(MAX_BUSY, w.busy) if self.first_tokens_reported else 0.0
         tpot = max(1e-3, base + slope * batch) / (1.0 - busy)
         spread = 0.0
@@ -273,6 +308,7 @@ class LatencyPredictor:
             request_tokens=own, prefill_queued_tokens=ahead, prefill_tokens_assumed=False,
             prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
             stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
+            ttft_lag=lag,
             tpot_spread_ms=spread)
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,
@@ -286,11 +322,12 @@ class LatencyPredictor:
             STALL_SMOOTHING * stall + (1.0 - STALL_SMOOTHING) * w.stall_ms
         w.inflight_tokens += estimate.request_tokens
         w.pending_tokens += estimate.request_tokens
-        self.tickets[request_id] = Ticket(
+        ticket = self.tickets[request_id] = Ticket(
             worker, class_name, now, estimate.prefill_queued_tokens
             + max(1, estimate.request_tokens), w.area, w.pending_requests, estimate,
             would_reject)
         w.pending_requests += 1
+        w.waiting[request_id] = ticket
         while len(self.tickets) > MAX_TICKETS:
             rid, old = self.tickets.popitem(last=False)
             self._drop(old, now, rid)
@@ -308,6 +345,7 @@ class LatencyPredictor:
         w = self._worker(ticket.worker, now)
         w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
         w.pending_requests = max(0, w.pending_requests - 1)
+        w.waiting.pop(request_id, None)
         self.busy_at_first[request_id] = (now, w.busy_area)
         if self.trace is not None:
             self.trace({"event": "first_token", "request": request_id, "worker": ticket.worker,
@@ -365,6 +403,7 @@ class LatencyPredictor:
         if self.first_tokens.pop(rid, None) is None:
             w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
             w.pending_requests = max(0, w.pending_requests - 1)
+            w.waiting.pop(rid, None)
         w.running = max(0, w.running - 1)
         w.inflight_tokens = max(0.0, w.inflight_tokens - ticket.estimate.request_tokens)
         w.pending_tokens = min(w.pending_tokens, w.inflight_tokens)

@@ -90,6 +90,10 @@ class Estimate(FrozenModel):
                             "then never justifies a refusal).")
     unloaded_tpot_ms: float = Field(default=0.0, ge=0, description="Predicted TPOT alone on "
                                     "the worker (batch of one); 0 when not batch-aware.")
+    ttft_lag: float = Field(default=1.0, ge=1.0, description="How much later than "
+                            "predicted the oldest request still waiting for its first token "
+                            "on the worker already is (its age over its prediction, at "
+                            "least 1); the TTFT prediction is scaled by it.")
     tpot_spread_ms: float = Field(default=0.0, ge=0, description="Standard deviation of the "
                                   "TPOT from the prompts other requests bring to the worker "
                                   "during this one's decode (a short answer meets few, so "

@@ -267,3 +267,43 @@ def test_a_prompt_far_longer_than_any_taught_is_a_guess_not_a_refusal():
     p.place("b", "9", p.predict("9", 8000, t), t, class_name="default")
     queued = p.predict("9", 8000, t)
     assert queued.prefill_source != "warmup" and queued.prefill_queued_tokens == 16000
+
+
+def test_requests_later_than_predicted_scale_the_prediction_before_they_answer():
+    """The fits say the queue drains fast, but the worker's oldest waiting request is
+    already far later than predicted: new predictions on that worker carry its lateness
+    (the fits could not learn it: nothing answered), others' do not; once it answers,
+    the lag is gone."""
+    from splitserve.components.router.qos.predictor import LAG_SLACK_MS
+
+    p = LatencyPredictor()
+    t = teach(p)
+    p.first_tokens_reported = True  # first tokens are reported in process
+    placed = [p.predict("a", 1000, t) for _ in range(4)]
+    for i, est in enumerate(placed):
+        p.place(f"q{i}", "a", est, t, class_name="default")
+    fresh = p.predict("a", 500, t, class_name="default")
+    assert fresh.ttft_lag == 1.0
+    later = t + 10.0  # q0 was predicted 150 ms and has waited 10 s
+    est = p.predict("a", 500, later, class_name="default")
+    lag = 10_000.0 / (placed[0].est_ttft_ms + LAG_SLACK_MS)
+    assert est.ttft_lag == pytest.approx(lag)
+    assert est.est_ttft_ms == pytest.approx(fresh.est_ttft_ms * lag)
+    assert est.unloaded_ttft_ms == pytest.approx(fresh.unloaded_ttft_ms)  # not the limit
+    assert p.predict("b", 500, later, class_name="default").ttft_lag == 1.0
+    assert p.predict("a", 500, later, class_name="batch").ttft_lag == 1.0  # other class
+    p.first_token("q0", later)
+    assert p.predict("a", 500, later, class_name="default").ttft_lag == pytest.approx(
+        10_000.0 / (placed[1].est_ttft_ms + LAG_SLACK_MS))
+    for i in range(1, 4):
+        p.first_token(f"q{i}", later)
+    assert p.predict("a", 500, later, class_name="default").ttft_lag == 1.0
+
+
+def test_lateness_is_not_read_without_first_token_reports():
+    """Behind a Router process a request waits until its release: its age is not a
+    first token's lateness."""
+    p = LatencyPredictor()
+    t = teach(p)
+    p.place("q", "a", p.predict("a", 1000, t), t, class_name="default")
+    assert p.predict("a", 500, t + 30.0).ttft_lag == 1.0
