@@ -1,0 +1,46 @@
+"""benchmarks/heldout.py's per-window timeline: refused, met and admitted-and-missed per
+5 s of arrivals, and the measured TTFT against admission's prediction."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _load():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_heldout", REPO / "benchmarks" /
+                                                  "heldout.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_each_window_counts_outcomes_and_sets_measured_against_predicted():
+    heldout = _load()
+    slo = {"ttft_ms": 1000.0, "tpot_ms": 50.0}
+    records = [
+        {"scheduled_s": 0.5, "outcome": "ok", "ttft_s": 0.2, "tpot_s": 0.02,
+         "predicted_ttft_s": 0.1},
+        {"scheduled_s": 1.0, "outcome": "ok", "ttft_s": 1.5, "tpot_s": 0.02,
+         "predicted_ttft_s": 0.5},  # late: admitted and missed
+        {"scheduled_s": 2.0, "outcome": "rejected", "ttft_s": None},
+        {"scheduled_s": 3.0, "outcome": "ok", "ttft_s": 0.3, "tpot_s": 0.09},  # TPOT miss
+        {"scheduled_s": 7.0, "outcome": "error", "ttft_s": None},  # never answered
+    ]
+    rows = heldout.timeline(records, slo)
+    assert [r["from_s"] for r in rows] == [0.0, 5.0]
+    first, second = rows
+    assert (first["sent"], first["refused"], first["met"], first["admitted_missed"]) == \
+        (4, 1, 1, 2)
+    assert first["predicted_p50_s"] == 0.5  # of the two with a prediction
+    assert first["measured_over_predicted_p50"] == 3.0
+    assert (second["sent"], second["admitted_missed"], second["ttft_p50_s"]) == (1, 1, None)
