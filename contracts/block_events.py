@@ -2,8 +2,15 @@
 
 Events are plain data: an engine (or its relay: vLLM, SGLang, TensorRT-LLM) produces
 them and the worker process publishes them (Dynamo's ``KvEventPublisher.publish_stored`` /
-``publish_removed`` take exactly these fields), so the router's prefix index
+``publish_removed`` take these fields, all but the tier), so the router's prefix index
 mirrors which blocks this engine holds.
+
+Each event names the storage tier it is about: the engine's KV pool (``device``) or an
+offload tier below it (``host`` memory, ``disk``).  A block that moves between tiers is
+removed from one and stored in the other, so the index knows where a worker could read a
+prefix back from instead of recomputing it.  Dynamo carries the tier as the
+``storage_tier`` of each event on the wire (``kv_events.py``), but its 1.6.1 Python
+publisher has no argument for it: whatever it publishes is the device tier.
 """
 
 from __future__ import annotations
@@ -12,6 +19,13 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+Tier = Literal["device", "host", "disk"]
+"""Where a worker holds a block: its KV pool, host memory below it, or disk."""
+
+TIERS: tuple[Tier, ...] = ("device", "host", "disk")
+"""Every tier, fastest first: a block held in two tiers is served from the first."""
 
 
 @dataclass(frozen=True)
@@ -31,13 +45,17 @@ class BlockStored:
     lora_name: str | None = None
     """The LoRA adapter whose KV these blocks hold (None: the base model); the router's
     hashes of them are keyed by it, so a prefix is never credited across adapters."""
+    tier: Tier = "device"
+    """The tier that now holds these blocks (events from before tiers mean the pool)."""
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
-    """Blocks evicted from the prefix cache; their hashes are no longer served."""
+    """Blocks that left a tier; their hashes are no longer served from it."""
 
     block_hashes: tuple[int, ...]
+    tier: Tier = "device"
+    """The tier the blocks left (events from before tiers mean the pool)."""
 
 
 KvEvent = BlockStored | BlockRemoved

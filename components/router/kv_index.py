@@ -1,27 +1,143 @@
-"""The router's prefix index: Dynamo's RadixTree fed by workers' KV events from NATS.
+"""The router's prefix index: Dynamo's RadixTree fed by workers' KV events from NATS,
+with a per-tier block index beside it.
 
 Dynamo 1.6.1's wheel exposes ``RadixTree`` but not ``KvIndexer``, so the router
 subscribes to the workers' ``kv-events`` subject on the event plane itself and applies
 each event to its own tree.  Workers that leave discovery are removed from the tree.
+
+The tree has no tiers and refuses a block whose parent it does not hold, while blocks
+reach a lower tier one at a time, usually a sequence's last block first: a tree per tier
+would drop most of them.  So the device tier's events also feed the tree, exactly as
+before (``overlap``), and every tier's events feed ``TierBlockIndex``, which follows a
+request's prefix block by block through whichever tier holds each block, the way a
+worker restores it (``overlap_by_tier``, ``weighted_overlap``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from splitserve.contracts.block_events import TIERS, Tier
 from splitserve.contracts.kit.connect import close_nats
 from splitserve.contracts.kv_events import KV_EVENTS, apply_kv_events, decode_envelope, event_subject
 
 log = logging.getLogger("splitserve.router")
 
+_BIT = {tier: 1 << i for i, tier in enumerate(TIERS)}
+
+
+class _RankBlocks:
+    """One (worker, dp rank)'s blocks: how each links to its parent, and its tiers."""
+
+    def __init__(self) -> None:
+        # (parent's hash or None, hash of the block's own tokens) -> the block's hash
+        self.child: dict[tuple[int | None, int], int] = {}
+        self.link: dict[int, tuple[int | None, int]] = {}  # block hash -> its key above
+        self.tiers: dict[int, int] = {}  # block hash -> bit mask of the tiers holding it
+
+    def store(self, bit: int, parent: int | None, blocks: Sequence[Mapping[str, Any]]) -> None:
+        for block in blocks:
+            h, key = int(block["block_hash"]), (parent, int(block["tokens_hash"]))
+            old = self.link.get(h)
+            if old is not None and old != key and self.child.get(old) == h:
+                del self.child[old]
+            self.child[key] = h
+            self.link[h] = key
+            self.tiers[h] = self.tiers.get(h, 0) | bit
+            parent = h
+
+    def remove(self, bit: int, hashes: Sequence[int]) -> None:
+        for h in map(int, hashes):
+            mask = self.tiers.get(h, 0) & ~bit
+            if mask:
+                self.tiers[h] = mask
+            elif self.tiers.pop(h, None) is not None:
+                key = self.link.pop(h)
+                if self.child.get(key) == h:
+                    del self.child[key]
+                # Its children stay linked under its hash: stored again, it reaches them.
+
+    def prefix(self, local_hashes: Sequence[int]) -> list[int]:
+        """Blocks of the prefix readable here, per tier (``TIERS`` order): each block
+        counted once, at the fastest tier holding it; stops at the first block no tier
+        holds, as a worker's restore does."""
+        counts = [0] * len(TIERS)
+        parent: int | None = None
+        for local in local_hashes:
+            h = self.child.get((parent, local))
+            mask = 0 if h is None else self.tiers.get(h, 0)
+            if not mask:
+                break
+            counts[(mask & -mask).bit_length() - 1] += 1
+            parent = h
+        return counts
+
+
+class TierBlockIndex:
+    """Which blocks each worker holds in each tier; pure data, no I/O.
+
+    Fed by ``apply`` (the ``TierSink`` of ``apply_kv_events``) with the inner KV events
+    of every tier.  Keys are those of Dynamo's tree: a block is found by its parent's
+    hash and the hash of its own tokens (a request's ``compute_block_hash_for_seq``), so
+    a block is reachable whichever tier its parent sits in.
+    """
+
+    def __init__(self) -> None:
+        self._ranks: dict[tuple[int, int], _RankBlocks] = {}
+
+    def apply(self, worker_id: int, tier: Tier, event: Mapping[str, Any]) -> None:
+        """Apply one inner event (``{event_id, data, dp_rank}``) of ``worker_id``'s
+        ``tier``; a clear drops the rank's blocks in every tier, as Dynamo's does."""
+        rank = (worker_id, int(event.get("dp_rank", 0)))
+        data = event["data"]
+        if data == "cleared":
+            self._ranks.pop(rank, None)
+            return
+        blocks = self._ranks.setdefault(rank, _RankBlocks())
+        if "stored" in data:
+            stored = data["stored"]
+            parent = stored.get("parent_hash")
+            blocks.store(_BIT[tier], None if parent is None else int(parent), stored["blocks"])
+        elif "removed" in data:
+            blocks.remove(_BIT[tier], data["removed"]["block_hashes"])
+
+    def remove_worker(self, worker_id: int) -> None:
+        """Forget every block of ``worker_id`` (it left discovery)."""
+        for rank in [r for r in self._ranks if r[0] == worker_id]:
+            del self._ranks[rank]
+
+    def held(self, worker_id: int) -> dict[Tier, set[int]]:
+        """The block hashes (unsigned, as on the wire) ``worker_id`` holds, per tier."""
+        out: dict[Tier, set[int]] = {tier: set() for tier in TIERS}
+        for (wid, _), blocks in self._ranks.items():
+            if wid == worker_id:
+                for h, mask in blocks.tiers.items():
+                    for tier in TIERS:
+                        if mask & _BIT[tier]:
+                            out[tier].add(h)
+        return out
+
+    def rank_prefixes(self, local_hashes: Sequence[int]) -> list[tuple[int, list[int]]]:
+        """(worker, blocks per tier in ``TIERS`` order) of every rank with a prefix hit."""
+        hits = []
+        for (wid, _), blocks in self._ranks.items():
+            counts = blocks.prefix(local_hashes)
+            if any(counts):
+                hits.append((wid, counts))
+        return hits
+
 
 class KvEventIndex:
-    """Prefix overlap per worker, kept current from KV events."""
+    """Prefix overlap per worker and tier, kept current from KV events."""
 
     def __init__(self, namespace: str, component: str) -> None:
         from dynamo.llm import RadixTree
 
         self.tree = RadixTree()
+        self.tiers = TierBlockIndex()
         self.subject = event_subject(namespace, component.lower(), KV_EVENTS)
         self.known: set[int] = set()
         self.applied = 0
@@ -40,15 +156,23 @@ class KvEventIndex:
         try:
             topic, payload = decode_envelope(msg.data)
             if topic == KV_EVENTS:
-                self.applied += apply_kv_events(self.tree, payload)
+                self.apply(payload)
         except Exception as exc:  # noqa: BLE001 - one bad event must not stop the index
             self.errors += 1
             log.warning("could not apply KV event: %s", exc)
 
+    def apply(self, payload: list[dict]) -> int:
+        """Apply one decoded ``kv-events`` payload (called per message, and by anything
+        that has events without NATS); returns how many events were applied."""
+        n = apply_kv_events(self.tree, payload, self.tiers)
+        self.applied += n
+        return n
+
     def overlap(self, block_hashes: list[int]) -> dict[int, int]:
         """Cached prefix blocks per worker for the request's local block hashes.
 
-        The tree scores (worker_id, dp_rank) pairs; a worker's overlap is its best rank.
+        The device tier only, from Dynamo's tree.  The tree scores (worker_id, dp_rank)
+        pairs; a worker's overlap is its best rank.
         """
         out: dict[int, int] = {}
         for key, blocks in self.tree.find_matches(block_hashes).scores.items():
@@ -56,10 +180,44 @@ class KvEventIndex:
             out[int(wid)] = max(out.get(int(wid), 0), int(blocks))
         return out
 
+    def overlap_by_tier(self, block_hashes: list[int]) -> dict[int, dict[Tier, int]]:
+        """Per worker, the prefix blocks it could read instead of computing, by tier.
+
+        Each block of the longest prefix the worker holds in any tier counts once, at
+        the fastest tier holding it (a block in the pool and in host memory is device);
+        every tier appears, 0 included.  A worker with several ranks reports the rank
+        with the most blocks, then the most device blocks, then host.  Workers without
+        a hit are left out.
+        """
+        best: dict[int, list[int]] = {}
+        for wid, counts in self.tiers.rank_prefixes(block_hashes):
+            if wid not in best or (sum(counts), counts) > (sum(best[wid]), best[wid]):
+                best[wid] = counts
+        return {wid: dict(zip(TIERS, counts, strict=True)) for wid, counts in best.items()}
+
+    def weighted_overlap(self, block_hashes: list[int], weights: Mapping[Tier, float]
+                         ) -> dict[int, float]:
+        """Per worker, the prefix blocks of ``overlap_by_tier`` each weighed by its tier:
+        a device block is 1.0 unless ``weights`` says otherwise, a tier it leaves out is
+        0 (Dynamo's ``KvRouterConfig`` defaults: host 0.75, disk 0.25).  A worker's best
+        rank counts; workers without a hit are left out."""
+        w = {"device": 1.0, **weights}
+        for tier, value in w.items():
+            if tier not in _BIT or not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"weights[{tier!r}]={value!r}: tiers are {TIERS}, weights "
+                                 "finite and >= 0")
+        per_tier = [w.get(tier, 0.0) for tier in TIERS]
+        out: dict[int, float] = {}
+        for wid, counts in self.tiers.rank_prefixes(block_hashes):
+            score = sum(c * x for c, x in zip(counts, per_tier, strict=True))
+            out[wid] = max(out.get(wid, 0.0), score)
+        return out
+
     def sync_workers(self, live: set[int]) -> None:
         """Drop the blocks of workers that left discovery."""
         for gone in self.known - live:
             self.tree.remove_worker(gone)
+            self.tiers.remove_worker(gone)
         self.known = set(live)
 
     async def close(self) -> None:

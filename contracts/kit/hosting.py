@@ -54,8 +54,12 @@ def never() -> asyncio.Future:
 
 
 def publish_kv_events(publisher, events: list) -> None:
-    """Forward converted BlockStored / BlockRemoved events to Dynamo's publisher."""
+    """Forward converted BlockStored / BlockRemoved events to Dynamo's publisher: those
+    of the engine's own pool only (Dynamo 1.6.1's publisher has no tier, so a block
+    stored in a host or disk tier would read as a pool block to the routers)."""
     for ev in events:
+        if getattr(ev, "tier", "device") != "device":
+            continue
         if hasattr(ev, "token_ids"):
             publisher.publish_stored(list(ev.token_ids), list(ev.num_block_tokens),
                                      list(ev.block_hashes), ev.parent_hash,

@@ -16,8 +16,10 @@ requests of the same adapter, and its ``BlockStored`` events say which adapter i
 With offload tiers (``kv_tiers.TierChain``), an evicted cached block is copied one tier
 down instead of dropped, and a prefix lookup that misses in the pool goes on in the tiers,
 block by block along the hash chain: blocks found there are copied into fresh pool blocks
-and count as cached.  Events describe the pool only: a block leaving it is
-``BlockRemoved`` wherever its copy goes, and one copied back is ``BlockStored`` again.
+and count as cached.  Events name their tier: a block leaving the pool is ``BlockRemoved``
+from the device tier and ``BlockStored`` in the tier that took it; one a tier moves down or
+drops is removed from it (and stored in the next); one copied back is ``BlockStored`` in
+the device tier again, the tier keeping its copy.  Without tiers every event is the pool's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent, hash_block
+from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent, Tier, hash_block
+
+from .kv_tiers import BlockOrigin
 
 if TYPE_CHECKING:
     from .kv_tiers import TierChain, TierStats
@@ -85,6 +89,9 @@ class KVCacheManager:
         self._seqs: dict[str, _SeqBlocks] = {}
         self._events: list[KvEvent] = []
         self._tiers = tiers
+        # Hashed block id -> its parent's hash and tokens, for its BlockStored in a tier
+        # (kept with tiers only).
+        self._origin: dict[int, BlockOrigin] = {}
         self.num_offloaded_blocks = 0  # cached blocks handed to the tiers on eviction
         self.num_restored_blocks = 0  # blocks copied back from the tiers into the pool
 
@@ -120,6 +127,15 @@ class KVCacheManager:
         """Each offload tier's counters by tier name ({} without tiers)."""
         return self._tiers.stats() if self._tiers is not None else {}
 
+    def held_blocks(self) -> dict[Tier, set[int]]:
+        """The hashes of the cached blocks each tier holds now: ``device`` (the pool's,
+        live or evictable) and each offload tier's by name; what the KV events so far
+        describe."""
+        held: dict[Tier, set[int]] = {"device": set(self._cached)}
+        if self._tiers is not None:
+            held.update(self._tiers.held())
+        return held
+
     def close(self) -> None:
         """Release the offload tiers (the disk tier's writer and files); called when the
         engine stops."""
@@ -128,6 +144,7 @@ class KVCacheManager:
 
     def drain_events(self) -> list[KvEvent]:
         """Return the KV events since the last call, oldest first, and forget them."""
+        self._pull_tier_events()  # a disk write may have failed since
         events, self._events = self._events, []
         return events
 
@@ -176,7 +193,7 @@ class KVCacheManager:
             if block is not None:
                 self._take(block)
             else:
-                block = self._restore(h, lora_name)
+                block = self._restore(h, lora_name, parent, token_ids[i * bs : (i + 1) * bs])
                 if block is None:
                     break
                 restored.append(i)
@@ -222,7 +239,7 @@ class KVCacheManager:
             seq.hashes.append(h)
             block = seq.blocks[i]
             if self._hash[block] is None and h not in self._cached:
-                self._publish(block, h, seq.lora_name)
+                self._publish(block, h, seq.lora_name, parent, token_ids[i * bs : (i + 1) * bs])
                 if not run:
                     run_parent = parent
                 run.append(i)
@@ -256,12 +273,14 @@ class KVCacheManager:
         """
         if self._tiers is not None:
             self._tiers.discard_adapter(lora_name)
+            self._pull_tier_events()
         gone = [b for b, name in self._adapter.items() if name == lora_name]
         if not gone:
             return
         hashes = []
         for block in gone:
             del self._adapter[block]
+            self._origin.pop(block, None)
             h = self._hash[block]
             self._hash[block] = None
             del self._cached[h]
@@ -283,34 +302,47 @@ class KVCacheManager:
             self._hash[block] = None
             del self._cached[old]
             lora_name = self._adapter.pop(block, None)
+            self._events.append(BlockRemoved(block_hashes=(old,)))
             if self._tiers is not None:
                 # Copied now: the block is about to be overwritten.
-                self._tiers.put(old, self._pool[block], lora_name)
+                self._tiers.put(old, self._pool[block], lora_name, self._origin.pop(block))
                 self.num_offloaded_blocks += 1
-            self._events.append(BlockRemoved(block_hashes=(old,)))
+                self._pull_tier_events()
         self._ref[block] = 1
         return block
 
-    def _publish(self, block: int, h: int, lora_name: str | None) -> None:
-        """Make ``block`` the pool's cached copy of hash ``h``."""
+    def _publish(self, block: int, h: int, lora_name: str | None, parent: int | None,
+                 tokens: Sequence[int]) -> None:
+        """Make ``block`` (whose tokens follow the block of hash ``parent``) the pool's
+        cached copy of hash ``h``."""
         self._hash[block] = h
         self._cached[h] = block
         if lora_name is not None:
             self._adapter[block] = lora_name
+        if self._tiers is not None:
+            self._origin[block] = BlockOrigin(parent, tuple(tokens))
 
-    def _restore(self, h: int, lora_name: str | None) -> int | None:
-        """Copy the block of hash ``h`` from the first tier holding it into a fresh pool
-        block (taken, ref 1, cached); None when no tier holds it or no block is free."""
+    def _pull_tier_events(self) -> None:
+        """Append the tiers' events since the last pull (after each tier operation)."""
+        if self._tiers is not None:
+            self._events.extend(self._tiers.drain_events())
+
+    def _restore(self, h: int, lora_name: str | None, parent: int | None,
+                 tokens: Sequence[int]) -> int | None:
+        """Copy the block of hash ``h`` (``tokens`` after the block of hash ``parent``)
+        from the first tier holding it into a fresh pool block (taken, ref 1, cached);
+        None when no tier holds it or no block is free."""
         if self._tiers is None or not self._free:
             return None
         data = self._tiers.get(h)
+        self._pull_tier_events()  # a disk block that could not be read is gone
         if data is None:
             return None
         # Taking the block may evict another into the tiers; ``data`` stays valid (a tier
         # hands its blocks over, it never writes into them).
         block = self._fresh_block()
         self._pool[block].copy_(data)
-        self._publish(block, h, lora_name)
+        self._publish(block, h, lora_name, parent, tokens)
         self.num_restored_blocks += 1
         return block
 

@@ -9,6 +9,11 @@ Each tier is an LRU store with a byte budget and plain counters (``TierStats``) 
 adapter can export as metrics.  ``TierChain`` stacks them: what the host tier evicts is
 written to the disk tier, and what the disk tier evicts is gone.
 
+Each tier also logs which blocks it gained and lost (``TierChange``), and the chain turns
+the logs into KV events of that tier, so the router knows where a block went.  A block
+put with its place in its sequence (``BlockOrigin``: the parent's hash and its tokens)
+can be announced as stored; tokens are kept for that alone.
+
 Threads: every method is called from the engine's own thread, except that ``DiskTier``
 writes its files on a small writer thread of its own (behind a bounded queue), so a
 step does not wait for the disk; until its file is complete a block is served from the
@@ -32,6 +37,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent, Tier
+
 from .config import EngineConfig
 
 GIB = 1 << 30
@@ -53,22 +60,39 @@ class TierStats:
     read_seconds: float = 0.0  # reading files (a host hit hands out its copy: ~0)
 
 
+class BlockOrigin(NamedTuple):
+    """Where a block sits in its sequence: what a ``BlockStored`` of it needs."""
+
+    parent_hash: int | None  # the hash of the block before it (None: the first block)
+    token_ids: tuple[int, ...]  # its own tokens
+
+
 class TierBlock(NamedTuple):
     """One block's contents as a tier holds it."""
 
     key: int  # the block's chained hash
     data: torch.Tensor  # [layers, 2, block_size, kv_heads, head_dim], never written to
     lora_name: str | None  # the adapter its KV was computed with (None: the base model)
+    origin: BlockOrigin | None = None  # None: the block is kept but never announced
+
+
+class TierChange(NamedTuple):
+    """A block a tier gained (``stored``) or lost, in its log."""
+
+    stored: bool
+    key: int
+    lora_name: str | None = None  # stored blocks only, as their origin
+    origin: BlockOrigin | None = None
 
 
 class KvTier(Protocol):
     """A store of blocks by hash with a byte budget, least recently used out first."""
 
-    name: str
+    name: Tier
     stats: TierStats
 
     def put(self, key: int, data: torch.Tensor, lora_name: str | None, *,
-            copy: bool = True) -> list[TierBlock]:
+            copy: bool = True, origin: BlockOrigin | None = None) -> list[TierBlock]:
         """Store ``data`` under ``key`` (a copy of it, or ``data`` itself when ``copy`` is
         False and the caller hands it over); a key already held is only refreshed.
         Returns the blocks evicted to make room, for the next tier down."""
@@ -80,6 +104,14 @@ class KvTier(Protocol):
 
     def contains(self, key: int) -> bool:
         """True when ``key`` is held; changes no counter and no LRU order."""
+        ...
+
+    def keys(self) -> list[int]:
+        """Every key held now, least recently used first."""
+        ...
+
+    def drain_changes(self) -> list[TierChange]:
+        """The blocks gained and lost since the last call, oldest first."""
         ...
 
     def discard_adapter(self, lora_name: str) -> None:
@@ -98,15 +130,16 @@ def _nbytes(data: torch.Tensor) -> int:
 class HostTier:
     """Blocks kept as tensors in host memory."""
 
-    name = "host"
+    name: Tier = "host"
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
         self.stats = TierStats()
         self._blocks: OrderedDict[int, TierBlock] = OrderedDict()
+        self._changes: list[TierChange] = []
 
     def put(self, key: int, data: torch.Tensor, lora_name: str | None, *,
-            copy: bool = True) -> list[TierBlock]:
+            copy: bool = True, origin: BlockOrigin | None = None) -> list[TierBlock]:
         if key in self._blocks:
             self._blocks.move_to_end(key)
             return []
@@ -114,14 +147,16 @@ class HostTier:
         start = time.perf_counter()
         owned = data.clone() if copy else data
         if nbytes > self.capacity_bytes:  # never fits here: straight to the next tier
-            return [TierBlock(key, owned, lora_name)]
+            return [TierBlock(key, owned, lora_name, origin)]
         evicted = []
         while self.stats.bytes_used + nbytes > self.capacity_bytes:
             _, old = self._blocks.popitem(last=False)
             self.stats.bytes_used -= _nbytes(old.data)
             self.stats.evictions += 1
+            self._changes.append(TierChange(False, old.key))
             evicted.append(old)
-        self._blocks[key] = TierBlock(key, owned, lora_name)
+        self._blocks[key] = TierBlock(key, owned, lora_name, origin)
+        self._changes.append(TierChange(True, key, lora_name, origin))
         self.stats.write_seconds += time.perf_counter() - start
         self.stats.writes += 1
         self.stats.bytes_used += nbytes
@@ -141,9 +176,17 @@ class HostTier:
     def contains(self, key: int) -> bool:
         return key in self._blocks
 
+    def keys(self) -> list[int]:
+        return list(self._blocks)
+
+    def drain_changes(self) -> list[TierChange]:
+        changes, self._changes = self._changes, []
+        return changes
+
     def discard_adapter(self, lora_name: str) -> None:
         for key in [k for k, b in self._blocks.items() if b.lora_name == lora_name]:
             self.stats.bytes_used -= _nbytes(self._blocks.pop(key).data)
+            self._changes.append(TierChange(False, key))
 
     def close(self) -> None:
         self._blocks.clear()
@@ -173,25 +216,27 @@ class DiskTier:
     several engines may share) is removed on ``close`` or when the tier is collected.
     """
 
-    name = "disk"
+    name: Tier = "disk"
 
     def __init__(self, directory: str, capacity_bytes: int, queue_depth: int = 64) -> None:
         os.makedirs(directory, exist_ok=True)
         self.directory = tempfile.mkdtemp(prefix="kv-", dir=directory)
         self.capacity_bytes = capacity_bytes
         self.stats = TierStats()
-        self._lock = threading.Lock()  # guards _index and stats against the writer
+        self._lock = threading.Lock()  # guards _index, _changes and stats against the writer
         self._index: OrderedDict[int, _DiskEntry] = OrderedDict()
+        self._changes: list[TierChange] = []  # a failed write is logged by the writer
         self._jobs: queue.Queue = queue.Queue(maxsize=queue_depth)
         writer = threading.Thread(target=_write_loop, name="kv-disk-writer", daemon=True,
-                                  args=(self._jobs, self._lock, self._index, self.stats))
+                                  args=(self._jobs, self._lock, self._index, self.stats,
+                                        self._changes))
         # Not a method of self: the writer must not keep the tier alive.
         self._close = weakref.finalize(self, _shut_down, self._jobs, writer, self._lock,
                                        self._index, self.directory)
         writer.start()
 
     def put(self, key: int, data: torch.Tensor, lora_name: str | None, *,
-            copy: bool = True) -> list[TierBlock]:
+            copy: bool = True, origin: BlockOrigin | None = None) -> list[TierBlock]:
         nbytes = _nbytes(data)
         with self._lock:
             if key in self._index:
@@ -209,6 +254,7 @@ class DiskTier:
             self.stats.write_seconds += time.perf_counter() - start
             self.stats.bytes_used += nbytes
             self._index[key] = entry
+            self._changes.append(TierChange(True, key, lora_name, origin))
         self._jobs.put((key, entry))  # outside the lock: a full queue waits for the writer
         return []
 
@@ -248,6 +294,16 @@ class DiskTier:
         with self._lock:
             return key in self._index
 
+    def keys(self) -> list[int]:
+        with self._lock:
+            return list(self._index)
+
+    def drain_changes(self) -> list[TierChange]:
+        with self._lock:
+            changes = list(self._changes)
+            self._changes.clear()  # the writer holds the same list
+        return changes
+
     def discard_adapter(self, lora_name: str) -> None:
         with self._lock:
             for key in [k for k, e in self._index.items() if e.lora_name == lora_name]:
@@ -268,6 +324,7 @@ class DiskTier:
         """Forget ``key``; lock held.  A block still queued is skipped by the writer."""
         entry = self._index.pop(key)
         self.stats.bytes_used -= entry.nbytes
+        self._changes.append(TierChange(False, key))
         if entry.pending is None:
             _remove(entry.path)
 
@@ -278,20 +335,22 @@ def _remove(path: str) -> None:
 
 
 def _write_loop(jobs: queue.Queue, lock: threading.Lock,
-                index: OrderedDict[int, _DiskEntry], stats: TierStats) -> None:
+                index: OrderedDict[int, _DiskEntry], stats: TierStats,
+                changes: list[TierChange]) -> None:
     """The disk tier's writer thread: one queued block at a time, until None."""
     while True:
         job = jobs.get()
         try:
             if job is None:
                 return
-            _write_one(*job, lock, index, stats)
+            _write_one(*job, lock, index, stats, changes)
         finally:
             jobs.task_done()
 
 
 def _write_one(key: int, entry: _DiskEntry, lock: threading.Lock,
-               index: OrderedDict[int, _DiskEntry], stats: TierStats) -> None:
+               index: OrderedDict[int, _DiskEntry], stats: TierStats,
+               changes: list[TierChange]) -> None:
     with lock:
         if index.get(key) is not entry:
             return  # evicted (or discarded) before its turn
@@ -308,6 +367,7 @@ def _write_one(key: int, entry: _DiskEntry, lock: threading.Lock,
             if index.get(key) is entry:
                 del index[key]
                 stats.bytes_used -= entry.nbytes
+                changes.append(TierChange(False, key))
         return
     with lock:
         stats.write_seconds += time.perf_counter() - start
@@ -342,13 +402,15 @@ class TierChain:
             raise ValueError("a tier chain needs at least one tier")
         self.tiers = list(tiers)
 
-    def put(self, key: int, data: torch.Tensor, lora_name: str | None) -> None:
+    def put(self, key: int, data: torch.Tensor, lora_name: str | None,
+            origin: BlockOrigin | None = None) -> None:
         """Keep a copy of ``data`` (a pool block about to be reused) in the first tier;
         called when the pool evicts a cached block."""
-        spill = self.tiers[0].put(key, data, lora_name)
+        spill = self.tiers[0].put(key, data, lora_name, origin=origin)
         for tier in self.tiers[1:]:
             spill = [out for b in spill
-                     for out in tier.put(b.key, b.data, b.lora_name, copy=False)]
+                     for out in tier.put(b.key, b.data, b.lora_name, copy=False,
+                                         origin=b.origin)]
 
     def get(self, key: int) -> torch.Tensor | None:
         """The block stored under ``key`` in the first tier that holds it (read-only)."""
@@ -360,6 +422,32 @@ class TierChain:
 
     def contains(self, key: int) -> bool:
         return any(t.contains(key) for t in self.tiers)
+
+    def held(self) -> dict[Tier, set[int]]:
+        """The keys each tier holds now, by tier name."""
+        return {t.name: set(t.keys()) for t in self.tiers}
+
+    def drain_events(self) -> list[KvEvent]:
+        """KV events of the blocks each tier gained and lost since the last call, each
+        tier's in order; called after every chain operation and when the pool's events
+        are drained (a disk write that fails is logged by the writer thread)."""
+        events: list[KvEvent] = []
+        for tier in self.tiers:
+            for change in tier.drain_changes():
+                if not change.stored:
+                    last = events[-1] if events else None
+                    if isinstance(last, BlockRemoved) and last.tier == tier.name:
+                        events[-1] = BlockRemoved(last.block_hashes + (change.key,),
+                                                  tier=tier.name)
+                    else:
+                        events.append(BlockRemoved((change.key,), tier=tier.name))
+                elif change.origin is not None:
+                    tokens = change.origin.token_ids
+                    events.append(BlockStored(
+                        block_hashes=(change.key,), parent_hash=change.origin.parent_hash,
+                        token_ids=tokens, num_block_tokens=(len(tokens),),
+                        lora_name=change.lora_name, tier=tier.name))
+        return events
 
     def discard_adapter(self, lora_name: str) -> None:
         for tier in self.tiers:
