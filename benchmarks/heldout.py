@@ -36,6 +36,12 @@ Cases (``--cases``; capacity: the fleet's rate at its knee, measured once with
   ~55% of prompt blocks repeat an earlier request's, and a prefix's first requests
   arrive before any worker has computed it), short answers, no warm-up, 2.7x the
   capacity for 60 s, TTFT target 2 s;
+- ``cold-long-overload``: the long prompts at 2.7x for 30 s with nothing sent before
+  (the frontend is waited on until it lists the model);
+- ``short-answer-overload``: the Azure code trace at 2.5x for 40 s;
+- ``long-answer-overload``: the conversation trace (prompts / 4) with its own answer
+  lengths, not divided, at 2x for 40 s (capacity 10 req/s, a guess not yet measured);
+- ``waves``: the long prompts, 10 s at 3x then 20 s at 0.3x, six times (3 minutes);
 - ``groups-sustained``: the trace's ``groups`` shape (every prefix opened by 2 to 6
   requests within 3 s, then never again: ~53% of blocks repeat, nearly all requested
   before any worker computed them) at 2.7x for 60 s, TTFT target 2 s, no warm-up;
@@ -99,6 +105,9 @@ class Case:
     capacity_rps: float
     phases: tuple[tuple[float, float], ...]  # (multiple of capacity, wall seconds)
     context: int = 8192
+    warmup: bool = True
+    """False: no request before the replay (the frontend is only waited on until it lists
+    the model), so admission meets the load with no fit learned."""
 
 
 LONG = {"trace": MOONCAKE, "token_scale": 1, "output_scale": 16.0, "workers": 4,
@@ -122,6 +131,18 @@ CASES = {
     "groups-sustained": Case(GROUPS, 1, 16.0, 4, "ttft=2000,tpot=50", 24.0,
                              ((2.7, 60.0),)),
     "groups-knee": Case(GROUPS, 1, 16.0, 4, "ttft=2000,tpot=50", 24.0, ((1.0, 40.0),)),
+    # Cold start: nothing sent before the replay, long prompts at 2.7x for 30 s.
+    "cold-long-overload": Case(**LONG, capacity_rps=20.0, phases=((2.7, 30.0),),
+                               warmup=False),
+    # Short answers, short prompts (the Azure code trace) at 2.5x for 40 s.
+    "short-answer-overload": Case(AZURE, 1, 1.0, 4, "ttft=1000,tpot=50", 25.0,
+                                  ((2.5, 40.0),)),
+    # Long answers: the conversation trace's own answer lengths (not divided) at 2x.
+    # Capacity: a guess (decode-bound; not measured yet: ``--capacity-rps`` finds it).
+    "long-answer-overload": Case(MOONCAKE, 4, 1.0, 4, "ttft=1000,tpot=50", 10.0,
+                                 ((2.0, 40.0),)),
+    # Bursts and lulls for 3 minutes: 10 s at 3x, 20 s at 0.3x, six times.
+    "waves": Case(**LONG, capacity_rps=20.0, phases=((3.0, 10.0), (0.3, 20.0)) * 6),
 }
 
 
@@ -190,6 +211,26 @@ def workload(case: Case, seed: int) -> tuple[list[rp.PreparedRequest], dict]:
                   "offered_rps": len(reqs) / span if span else None}
 
 
+def wait_ready(url: str, timeout_s: float, streak: int, warmup: bool, proc=None) -> None:
+    """Until ``url`` serves: ``streak`` requests in a row answered (``warmup``), or only
+    the model listed on /v1/models (no request sent, nothing learned from one)."""
+    if warmup:
+        wait_serving(url, timeout_s, streak, proc)
+        return
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"frontend exited:\n{proc.tail()}")
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            if httpx.get(f"{url}/v1/models", timeout=5).json().get("data"):
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} lists no model within {timeout_s:.0f}s")
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def deployment(name: str, case: Case, args):
     """Start ``name`` for ``case``; yields (base URL, metrics URL of our frontend or None)."""
@@ -200,14 +241,14 @@ def deployment(name: str, case: Case, args):
         with GraphRun("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
                       [*fleet, *one_line_default(slo), *mode, *args.ours_set],
                       startup_timeout_s=args.startup_timeout_s) as g:
-            wait_serving(g.url, 60, 2 * case.workers)
+            wait_ready(g.url, 60, 2 * case.workers, case.warmup)
             yield g.url, f"{g.url}/metrics"
         return
     with WorkersRun("graphs.agg_router:Worker", "configs/mocker_agg_router.yaml", fleet,
                     startup_timeout_s=args.startup_timeout_s) as w:
         fe, url = dynamo_frontend(w, "kv", DYNAMO[name], f"{name}.log")
         try:
-            wait_serving(url, 90, 2 * case.workers, fe)
+            wait_ready(url, 90, 2 * case.workers, case.warmup, fe)
             yield url, None
         finally:
             fe.stop()
@@ -322,6 +363,28 @@ def false_refusals(shadow: dict[str, float] | None) -> tuple[float, float, float
     return (would, met, met / would) if would else (0.0, 0.0, 0.0)
 
 
+def best_single(points: list[dict]) -> tuple[str, dict[str, tuple[float, float]]] | None:
+    """The Dynamo configuration with the highest mean, over the cases where this
+    project's default and it both ran, of its goodput over the best Dynamo goodput of that
+    case; with (ours, its) goodput per case."""
+    ok = [p for p in points if p.get("goodput_rps") is not None]
+    cases = [c for c in dict.fromkeys(p["case"] for p in ok)
+             if any(p["case"] == c and p["config"] == OURS for p in ok)]
+    by = {(p["case"], p["config"]): p["goodput_rps"] for p in ok}
+    configs = [c for c in DYNAMO if all((case, c) in by for case in cases)]
+    if not cases or not configs:
+        return None
+
+    def share(config: str) -> float:
+        total = 0.0
+        for case in cases:
+            top = max(by[(case, c)] for c in configs)
+            total += by[(case, config)] / top if top else 1.0
+        return total / len(cases)
+    name = max(configs, key=share)
+    return name, {case: (by[(case, OURS)], by[(case, name)]) for case in cases}
+
+
 def table(points: list[dict]) -> tuple[str, list[dict]]:
     """Per case: our goodput, Dynamo's best (and which), the ratio; then every point."""
     rows, lines = [], ["| case | this project (default) | Dynamo's best | which | ratio | "
@@ -350,6 +413,15 @@ def table(points: list[dict]) -> tuple[str, list[dict]]:
                      f"{best['config']} | **{ratio:.2f}x** | {sw.fmt(ours['ttft_p99_ms'])} / "
                      f"{sw.fmt(best['ttft_p99_ms'])} | {sw.fmt(ours['tpot_p99_ms'])} / "
                      f"{sw.fmt(best['tpot_p99_ms'])} | {cells} | {shown} |")
+    single = best_single(points)
+    if single is not None:
+        name, per_case = single
+        lines += ["", f"Dynamo's best single configuration across these cases: **{name}** "
+                  "(the highest mean share of each case's best goodput).", "",
+                  "| case | this project | " + name + " | ratio |", "|---|---|---|---|"]
+        for case, (ours_rps, theirs_rps) in per_case.items():
+            ratio = f"**{ours_rps / theirs_rps:.2f}x**" if theirs_rps else "-"
+            lines.append(f"| {case} | {ours_rps:.2f} | {theirs_rps:.2f} | {ratio} |")
     lines += ["", "| case | configuration | goodput req/s | in SLO | ok | refused | errors | "
               "TTFT p50/p99 ms | TPOT p50/p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
     for p in points:

@@ -44,3 +44,17 @@ def test_each_window_counts_outcomes_and_sets_measured_against_predicted():
     assert first["predicted_p50_s"] == 0.5  # of the two with a prediction
     assert first["measured_over_predicted_p50"] == 3.0
     assert (second["sent"], second["admitted_missed"], second["ttft_p50_s"]) == (1, 1, None)
+
+
+def test_the_best_single_dynamo_configuration_is_the_best_on_average_over_cases():
+    heldout = _load()
+    points = [{"case": c, "config": cfg, "goodput_rps": g} for c, cfg, g in [
+        ("burst", heldout.OURS, 10.0), ("burst", "dynamo-kv", 4.0),
+        ("burst", "dynamo-kv-busy-0.7-0.5", 8.0),
+        ("below", heldout.OURS, 10.0), ("below", "dynamo-kv", 10.0),
+        ("below", "dynamo-kv-busy-0.7-0.5", 4.0)]]
+    # kv: (0.5 + 1.0) / 2 = 0.75; busy: (1.0 + 0.4) / 2 = 0.7
+    name, per_case = heldout.best_single(points)
+    assert name == "dynamo-kv"
+    assert per_case == {"burst": (10.0, 4.0), "below": (10.0, 10.0)}
+    assert heldout.best_single([points[0]]) is None
