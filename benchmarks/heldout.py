@@ -254,7 +254,11 @@ def deployment(name: str, case: Case, args):
             fe.stop()
 
 
-def confusion(metrics_url: str | None) -> dict[str, float] | None:
+def confusion(metrics_url: str | None, family: str = "splitserve_qos_confusion_total",
+              keys: tuple[str, ...] = ("outcome",)) -> dict[str, float] | None:
+    """Our frontend's counters of ``family`` summed by the ``keys`` labels (joined by
+    '/'): the confusion table by default, the verdicts by outcome and reason with
+    ``verdicts``."""
     if metrics_url is None:
         return None
     import urllib.request
@@ -262,10 +266,15 @@ def confusion(metrics_url: str | None) -> dict[str, float] | None:
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         fams = parse_prometheus(r.read().decode())
     out: dict[str, float] = {}
-    for labels, v in fams.get("splitserve_qos_confusion_total", {}).items():
-        cell = dict(labels).get("outcome", "")
+    for labels, v in fams.get(family, {}).items():
+        cell = "/".join(dict(labels).get(k, "") for k in keys)
         out[cell] = out.get(cell, 0.0) + v
     return out
+
+
+def verdicts(metrics_url: str | None) -> dict[str, float] | None:
+    """Admission's verdicts by outcome and reason (``no-estimate``: judged on no fit)."""
+    return confusion(metrics_url, "splitserve_qos_admissions_total", ("outcome", "reason"))
 
 
 def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
@@ -286,6 +295,10 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
             out["case"] = case_name
             out["loadavg_1m"] = [round(la, 2), round(os.getloadavg()[0], 2)]
             out["confusion"] = confusion(metrics)
+            out["verdicts"] = verdicts(metrics)
+            if out["verdicts"]:
+                print(f"[{case_name} {name}] verdicts {json.dumps(out['verdicts'])}",
+                      flush=True)
             out["rejected_codes"] = rejected_codes(res["requests"])
             out["timeline"] = timeline(res["requests"], slo)
             for row in out["timeline"]:
