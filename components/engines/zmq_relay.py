@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from splitserve.contracts.kit.procs import free_port
-from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent
+from splitserve.contracts.block_events import BlockRemoved, BlockStored, KvEvent, Tier
 
 LOOPBACK_PREFIX = "tcp://127.0.0.1:"
 
@@ -38,18 +38,32 @@ def block_hash(h: bytes | int) -> int:
     return int.from_bytes(bytes(h)[:8].ljust(8, b"\0"), "little", signed=True)
 
 
-def stored_event(ev: Any, block_size: int) -> BlockStored:
+# An engine event's ``medium`` (vLLM, SGLang) as this project's tier; the names are those
+# Dynamo's router maps too.  A medium not listed (an external store) has no tier here.
+MEDIUM_TIERS: dict[str | None, Tier] = {
+    None: "device", "GPU": "device", "DEVICE": "device", "CPU": "host", "CPU_PINNED": "host",
+    "CPU_TIER1": "host", "CPU_TIER2": "disk", "DISK": "disk", "NVME": "disk",
+    "STORAGE": "disk"}
+
+
+def tier_of(ev: Any) -> Tier | None:
+    """The tier an engine event is about (None: a medium this project does not track)."""
+    medium = getattr(ev, "medium", None)
+    return MEDIUM_TIERS.get(medium.upper() if isinstance(medium, str) else medium)
+
+
+def stored_event(ev: Any, block_size: int, tier: Tier = "device") -> BlockStored:
     """A ``BlockStored`` of vLLM's or SGLang's (same fields) as this project's event; the
     caller has checked that its tokens fill its blocks of ``block_size``."""
     parent = None if ev.parent_block_hash is None else block_hash(ev.parent_block_hash)
     return BlockStored(block_hashes=tuple(block_hash(h) for h in ev.block_hashes),
                        parent_hash=parent, token_ids=tuple(ev.token_ids),
-                       num_block_tokens=(block_size,) * len(ev.block_hashes))
+                       num_block_tokens=(block_size,) * len(ev.block_hashes), tier=tier)
 
 
-def removed_event(ev: Any) -> BlockRemoved:
+def removed_event(ev: Any, tier: Tier = "device") -> BlockRemoved:
     """A ``BlockRemoved`` of vLLM's or SGLang's as this project's event."""
-    return BlockRemoved(tuple(block_hash(h) for h in ev.block_hashes))
+    return BlockRemoved(tuple(block_hash(h) for h in ev.block_hashes), tier=tier)
 
 
 async def relay_batches(endpoint: str, convert: Callable[[bytes], list[KvEvent]],

@@ -33,10 +33,27 @@ MAPPED = frozenset({
     "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
     "disaggregation_ib_device", "log_level", "incremental_streaming_output",
     "enable_deterministic_inference", "disaggregation_decode_enable_radix_cache",
-    "enable_lora", "max_loras_per_batch", "max_lora_rank", "lora_target_modules", "lora_paths"})
+    "enable_lora", "max_loras_per_batch", "max_lora_rank", "lora_target_modules", "lora_paths",
+    "enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_write_policy",
+    "hicache_storage_backend", "hicache_storage_backend_extra_config"})
 
 # The LoRA fields besides the switch, under SGLang's names.
 LORA_FIELDS = ("max_loras_per_batch", "max_lora_rank", "lora_target_modules", "lora_paths")
+
+# The HiCache fields besides the switch (this project's names).
+HICACHE_FIELDS = ("hicache_ratio", "hicache_size_gb", "hicache_write_policy",
+                  "hicache_storage_backend", "hicache_storage_backend_extra_config")
+
+# The torch engine's KV tier fields, refused here by name with what SGLang offers instead
+# (a plain "extra inputs" error would not say where SGLang's tiers are).
+TORCH_TIER_FIELDS = {
+    "host_kv_cache_gib": "SGLang's host-memory KV tier is enable_hierarchical_cache with "
+                         "hicache_size_gb or hicache_ratio",
+    "disk_kv_cache_gib": "SGLang's storage tier is hicache_storage_backend ('file' for a "
+                         "directory, which SGLang does not bound)",
+    "disk_kv_cache_dir": "SGLang's 'file' storage tier takes its directory as "
+                         "hicache_storage_backend_extra_config.file_storage_path",
+}
 
 SGLANG_TIMEOUT_S = 300
 """SGLang's default bootstrap and waiting timeouts (SGLANG_DISAGGREGATION_*_TIMEOUT)."""
@@ -142,9 +159,48 @@ class SglangEngineArgs(StrictModel):
     lora_paths: dict[str, str] | None = Field(
         None, description="With enable_lora: adapters loaded at start, name -> local "
         "adapter directory (SGLang's --lora-paths NAME=PATH).")
+    enable_hierarchical_cache: bool = Field(
+        False, description="SGLang's HiCache: a host-memory KV tier below the GPU's radix "
+        "cache (--enable-hierarchical-cache), and optionally a storage tier below it "
+        "(hicache_storage_backend).  Needs enable_prefix_caching; on a decode engine also "
+        "decode_radix_cache.")
+    hicache_ratio: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="With HiCache: host tier size as a "
+        "multiple of the GPU KV pool (--hicache-ratio; None: SGLang's default, 2 on "
+        "aggregated and prefill engines).  Give this or hicache_size_gb, not both.")
+    hicache_size_gb: int = Field(
+        0, ge=0, description="With HiCache: host tier size per GPU in GB of 10^9 bytes, "
+        "SGLang's unit (--hicache-size; 0: sized by hicache_ratio).  SGLang refuses at "
+        "start a size beyond the host's free memory.")
+    hicache_write_policy: Literal["write_back", "write_through",
+                                  "write_through_selective"] = Field(
+        "write_through", description="With HiCache: when the GPU's blocks are copied to "
+        "the host tier (--hicache-write-policy): once they are cached (write_through), "
+        "once they are used a second time (write_through_selective), or when the GPU "
+        "evicts them (write_back).")
+    hicache_storage_backend: str | None = Field(
+        None, min_length=1, description="With HiCache: a storage tier below the host tier "
+        "(--hicache-storage-backend, one of SGLang's names: 'file' writes a directory, "
+        "others are services the deployment runs, e.g. 'mooncake', 'hf3fs', 'nixl').  "
+        "SGLang checks the name where it is installed.")
+    hicache_storage_backend_extra_config: dict[str, Any] | None = Field(
+        None, description="With a storage backend: its settings, passed to SGLang as "
+        "JSON (--hicache-storage-backend-extra-config), e.g. {'file_storage_path': DIR} "
+        "for 'file' (default /tmp/hicache; SGLang's environment variable "
+        "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR wins over it).")
     extra_server_args: dict[str, Any] = Field(
         default_factory=dict, description="Further ServerArgs fields, by name, passed "
         "through unchanged; unknown names are refused.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_torch_tiers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, instead in TORCH_TIER_FIELDS.items():
+                if key in data:
+                    raise ValueError(f"{key}: a field of the torch engine, not of "
+                                     f"engine: sglang; {instead}")
+        return data
 
     @field_validator("model_path")
     @classmethod
@@ -169,6 +225,33 @@ class SglangEngineArgs(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _hicache_fields_need_the_switch(self) -> SglangEngineArgs:
+        """HiCache fields other than their defaults need the switch (a resolved config
+        handed to a replica names every field, so "set" means "not the default"), and
+        SGLang's own rules that need no GPU: HiCache lives in the radix cache, and a size
+        in GB overrides the ratio."""
+        fields = type(self).model_fields
+        changed = [f for f in HICACHE_FIELDS if getattr(self, f) != fields[f].default]
+        if not self.enable_hierarchical_cache:
+            if changed:
+                raise ValueError(f"{changed[0]}: set without enable_hierarchical_cache: "
+                                 "true, so SGLang would keep no KV tier with it")
+            return self
+        if not self.enable_prefix_caching:
+            raise ValueError("enable_hierarchical_cache: needs enable_prefix_caching (SGLang "
+                             "keeps its tiers under the radix cache and refuses HiCache "
+                             "without it)")
+        if self.hicache_ratio is not None and self.hicache_size_gb > 0:
+            raise ValueError(f"hicache_ratio {self.hicache_ratio} and hicache_size_gb "
+                             f"{self.hicache_size_gb}: give one; SGLang ignores the ratio "
+                             "when a size is set")
+        if (self.hicache_storage_backend_extra_config is not None
+                and self.hicache_storage_backend is None):
+            raise ValueError("hicache_storage_backend_extra_config: set without "
+                             "hicache_storage_backend, so no storage tier reads it")
+        return self
+
+    @model_validator(mode="after")
     def _checked_by_sglang(self) -> SglangEngineArgs:
         for key in self.extra_server_args:
             if key in MAPPED:
@@ -187,7 +270,11 @@ class SglangEngineArgs(StrictModel):
         # Common.model is known only to the plan: a placeholder path stands for it here.
         args = self if self.model_path else self.model_copy(update={"model_path": "model"})
         for role in ("prefill", "decode"):
-            built = check_server_args(server_args_kwargs(args, role, "model",
+            # Whether these args serve a decode engine is the section's to say
+            # (decode_problems); until then a decode engine is checked without HiCache.
+            checked = (args.model_copy(update={"enable_hierarchical_cache": False})
+                       if role == "decode" and decode_problems(args) else args)
+            built = check_server_args(server_args_kwargs(checked, role, "model",
                                                          "tcp://127.0.0.1:1"))
             check_lora(built)
             if role == "decode":
@@ -202,6 +289,38 @@ class SglangEngineArgs(StrictModel):
     def kv_events_enabled(self) -> bool:
         """Whether this engine publishes KV events (both switches on)."""
         return self.kv_events and self.enable_prefix_caching
+
+
+def decode_problems(args: SglangEngineArgs) -> list[str]:
+    """What a decode-mode SGLang engine with ``args`` cannot do, one message per field
+    (empty: nothing); called when such an engine is configured or started.
+
+    SGLang runs a decode engine without a radix cache unless the decode radix cache is
+    asked for (``handle_pd_disaggregation``), and refuses HiCache without a radix cache
+    (``handle_cache_compatibility``)."""
+    if args.enable_hierarchical_cache and not decode_radix_cache(args):
+        return ["enable_hierarchical_cache: a decode SGLang engine keeps a radix cache, "
+                "which HiCache lives in, only with decode_radix_cache: true"]
+    return []
+
+
+def hicache_kwargs(args: SglangEngineArgs) -> dict[str, Any]:
+    """The ServerArgs HiCache keywords of ``args`` (none without the switch: SGLang's
+    defaults).  The storage backend's settings go as the JSON text SGLang's flag takes."""
+    if not args.enable_hierarchical_cache:
+        return {}
+    kw: dict[str, Any] = {"enable_hierarchical_cache": True,
+                          "hicache_write_policy": args.hicache_write_policy}
+    if args.hicache_ratio is not None:
+        kw["hicache_ratio"] = args.hicache_ratio
+    if args.hicache_size_gb > 0:
+        kw["hicache_size"] = args.hicache_size_gb
+    if args.hicache_storage_backend is not None:
+        kw["hicache_storage_backend"] = args.hicache_storage_backend
+    if args.hicache_storage_backend_extra_config is not None:
+        kw["hicache_storage_backend_extra_config"] = json.dumps(
+            args.hicache_storage_backend_extra_config)
+    return kw
 
 
 def decode_radix_cache(args: SglangEngineArgs) -> bool:
@@ -305,6 +424,9 @@ def server_args_kwargs(args: SglangEngineArgs, role: Role, served_name: str,
         kw["disaggregation_bootstrap_port"] = (args.bootstrap_port if bootstrap_port is None
                                                else bootstrap_port)
     kw.update(lora_kwargs(args))
+    if role == "decode" and decode_problems(args):
+        raise ValueError(decode_problems(args)[0])
+    kw.update(hicache_kwargs(args))
     if kv_events_endpoint is not None:
         if not kv_events_endpoint.startswith("tcp://127.0.0.1:"):
             raise ValueError(f"KV events must stay on loopback, got {kv_events_endpoint!r}")

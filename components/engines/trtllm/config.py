@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from splitserve.contracts.model_files import checked_model
 from splitserve.contracts.models import StrictModel
@@ -31,6 +31,20 @@ MAPPED = frozenset({"model", "tensor_parallel_size", "backend", "kv_cache_config
                     "cache_transceiver_config", "max_batch_size", "max_num_tokens",
                     "max_seq_len", "skip_tokenizer_init", "enable_iter_perf_stats",
                     "disable_overlap_scheduler", "guided_decoding_backend"})
+
+GIB = 1 << 30
+
+# The torch engine's KV tier fields, refused here by name with what TensorRT-LLM offers
+# instead (a plain "extra inputs" error would not say which tiers this adapter maps).
+# TensorRT-LLM's own disk tier (KvCacheConfig.disk_cache_size / disk_cache_path, in
+# releases around the pinned one) is not mapped: nothing here can check it against
+# the pinned release.
+_NO_DISK = "this adapter maps no disk KV tier for TensorRT-LLM, only host_cache_gib"
+TORCH_TIER_FIELDS = {
+    "host_kv_cache_gib": "TensorRT-LLM's host-memory KV tier is host_cache_gib",
+    "disk_kv_cache_gib": _NO_DISK,
+    "disk_kv_cache_dir": _NO_DISK,
+}
 
 
 class TrtllmEngineArgs(StrictModel):
@@ -53,6 +67,11 @@ class TrtllmEngineArgs(StrictModel):
                             "router (needs enable_block_reuse).")
     event_buffer_max_size: int = Field(1024, ge=1, description="KV events the engine "
                                        "buffers between polls (must be > 0 for events).")
+    host_cache_gib: float = Field(
+        0, ge=0, allow_inf_nan=False, description="Host-memory KV tier per GPU in GiB "
+        "(kv_cache_config.host_cache_size, in bytes; 0: off): a reusable block the GPU "
+        "pool evicts moves there and is copied back on a prefix hit.  Needs "
+        "enable_block_reuse (only reusable blocks are offloaded).")
     max_batch_size: int | None = Field(None, ge=1, description="Requests per step.")
     max_num_tokens: int | None = Field(None, ge=16, description="Tokens per step.")
     max_seq_len: int | None = Field(None, ge=16, description="Longest prompt plus output.")
@@ -74,10 +93,29 @@ class TrtllmEngineArgs(StrictModel):
         default_factory=dict, description="Further LLM API arguments, passed unchanged "
         "(not checked here: TensorRT-LLM is not installable off GPU machines).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_torch_tiers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, instead in TORCH_TIER_FIELDS.items():
+                if key in data:
+                    raise ValueError(f"{key}: a field of the torch engine, not of "
+                                     f"engine: trtllm; {instead}")
+        return data
+
     @field_validator("model")
     @classmethod
     def _model_found(cls, v: str | None) -> str | None:
         return checked_model(v)
+
+    @model_validator(mode="after")
+    def _host_cache_needs_reuse(self) -> TrtllmEngineArgs:
+        # TensorRT-LLM offloads a block to the host pool only when it stays in its reuse
+        # tree; without reuse the pool would take host memory and never be read.
+        if self.host_cache_gib > 0 and not self.enable_block_reuse:
+            raise ValueError(f"host_cache_gib {self.host_cache_gib}: TensorRT-LLM offloads "
+                             "only reusable blocks, and enable_block_reuse is false")
+        return self
 
     @field_validator("extra_llm_args")
     @classmethod
@@ -108,6 +146,8 @@ def llm_kwargs(args: TrtllmEngineArgs, role: Role, *, local_prefill: bool = Fals
         "tokens_per_block": args.tokens_per_block,
         "event_buffer_max_size": args.event_buffer_max_size if args.kv_events_enabled() else 0,
     }
+    if args.host_cache_gib > 0:
+        kv_cache["host_cache_size"] = int(args.host_cache_gib * GIB)
     # enable_iter_perf_stats: without it get_stats_async yields nothing and the load
     # reports (KV blocks, queue) the router and admission read stay empty.
     kw: dict[str, Any] = {"model": args.model, "backend": "pytorch",

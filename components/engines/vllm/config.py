@@ -31,10 +31,19 @@ MAPPED = frozenset({"model", "tokenizer", "served_model_name", "dtype", "max_mod
                     "block_size", "max_num_seqs", "max_num_batched_tokens",
                     "enable_prefix_caching", "enforce_eager", "seed", "kv_events_config",
                     "kv_transfer_config", "disable_log_stats", "enable_lora", "max_loras",
-                    "max_lora_rank", "max_cpu_loras"})
+                    "max_lora_rank", "max_cpu_loras", "kv_offloading_size",
+                    "kv_offloading_backend"})
 
 # The LoRA fields, as vLLM's ``LoRAConfig`` names them (checked there when LoRA is on).
 LORA_FIELDS = ("max_loras", "max_lora_rank", "max_cpu_loras")
+
+# The torch engine's KV tier fields, refused here by name with what vLLM offers instead
+# (a plain "extra inputs" error would not say that vLLM has no such tier).
+TORCH_TIER_FIELDS = {
+    "host_kv_cache_gib": "vLLM's host-memory KV tier is kv_offloading_gib",
+    "disk_kv_cache_gib": "vLLM's native KV offloading has no disk tier",
+    "disk_kv_cache_dir": "vLLM's native KV offloading has no disk tier",
+}
 
 
 @cache
@@ -91,9 +100,32 @@ class VllmEngineArgs(StrictModel):
                                       "max_loras).  vLLM evicts the least recently used "
                                       "beyond it and reloads one from its path when a "
                                       "request names it again.")
+    kv_offloading_gib: float = Field(
+        0, ge=0, allow_inf_nan=False, description="Host-memory KV tier in GiB (vLLM's "
+        "kv_offloading_size; 0: off): vLLM copies a prompt's full blocks there as they "
+        "are computed and loads them back for a prefix the device no longer holds.  With "
+        "tensor parallelism it is the total over all ranks.  vLLM runs it as the "
+        "engine's KV connector, so a disaggregated (prefill or decode) engine cannot "
+        "offload; the CPU build refuses the native tier when the engine starts (it needs "
+        "CUDA or XPU).")
+    kv_offloading_backend: Literal["native", "lmcache"] = Field(
+        "native", description="Who keeps the offloaded KV (vLLM's kv_offloading_backend): "
+        "'native', vLLM's own host-memory tier of kv_offloading_gib; 'lmcache', an LMCache "
+        "server the deployment runs beside the engine (it sizes itself; "
+        "kv_offloading_gib > 0 only switches it on).")
     extra_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Further AsyncEngineArgs fields, by name, "
         "passed through unchanged; unknown names are refused.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_torch_tiers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, instead in TORCH_TIER_FIELDS.items():
+                if key in data:
+                    raise ValueError(f"{key}: a field of the torch engine, not of "
+                                     f"engine: vllm; {instead}")
+        return data
 
     @field_validator("model")
     @classmethod
@@ -132,9 +164,35 @@ class VllmEngineArgs(StrictModel):
                              "serve no adapter with it")
         return self
 
+    @model_validator(mode="after")
+    def _offloading_usable(self) -> VllmEngineArgs:
+        """Offloading off, its backend must stay at the default (it would change
+        nothing).  With it on, vLLM publishes the offload tier's blocks among its KV
+        events (``medium`` 'CPU'): the relay keeps their tier and only the device's reach
+        the routers (``kv_relay.convert_batch``)."""
+        if self.kv_offloading_gib == 0 and self.kv_offloading_backend != type(
+                self).model_fields["kv_offloading_backend"].default:
+            raise ValueError("kv_offloading_backend: set without kv_offloading_gib > 0, "
+                             "so vLLM would offload nothing")
+        return self
+
     def kv_events_enabled(self) -> bool:
         """Whether this engine publishes KV events (both switches on)."""
         return self.kv_events and self.enable_prefix_caching
+
+
+def disaggregated_problems(args: VllmEngineArgs) -> list[str]:
+    """What a prefill or decode vLLM engine with ``args`` cannot do, one message per
+    field (empty: nothing); called when such an engine is configured or started.
+
+    vLLM's KV offloading installs its own KV connector in place of the configured one
+    (``VllmConfig._post_init_kv_transfer_config`` overwrites ``kv_connector``), so it
+    would silently replace the NIXL connector the handoff needs."""
+    if args.kv_offloading_gib > 0:
+        return ["kv_offloading_gib: vLLM's KV offloading replaces the engine's KV "
+                "connector, and a disaggregated vLLM engine needs it for NIXL; offload "
+                "on aggregated Workers only"]
+    return []
 
 
 def check_lora_config(args: VllmEngineArgs):
@@ -272,7 +330,13 @@ def to_engine_args(args: VllmEngineArgs, model_dir: str, served_name: str,
             enable_kv_cache_events=True, publisher="zmq", endpoint=kv_events_endpoint,
             topic="kv-events")
     if kv_transfer is not None:
+        problems = disaggregated_problems(args)
+        if problems:
+            raise ValueError(problems[0])
         kw["kv_transfer_config"] = KVTransferConfig(**kv_transfer)
+    if args.kv_offloading_gib > 0:
+        kw["kv_offloading_size"] = args.kv_offloading_gib
+        kw["kv_offloading_backend"] = args.kv_offloading_backend
     kw.update(args.extra_engine_args)
     return AsyncEngineArgs(**kw)
 

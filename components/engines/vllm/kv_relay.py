@@ -22,6 +22,7 @@ from splitserve.components.engines.zmq_relay import (
     relay_batches,
     removed_event,
     stored_event,
+    tier_of,
 )
 
 __all__ = ["block_hash", "convert_batch", "free_loopback_port", "relay"]
@@ -35,7 +36,9 @@ def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
     ``AllBlocksCleared`` has no counterpart in the project's events and is dropped (the
     blocks age out of the router's tree through removal events instead).  A stored
     block's ``lora_name`` (the adapter its KV was computed with; vLLM's ``lora_id`` is
-    deprecated) goes on the event, so the router keys its hashes by adapter.
+    deprecated) goes on the event, so the router keys its hashes by adapter.  Events of
+    vLLM's offload tier (``medium`` CPU) carry that tier, so the worker publishes only the
+    device's to the routers (``publish_kv_events``).
     """
     from vllm.distributed.kv_events import BlockRemoved as VBlockRemoved
     from vllm.distributed.kv_events import BlockStored as VBlockStored
@@ -44,6 +47,9 @@ def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
     batch = msgspec.msgpack.decode(raw, type=KVEventBatch)
     events: list[KvEvent] = []
     for ev in batch.events:
+        tier = tier_of(ev)
+        if tier is None:  # an external store's blocks: nothing a worker restores itself
+            continue
         if isinstance(ev, VBlockStored):
             bs = ev.block_size or block_size
             n = len(ev.block_hashes)
@@ -51,9 +57,10 @@ def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
                 log.warning("skipping a BlockStored of %d tokens for %d blocks of %d",
                             len(ev.token_ids), n, bs)
                 continue
-            events.append(dataclasses.replace(stored_event(ev, bs), lora_name=ev.lora_name))
+            events.append(dataclasses.replace(stored_event(ev, bs, tier),
+                                              lora_name=ev.lora_name))
         elif isinstance(ev, VBlockRemoved):
-            events.append(removed_event(ev))
+            events.append(removed_event(ev, tier))
     return events
 
 

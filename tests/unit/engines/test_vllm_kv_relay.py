@@ -85,3 +85,37 @@ async def test_relay_receives_from_vllms_publisher_on_loopback():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert got and isinstance(got[0], BlockStored)
+
+
+def test_the_offload_tiers_blocks_keep_their_tier_and_stay_off_the_routers():
+    """vLLM's native offloading publishes its host tier's blocks (``medium`` CPU) among the
+    device's: they keep their tier, an external store's are dropped, and only the
+    device's reach Dynamo's publisher."""
+    from vllm.distributed.kv_events import BlockRemoved as VRemoved
+    from vllm.distributed.kv_events import BlockStored as VStored
+    from vllm.distributed.kv_events import KVEventBatch
+
+    from splitserve.contracts.kit.hosting import publish_kv_events
+
+    def stored(h, medium):
+        return VStored(block_hashes=[h], parent_block_hash=None, token_ids=list(range(BS)),
+                       block_size=BS, lora_id=None, medium=medium, lora_name=None)
+    raw = msgspec.msgpack.encode(KVEventBatch(ts=time.time(), events=[
+        stored(1, "GPU"), stored(1, "CPU"), VRemoved(block_hashes=[1], medium="GPU"),
+        stored(2, "LMCACHE"), VRemoved(block_hashes=[1], medium="CPU")]))
+    events = convert_batch(raw, BS)
+    assert [(type(e).__name__, e.tier) for e in events] == [
+        ("BlockStored", "device"), ("BlockStored", "host"), ("BlockRemoved", "device"),
+        ("BlockRemoved", "host")]
+
+    class Publisher:
+        sent: list = []
+
+        def publish_stored(self, *args, **kw):
+            self.sent.append("stored")
+
+        def publish_removed(self, hashes):
+            self.sent.append("removed")
+    pub = Publisher()
+    publish_kv_events(pub, events)
+    assert pub.sent == ["stored", "removed"]
