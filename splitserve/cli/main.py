@@ -7,6 +7,7 @@ import typer
 from splitserve import __version__
 from splitserve.cli import (
     bench_cmd,
+    deploy_cmd,
     infra_cmd,
     lora_cmd,
     qos_cmd,
@@ -35,6 +36,7 @@ app.add_typer(planner_cli.app, name="planner")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(qos_cmd.app, name="qos")
 app.add_typer(lora_cmd.app, name="lora")
+app.add_typer(deploy_cmd.app, name="deploy")
 
 
 @app.command()

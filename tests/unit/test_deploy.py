@@ -30,7 +30,7 @@ def base(name: str) -> str:
 def test_kubernetes_manifests_parse_and_name_the_graph_components():
     docs = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/disagg_router.yaml").read_text()))
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
-    assert set(deployments) == {"frontend", "router", "decodeworker", "prefillworker"}
+    assert set(deployments) == {"frontend", "router", "decode-worker", "prefill-worker"}
     for d in deployments.values():
         cmd = d["spec"]["template"]["spec"]["containers"][0]["command"]
         assert cmd[:2] == ["python", "-m"] and cmd[2].startswith("splitserve.components.")
@@ -42,15 +42,15 @@ def test_kubernetes_manifests_parse_and_name_the_graph_components():
 def test_gpu_engine_manifests(name, config):
     docs = list(yaml.safe_load_all((ROOT / f"deploy/kubernetes/{name}.yaml").read_text()))
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
-    assert set(deployments) == {"frontend", "router", "decodeworker", "prefillworker"}
+    assert set(deployments) == {"frontend", "router", "decode-worker", "prefill-worker"}
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "StatefulSet"} == {"etcd", "nats"}
     front = deployments["frontend"]["spec"]["template"]["spec"]["containers"][0]
     assert front["readinessProbe"]["httpGet"]["path"] == "/ready"
-    for worker in ("decodeworker", "prefillworker"):
+    for worker in ("decode-worker", "prefill-worker"):
         c = deployments[worker]["spec"]["template"]["spec"]["containers"][0]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
         assert c["command"][:3] == ["python", "-m", (f"splitserve.components.worker."
-                                    f"{worker.removesuffix('worker')}_main")]
+                                    f"{worker.removesuffix('-worker')}_main")]
         env = {e["name"] for e in c["env"]}
         assert {"ETCD_ENDPOINTS", "NATS_SERVER"} <= env
     assert f"configs/{config}.yaml" in (ROOT / f"deploy/kubernetes/{name}.yaml").read_text()
@@ -82,8 +82,8 @@ def test_worker_pods_get_their_whole_drain_before_kubernetes_kills_them(name, co
     docs = list(yaml.safe_load_all((ROOT / f"deploy/kubernetes/{name}.yaml").read_text()))
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     sections = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())
-    for worker, section in (("decodeworker", "DecodeWorker"),
-                            ("prefillworker", "PrefillWorker")):
+    for worker, section in (("decode-worker", "DecodeWorker"),
+                            ("prefill-worker", "PrefillWorker")):
         cfg = sections[section]
         need = (cfg.get("drain_timeout_s", 30.0) + DRAIN_CUT_GRACE_S
                 + (cfg.get("kv_move_hold_s", 15.0) if cfg.get("kv_moves") else 0.0))
@@ -93,4 +93,5 @@ def test_worker_pods_get_their_whole_drain_before_kubernetes_kills_them(name, co
     # the frontend leaves the Service before SIGTERM, then finishes its streams
     front = deployments["frontend"]["spec"]["template"]["spec"]
     pre = front["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
-    assert pre[0] == "sleep" and front["terminationGracePeriodSeconds"] > int(pre[1]) + 30
+    stop = sections["Common"].get("shutdown_timeout_s", 20.0)
+    assert pre[0] == "sleep" and front["terminationGracePeriodSeconds"] > int(pre[1]) + stop

@@ -1,0 +1,1 @@
+"""Kubernetes manifests from a resolved serve plan (``dynamo deploy render``)."""
