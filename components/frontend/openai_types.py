@@ -12,6 +12,7 @@ return something the client did not ask for.  Fields OpenAI does not define are 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -270,11 +271,21 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
-    bad = _first_unencodable(data)
+    # In a UTF-8 body a lone surrogate can only come from the forms _SURROGATE_ESCAPE
+    # finds: without one there is nothing to find, and the walk over every string and
+    # list item is skipped.  (json also reads UTF-16 and UTF-32 bodies, which
+    # can carry a surrogate as is: those are always walked.)
+    walk = json.detect_encoding(raw) != "utf-8" or _SURROGATE_ESCAPE.search(raw)
+    bad = _first_unencodable(data) if walk else None
     if bad is not None:
         raise bad_request("string holds a lone UTF-16 surrogate (invalid Unicode)",
                           bad or None, "invalid_unicode")
     return data
+
+
+# Where a surrogate can come from in a UTF-8 body: a \uD800-\uDFFF escape, or the bytes
+# ED A0-BF (a surrogate encoded as UTF-8, which json decodes with "surrogatepass").
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 def _first_unencodable(data: dict[str, Any]) -> str | None:

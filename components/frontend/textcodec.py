@@ -65,6 +65,12 @@ class TextCodec:
         # without tokenising megabytes.
         self.max_token_chars = (max(map(len, backend.get_vocab())) if
                                 backend.normalizer is None else None)
+        # Decoding straight through the Rust tokenizer is what transformers' decode does
+        # for a fast tokenizer without clean-up, minus its per-call Python (a streamed
+        # answer decodes at every token); any other tokenizer goes through transformers.
+        self._decoder = self._special if (
+            hasattr(tokenizer, "_tokenizer")
+            and not getattr(tokenizer, "clean_up_tokenization_spaces", True)) else None
         self._fast = None if encoder == "huggingface" else self._load_fast(spec, encoder)
         self.encoder: TokenizerBackend = "fastokens" if self._fast is not None else "huggingface"
 
@@ -182,6 +188,8 @@ class TextCodec:
         return self._encode(True, [prompt])[0]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._decoder is not None:
+            return self._decoder.decode(ids, skip_special_tokens=skip_special_tokens)
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def detokenizer(self, stop: list[str], keep_special_tokens: bool = False) -> Detokenizer:
