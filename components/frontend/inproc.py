@@ -28,7 +28,6 @@ from .request import WorkerCall
 log = logging.getLogger(__name__)
 
 PROGRESS_TOKENS = 16  # output tokens after which a request's TPOT so far is reported
-EARLY_PROGRESS_TOKENS = 4  # ... and earlier, which teaches only a TPOT fit not learned yet
 
 
 class InProcessBackend(RoutedBackend):
@@ -76,8 +75,7 @@ class InProcessBackend(RoutedBackend):
         """The worker's stream, telling the service when the first token arrives (its
         prompt then leaves the work ahead of later requests on that worker, and its TTFT
         teaches admission at once) and when PROGRESS_TOKENS have streamed (its TPOT so
-        far teaches admission before a long answer ends; after EARLY_PROGRESS_TOKENS
-        already, while the worker's TPOT fit has not learned enough: a cold fleet)."""
+        far teaches admission before a long answer ends)."""
         tokens = 0
         async with contextlib.aclosing(
                 super()._stream_placed(call, reply, meta, context)) as placed:
@@ -91,8 +89,6 @@ class InProcessBackend(RoutedBackend):
         try:
             if before == 0:
                 self.service.first_token(request_id)
-            if before < EARLY_PROGRESS_TOKENS <= tokens < PROGRESS_TOKENS:
-                self.service.decode_progress(request_id, tokens, early=True)
             if tokens >= PROGRESS_TOKENS:
                 self.service.decode_progress(request_id, tokens)
         except Exception:

@@ -261,10 +261,9 @@ class QosGate:
         """A placed request's first token reached the frontend (routing in process)."""
         self.predictor.first_token(request_id, now)
 
-    def decode_progress(self, request_id: str, tokens: int, now: float,
-                        early: bool = False) -> None:
+    def decode_progress(self, request_id: str, tokens: int, now: float) -> None:
         """A placed request streamed ``tokens`` output tokens (routing in process)."""
-        self.predictor.decode_progress(request_id, tokens, now, early=early)
+        self.predictor.decode_progress(request_id, tokens, now)
 
     def observe(self, call: ReleaseCall, now: float) -> Calibration | None:
         """Learn from a finished request's timings (release calls carry them) and record

@@ -280,11 +280,10 @@ class RouterService:
         frontend (free there; the Router process learns it from the release instead)."""
         self.qos.first_token(request_id, time.monotonic())
 
-    def decode_progress(self, request_id: str, tokens: int, early: bool = False) -> None:
-        """A placed request has streamed ``tokens`` output tokens: called in process by
-        the frontend, so TPOT is learned before long answers end (``early``: a first
-        report after a few tokens, which teaches only a fit that has not learned yet)."""
-        self.qos.decode_progress(request_id, tokens, time.monotonic(), early=early)
+    def decode_progress(self, request_id: str, tokens: int) -> None:
+        """A placed request has streamed ``tokens`` output tokens: called once per request
+        in process by the frontend, so TPOT is learned before long answers end."""
+        self.qos.decode_progress(request_id, tokens, time.monotonic())
 
     async def status_handler(self, request: dict, context=None):
         """Endpoint handler: one RouterStatus."""

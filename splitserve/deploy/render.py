@@ -207,6 +207,13 @@ def deployment(plan: ServePlan, comp: ComponentPlan, target: Target,
     env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
            {"name": "ETCD_ENDPOINTS", "value": etcd}, {"name": "NATS_SERVER", "value": nats}]
     env += [{"name": k, "value": v} for k, v in sorted(comp.config.env.items())]
+    transfer = section.get("kv_transfer") or {}
+    if section.get("engine") == "vllm" and "side_channel_host" in transfer \
+            and transfer["side_channel_host"] is None:
+        # vLLM's NIXL handshake listener: the decode pods must reach it at this pod's
+        # address (vLLM's default is "localhost"); its port is picked at start and
+        # handed to the decode engines with each prefill.
+        env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"})
     container: dict[str, Any] = {
         "name": name, "image": target.image,
         "command": ["python", "-m", comp.entrypoint, "--config", f"{CONFIG_DIR}/{name}.json",

@@ -10,23 +10,11 @@ Rules, first match wins (reason in quotes)::
     estimate stale (age_s > estimate_max_age_s)         admit   'stale-estimate'
     est_ttft_ms > limit_ms                              reject  'ttft-slo-risk'
     batch-aware estimate and judged_tpot > tpot_limit   reject  'tpot-slo-risk'
-    batch-aware estimate, tpot_batch > batch_limit      reject  'tpot-batch-unseen'
     otherwise                                           admit   'within-slo'
 
     limit_ms    = max(class.ttft_ms, est.unloaded_ttft_ms) + low_priority_threshold_ms
     tpot_limit  = max(class.tpot_ms, est.unloaded_tpot_ms)
     judged_tpot = est_tpot_ms + estimator.tpot_margin_sd x est.tpot_spread_ms
-    batch_limit = max(TPOT_BATCH_GROWTH x est.tpot_batch_seen,
-                      est.tpot_batch_seen + TPOT_BATCH_STEP)
-
-The batch limit: a TPOT line is only known up to the largest batch it was taught at.  A
-fleet that meets a surge cold learns its first TPOTs in small batches, where the line is
-flat (no evidence of growth), and every request that passes the TTFT rule was admitted
-into batches ten times larger, whose decode the prefills then starved (measured: TPOT p50
-370 ms against a 50 ms target, 16 of 1,613 requests in the SLO).  Letting a worker's batch
-at most double beyond what its line has seen (or grow by four) until requests at that
-batch have taught it bounds the error of one feedback cycle; once the line has seen a
-batch, the rule stays out of the way.
 
 In shadow mode (``QosConfig.mode``) a refusal becomes an admission with
 ``would_reject`` set and the refusal's reason, and no degradation: the rules run and are
@@ -59,8 +47,6 @@ from .types import AdmissionRequest, Estimate, LoadSignals, Verdict
 
 RETRY_AFTER_MIN_S = 1
 RETRY_AFTER_MAX_S = 30
-TPOT_BATCH_GROWTH = 2.0
-TPOT_BATCH_STEP = 4
 
 
 def retry_after_s(est_ttft_ms: float, limit_ms: float) -> int:
@@ -117,11 +103,6 @@ def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfi
               and estimate.est_tpot_ms + config.estimator.tpot_margin_sd
               * estimate.tpot_spread_ms > judged["tpot_limit_ms"]):
             refusal = ("tpot-slo-risk", RETRY_AFTER_MIN_S)
-        elif (estimate.tpot_batch > 0 and estimate.decode_source != "warmup"
-              and estimate.tpot_batch_seen > 0
-              and estimate.tpot_batch > max(TPOT_BATCH_GROWTH * estimate.tpot_batch_seen,
-                                            estimate.tpot_batch_seen + TPOT_BATCH_STEP)):
-            refusal = ("tpot-batch-unseen", RETRY_AFTER_MIN_S)
         if refusal is not None:
             if config.mode == "shadow":
                 return Verdict(admit=True, reason=refusal[0], would_reject=True,

@@ -104,10 +104,6 @@ class _Bins:
             cell[1] += 1.0
         self.samples += 1
 
-    def max_batch(self) -> int:
-        """The largest batch size a sample was taught at (0: none)."""
-        return max(self.bins, default=0)
-
     def line(self) -> tuple[float, float] | None:
         """(base, slope) over the bins, or None before MIN_SAMPLES; flat without growth."""
         if self.samples < MIN_SAMPLES:
@@ -290,7 +286,6 @@ class LatencyPredictor:
         fixed, per_token, ttft_source = self.ttft_line(worker, now)
         base, slope, tpot_source = self.tpot_line(worker, now)
         w = self._worker(worker, now)
-        taught = (self.pool if tpot_source == "pool" else w).tpot.max_batch()
         ahead = w.pending_tokens
         batch = w.running + 1
         if ttft_source != "warmup" and own > EXTRAPOLATION * self._seen(worker, ttft_source):
@@ -313,7 +308,7 @@ class LatencyPredictor:
             request_tokens=own, prefill_queued_tokens=ahead, prefill_tokens_assumed=False,
             prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
             stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
-            ttft_lag=lag, tpot_batch_seen=taught if tpot_source != "warmup" else 0,
+            ttft_lag=lag,
             tpot_spread_ms=spread)
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,
@@ -361,25 +356,15 @@ class LatencyPredictor:
                         "source": ticket.estimate.prefill_source, "measured_ms": ttft_ms})
         self._learn_ttft(w, ticket.x_ttft, ttft_ms)
 
-    def decode_progress(self, request_id: str, tokens: int, now: float,
-                        early: bool = False) -> None:
+    def decode_progress(self, request_id: str, tokens: int, now: float) -> None:
         """Called once per request, in process, after its first ``tokens`` output tokens
         (the first one reported with ``first_token``): its TPOT so far, against the mean
         batch it ran in so far, teaches the TPOT fit at once.  A long answer otherwise
         teaches only at its end, and a fleet filling up under load for the first time
-        would be admitted blind for that long.
-
-        ``early``: a report after only a few tokens, which teaches only while neither the
-        worker's TPOT series nor the pool's has ``MIN_SAMPLES`` yet (the request then
-        reports again later, and that teaches as usual).  On a fleet meeting a surge cold,
-        the TPOT rule is otherwise blind until sixteen tokens of the first answers have
-        streamed, which at the stalled TPOT a surge causes takes seconds, while every
-        request that passes the TTFT rule is admitted into batches that cannot meet it."""
+        would be admitted blind for that long."""
         ticket = self.tickets.get(request_id)
         first_ms = self.first_tokens.get(request_id)
         if ticket is None or first_ms is None or tokens < 2 or request_id in self.decode_seen:
-            return
-        if early and self._series(self._worker(ticket.worker, now), "tpot")[0] is not None:
             return
         decode_s = now - ticket.placed_at - first_ms / 1000.0
         span = now - ticket.placed_at

@@ -90,9 +90,6 @@ class Estimate(FrozenModel):
                             "then never justifies a refusal).")
     unloaded_tpot_ms: float = Field(default=0.0, ge=0, description="Predicted TPOT alone on "
                                     "the worker (batch of one); 0 when not batch-aware.")
-    tpot_batch_seen: int = Field(default=0, ge=0, description="The largest batch the TPOT "
-                                 "fit used was taught at (0: none, or not batch-aware); "
-                                 "admission does not trust the line far beyond it.")
     ttft_lag: float = Field(default=1.0, ge=1.0, description="How much later than "
                             "predicted the oldest request still waiting for its first token "
                             "on the worker already is (its age over its prediction, at "

@@ -152,20 +152,6 @@ TPOT_RULES = {
     "TPOT at warm-up and TTFT over": (
         estimate(ttft=2500, tpot=80, batch=7, decode_source="warmup"), AT_TARGETS, False,
         "ttft-slo-risk", False),
-    "a batch twice the largest the line has seen": (
-        estimate(ttft=500, tpot=20, batch=20, seen=10), AT_TARGETS, True, "within-slo",
-        False),
-    "a batch beyond twice the largest the line has seen": (
-        estimate(ttft=500, tpot=20, batch=21, seen=10), AT_TARGETS, False,
-        "tpot-batch-unseen", False),
-    "small batches may grow by four beyond what was seen": (
-        estimate(ttft=500, tpot=20, batch=5, seen=1), AT_TARGETS, True, "within-slo", False),
-    "a batch past a small seen one plus four": (
-        estimate(ttft=500, tpot=20, batch=6, seen=1), AT_TARGETS, False,
-        "tpot-batch-unseen", False),
-    "no batch seen (warm-up TPOT): not judged": (
-        estimate(ttft=500, tpot=20, batch=60, decode_source="warmup"), AT_TARGETS, True,
-        "within-slo", False),
     "shadow: would refuse for TPOT": (estimate(ttft=500, tpot=51, batch=7), SHADOW, True,
                                       "tpot-slo-risk", True),
     "shadow: would refuse for TTFT": (estimate(ttft=9000, batch=1), SHADOW, True,

@@ -307,33 +307,3 @@ def test_lateness_is_not_read_without_first_token_reports():
     t = teach(p)
     p.place("q", "a", p.predict("a", 1000, t), t, class_name="default")
     assert p.predict("a", 500, t + 30.0).ttft_lag == 1.0
-
-
-def test_an_early_decode_report_teaches_only_a_tpot_fit_not_learned_yet():
-    """A cold fleet: the first answers' TPOT after four tokens teaches the TPOT fit (the
-    TPOT rule is blind until it has learned); once it has, an early report teaches
-    nothing and the sixteen-token report teaches as usual."""
-    p = LatencyPredictor()
-    for i in range(MIN_SAMPLES):
-        p.place(f"c{i}", "a", p.predict("a", 500, 0.0), 0.0, class_name="default")
-        p.first_token(f"c{i}", 0.1)
-    assert p.predict("a", 500, 0.2).decode_source == "warmup"
-    for i in range(MIN_SAMPLES):
-        p.decode_progress(f"c{i}", 4, 0.1 + 3 * 0.300, early=True)  # 300 ms per token
-    est = p.predict("a", 500, 1.0)
-    assert est.decode_source == "worker" and est.est_tpot_ms > 100
-    samples = p.workers["a"].tpot.samples
-    p.place("late", "a", p.predict("a", 500, 2.0), 2.0, class_name="default")
-    p.first_token("late", 2.1)
-    p.decode_progress("late", 4, 2.1 + 3 * 0.010, early=True)
-    assert p.workers["a"].tpot.samples == samples  # the fit has learned: ignored
-    p.decode_progress("late", 16, 2.1 + 15 * 0.010)
-    assert p.workers["a"].tpot.samples == samples + 1
-
-
-def test_the_estimate_says_the_largest_batch_its_tpot_line_was_taught_at():
-    p = LatencyPredictor()
-    assert p.predict("a", 100, 0.0).tpot_batch_seen == 0  # warm-up: none
-    t = teach(p, batch=3)
-    assert p.predict("9", 100, t).tpot_batch_seen == 3
-    assert p.predict("other", 100, t).tpot_batch_seen == 3  # the pool's line

@@ -69,15 +69,6 @@ class Fleet:
                 self.now += 10.0
 
 
-def ran_batches_of(fleet: Fleet, batch: int, tpot_ms: float = 20.0) -> None:
-    """The TPOT fits have also seen batches of ``batch`` at ``tpot_ms`` (so the batch
-    limit of admission stays out of a test about something else)."""
-    p = fleet.gate.predictor
-    for holder in (p.pool, *p.workers.values()):
-        for _ in range(3):
-            holder.tpot.update(p.params.smoothing, batch, tpot_ms)
-
-
 def counts(gate: QosGate, metric: str, *labels: str) -> dict[tuple[str, ...], float]:
     out: dict[tuple[str, ...], float] = {}
     for m in getattr(gate.metrics, metric).collect():
@@ -103,7 +94,6 @@ def test_before_learning_everything_is_admitted_for_lack_of_an_estimate():
 def test_a_burst_the_fleet_absorbs_is_admitted():
     fleet = Fleet(QosGate(qos(), CollectorRegistry()))
     fleet.teach()
-    ran_batches_of(fleet, 32)
     # 40 prompts of 1000 tokens at once, 10 per worker: the last waits for 9000 tokens
     # at 0.1 ms each, 0.95 s in all, well inside 2 s.
     admissions = [fleet.admit(f"b{i}", WORKERS[i % 4]) for i in range(40)]
@@ -118,7 +108,6 @@ def test_a_burst_the_fleet_absorbs_is_admitted():
 def test_a_request_predicted_to_miss_ttft_is_refused(queued, admitted):
     fleet = Fleet(QosGate(qos(), CollectorRegistry()))
     fleet.teach()
-    ran_batches_of(fleet, 32)
     for i in range(queued):  # one worker's queue; the others busy as deep
         for w in WORKERS:
             fleet.admit(f"q{w}-{i}", w, record=True)
@@ -154,7 +143,6 @@ def test_a_pick_with_prompts_queued_ahead_moves_to_the_worker_that_serves_it_soo
         placement):
     fleet = Fleet(QosGate(qos(placement=placement), CollectorRegistry()))
     fleet.teach()
-    ran_batches_of(fleet, 32)
     fleet.admit("long", 1, tokens=6000)  # worker 1: 6000 prompt tokens ahead
     # The policy's pick (say, for a small prefix hit) would meet the target (50 + 7000 x
     # 0.1 = 750 ms of 2000) but an idle worker answers in 150 ms.
@@ -247,7 +235,6 @@ def test_releases_fill_the_confusion_table_and_the_calibration_histogram():
     gate = QosGate(qos(), CollectorRegistry())
     fleet = Fleet(gate)
     fleet.teach()
-    ran_batches_of(fleet, 32)
     adm = fleet.admit("met", 1)
     predicted = adm.estimate.est_ttft_ms  # 50 + 1000 x 0.1 = 150 ms
     fleet.finish("met", 1, ttft_s=0.28, tpot_ms=20.0)  # log2(280 / 150) = 0.9

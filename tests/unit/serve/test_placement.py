@@ -127,7 +127,7 @@ def test_kubernetes_pods_bind_the_pod_ip_and_workers_advertise_it(name):
     # Every pod runs Dynamo's runtime: workers' request planes and the callers'
     # response streams must be reachable from the other pods.
     containers = deployments(name)
-    assert set(containers) == {"frontend", "router", "decodeworker", "prefillworker"}
+    assert set(containers) == {"frontend", "router", "decode-worker", "prefill-worker"}
     for pod, c in containers.items():
         cmd = c["command"]
         assert cmd[cmd.index("--bind-host") + 1] == "$(POD_IP)", pod
@@ -141,16 +141,17 @@ def test_kubernetes_pods_bind_the_pod_ip_and_workers_advertise_it(name):
         assert all(env.index(v) > env.index("POD_IP") for v in later), pod
 
 
-def test_vllm_manifest_declares_the_side_channel_port_its_configs_are_generated_with():
-    text = (ROOT_DIR / "deploy/kubernetes/vllm_disagg.yaml").read_text()
-    override = re.search(r"--PrefillWorker\.kv_transfer\.side_channel_port=(\d+)", text)
-    assert override, "the generation command must fix the prefill side-channel port"
-    plan = plan_of("vllm_disagg_gpu.yaml", [override.group(0)])
-    port = plan.component("PrefillWorker").config.kv_transfer.side_channel_port
-    prefill = deployments("vllm_disagg")["prefillworker"]
-    assert [p["containerPort"] for p in prefill["ports"]] == [port]
-    env = {e["name"]: e for e in prefill["env"]}
-    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["value"] == "$(POD_IP)"
+def test_vllm_pods_announce_their_own_address_for_the_nixl_handshake():
+    """vLLM's NIXL side channel listens on VLLM_NIXL_SIDE_CHANNEL_HOST (vLLM's default:
+    "localhost"): the rendered prefill and decode pods set it to their own address; its
+    port is picked at start and handed to the decode engines with each prefill."""
+    plan = plan_of("vllm_disagg_gpu.yaml")
+    assert plan.component("PrefillWorker").config.kv_transfer.side_channel_host is None
+    pods = deployments("vllm_disagg")
+    for name in ("prefill-worker", "decode-worker"):
+        env = {e["name"]: e for e in pods[name]["env"]}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["value"] == "$(POD_IP)", name
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST" not in {e["name"] for e in pods["router"]["env"]}
 
 
 def test_engines_sharing_a_gpu_must_fit_in_its_memory():
