@@ -6,7 +6,6 @@ addresses from the command line (a pod's IP)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
