@@ -21,6 +21,18 @@ from splitserve.contracts.kit.loras import ADAPTER_CONFIG, lora_name_problem
 from splitserve.contracts.models import StrictModel
 
 
+def refuse_torch_tier_fields(data: Any, instead: dict[str, str], engine: str) -> Any:
+    """``data`` unchanged, or ValueError naming the first torch-engine KV tier field it
+    sets, this engine and what it offers ``instead`` (a model validator's ``before``
+    step: a plain "extra inputs" error would not say that the engine has its own)."""
+    if isinstance(data, dict):
+        for key, offered in instead.items():
+            if key in data:
+                raise ValueError(f"{key}: a field of the torch engine, not of "
+                                 f"engine: {engine}; {offered}")
+    return data
+
+
 def router_block_size(sections: dict[str, Any], field: str, size: int, engine: str
                       ) -> list[str]:
     """A graph check for an engine whose KV events the router indexes block by block:

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from splitserve.contracts.model_files import checked_model
 from splitserve.contracts.models import StrictModel
+from splitserve.contracts.sections import refuse_torch_tier_fields
 
 Role = Literal["agg", "prefill", "decode"]
 ROLE_MODE = {"agg": "null", "prefill": "prefill", "decode": "decode"}
@@ -195,12 +196,7 @@ class SglangEngineArgs(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _no_torch_tiers(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key, instead in TORCH_TIER_FIELDS.items():
-                if key in data:
-                    raise ValueError(f"{key}: a field of the torch engine, not of "
-                                     f"engine: sglang; {instead}")
-        return data
+        return refuse_torch_tier_fields(data, TORCH_TIER_FIELDS, "sglang")
 
     @field_validator("model_path")
     @classmethod

@@ -16,7 +16,11 @@ from pydantic import Field, field_validator, model_validator
 
 from splitserve.contracts.model_files import checked_model
 from splitserve.contracts.models import StrictModel
-from splitserve.contracts.sections import WorkerCommon, router_block_size
+from splitserve.contracts.sections import (
+    WorkerCommon,
+    refuse_torch_tier_fields,
+    router_block_size,
+)
 
 # The project's NixlConnector (vLLM loads it by this path in its worker process) and the
 # kv_connector_extra_config keys it reads; importing that module needs vLLM.
@@ -120,12 +124,7 @@ class VllmEngineArgs(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _no_torch_tiers(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key, instead in TORCH_TIER_FIELDS.items():
-                if key in data:
-                    raise ValueError(f"{key}: a field of the torch engine, not of "
-                                     f"engine: vllm; {instead}")
-        return data
+        return refuse_torch_tier_fields(data, TORCH_TIER_FIELDS, "vllm")
 
     @field_validator("model")
     @classmethod
