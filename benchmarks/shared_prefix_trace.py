@@ -30,19 +30,25 @@ from pathlib import Path
 BLOCK = 512  # tokens per hash id (Mooncake's)
 
 
+class _BlockIds:
+    """Fresh hash ids for a trace: each call hands out ``n`` never handed out before."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def __call__(self, n: int) -> list[int]:
+        out = list(range(self.next, self.next + n))
+        self.next += n
+        return out
+
+
 def generate(*, prefixes: int = 40, prefix_blocks: tuple[int, int] = (4, 8),
              suffix_blocks: tuple[int, int] = (3, 7), output: tuple[int, int] = (64, 640),
              zipf_s: float = 1.1, rps: float = 20.0, seconds: float = 600.0,
              seed: int = 0) -> list[dict]:
     """The trace's rows, in arrival order (``timestamp`` in ms)."""
     rng = random.Random(seed)
-    next_id = 0
-
-    def ids(n: int) -> list[int]:
-        nonlocal next_id
-        out = list(range(next_id, next_id + n))
-        next_id += n
-        return out
+    ids = _BlockIds()
 
     docs = [ids(rng.randint(*prefix_blocks)) for _ in range(prefixes)]
     weights = [1.0 / (k + 1) ** zipf_s for k in range(prefixes)]
@@ -71,13 +77,7 @@ def generate_groups(*, group: tuple[int, int] = (2, 6), window_s: float = 3.0,
     still queued: no worker has them yet.  Groups start as a Poisson process so that
     requests arrive at ``rps`` on average."""
     rng = random.Random(seed)
-    next_id = 0
-
-    def ids(n: int) -> list[int]:
-        nonlocal next_id
-        out = list(range(next_id, next_id + n))
-        next_id += n
-        return out
+    ids = _BlockIds()
 
     rows, t = [], 0.0
     mean_group = (group[0] + group[1]) / 2
