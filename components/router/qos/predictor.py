@@ -131,10 +131,10 @@ class _Worker:
     at: float = 0.0
     inflight_tokens: float = 0.0  # uncached prompt tokens of placed requests not released
     pending_tokens: float = 0.0  # ... of those whose first token was not reported yet
-    pending_requests: int = 0  # placed requests whose first token was not reported yet
     waiting: OrderedDict[str, Ticket] = field(default_factory=OrderedDict)
-    """Those requests' tickets, oldest placement first (first tokens reported in process
-    only; elsewhere a request leaves at its release)."""
+    """The tickets of placed requests whose first token was not reported yet, oldest
+    placement first (first tokens are reported in process only; elsewhere a request
+    leaves at its release)."""
     ttft: _Fit | None = None
     tpot: _Bins = field(default_factory=_Bins)
     busy_area: float = 0.0  # integral of [prompt work ahead] over time, seconds
@@ -324,9 +324,8 @@ class LatencyPredictor:
         w.pending_tokens += estimate.request_tokens
         ticket = self.tickets[request_id] = Ticket(
             worker, class_name, now, estimate.prefill_queued_tokens
-            + max(1, estimate.request_tokens), w.area, w.pending_requests, estimate,
+            + max(1, estimate.request_tokens), w.area, len(w.waiting), estimate,
             would_reject)
-        w.pending_requests += 1
         w.waiting[request_id] = ticket
         while len(self.tickets) > MAX_TICKETS:
             rid, old = self.tickets.popitem(last=False)
@@ -344,7 +343,6 @@ class LatencyPredictor:
         self.first_tokens_reported = True
         w = self._worker(ticket.worker, now)
         w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
-        w.pending_requests = max(0, w.pending_requests - 1)
         w.waiting.pop(request_id, None)
         self.busy_at_first[request_id] = (now, w.busy_area)
         if self.trace is not None:
@@ -402,7 +400,6 @@ class LatencyPredictor:
         w = self._worker(ticket.worker, now)
         if self.first_tokens.pop(rid, None) is None:
             w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
-            w.pending_requests = max(0, w.pending_requests - 1)
             w.waiting.pop(rid, None)
         w.running = max(0, w.running - 1)
         w.inflight_tokens = max(0.0, w.inflight_tokens - ticket.estimate.request_tokens)
