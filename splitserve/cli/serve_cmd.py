@@ -16,6 +16,7 @@ from splitserve.infra.embedded import resolve_endpoints
 from splitserve.contracts.config import ConfigError
 from splitserve.contracts.kit.credentials import read_secret
 from splitserve.serve.graph import GraphError, load_graph
+from splitserve.serve.hosts import host_checks, select_components
 from splitserve.serve.plan import ServePlan, load_plan
 
 EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -43,6 +44,9 @@ def print_plan(plan: ServePlan, console: Console) -> None:
             if parts:
                 console.print(f"      replica {rep['replica']}: {' '.join(parts)}",
                               highlight=False, markup=False)
+    if plan.only:
+        console.print(f"[bold]this host runs[/] {', '.join(plan.only)} (the rest of the graph "
+                      "runs on other hosts)")
     for name in plan.ignored_sections:
         console.print(f"  [dim]{name}: section present but not in this graph; not started[/]")
 
@@ -93,6 +97,11 @@ def serve(
                                          help="Root for run directories and the registry."),
     ready_file: Path | None = typer.Option(None, "--ready-file", help="Write this file once "
                                            "every replica reports ready (for scripts)."),
+    only: str | None = typer.Option(
+        None, "--only", help="Start only these components of the graph (comma-separated, "
+        "as the status table names them, e.g. DecodeWorker or Frontend,Router), for a "
+        "graph spread over hosts; needs --etcd and --nats, and Common.bind_host set to "
+        "this host's address (docs/deploy.md, Several hosts)."),
     policy_key_file: Path | None = typer.Option(
         None, "--policy-key-file", envvar="SPLITSERVE_POLICY_KEY_FILE",
         help="Secret that signs policy versions (keep it 0600); default: a new key per run, "
@@ -109,6 +118,11 @@ def serve(
     try:
         g = load_graph(graph)
         plan = load_plan(g, graph, config, ctx.args, g.defined)
+        if only is not None:
+            plan = select_components(plan, only.split(","))
+            problems = host_checks(plan.common, etcd, nats)
+            if problems:
+                raise ConfigError(plan.source, problems)
         access = external_access(etcd, nats)
         if access:  # the credential-free URLs: they are logged and shown by status
             external = resolve_endpoints(access[0].endpoints, access[1].server)

@@ -80,6 +80,9 @@ class ServePlan:
     pools: dict[str, CommonConfig] = field(default_factory=dict)
     """The model pools of ``Models`` beside the first model, by pool name: each one's
     ``Common`` (its model, served name and namespace)."""
+    only: list[str] = field(default_factory=list)
+    """The components this host runs when the graph is spread over hosts (``dynamo serve
+    --only``, ``hosts.select_components``); empty: the whole graph."""
 
     def served_models(self) -> dict[str, str]:
         """Served model name -> the pool serving it ("" for the graph's first model)."""
@@ -142,6 +145,7 @@ class ServePlan:
                 for c in self.components
             ],
             "ignored_sections": self.ignored_sections,
+            "only": self.only,
         }
 
 

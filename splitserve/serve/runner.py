@@ -22,7 +22,7 @@ from splitserve.contracts.kit.credentials import (
     read_secret,
     write_secret,
 )
-from splitserve.contracts.kit.listeners import listener_env
+from splitserve.serve.hosts import host_listener_env
 from splitserve.serve.plan import ServePlan
 from splitserve.serve.supervisor import Supervisor
 
@@ -66,7 +66,10 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
     else:
         endpoints = external
         console.print(f"[bold]infra[/] external etcd {endpoints.etcd}, NATS {endpoints.nats}")
-    env = {**endpoints.env(), **(access_env or {}), **listener_env(plan.common.bind_host),
+    if plan.only:
+        console.print(f"[bold]this host[/] runs {', '.join(plan.only)} on "
+                      f"{plan.common.bind_host}; the rest of the graph runs elsewhere")
+    env = {**endpoints.env(), **(access_env or {}), **host_listener_env(plan.common.bind_host),
            "SPLITSERVE_POLICY_KEY_FILE": str(policy_key_file),
            "SPLITSERVE_CONTROL_TOKEN_FILE": str(run_dir / CONTROL_TOKEN_FILE),
            "DYN_LOG": os.environ.get("DYN_LOG", "warn")}
@@ -91,7 +94,7 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
                 "etcd": endpoints.etcd, "nats": endpoints.nats, "run_dir": str(run_dir),
                 "token_file": str(run_dir / CONTROL_TOKEN_FILE),
                 "policy_key_file": str(policy_key_file),
-                "bind_host": plan.common.bind_host}
+                "bind_host": plan.common.bind_host, "only": plan.only}
         reg_file = _publish_run_info(info, run_dir, registry_dir)
         console.print(f"[bold]control[/] {control.url}  (run dir {run_dir})")
         await sup.start()
