@@ -60,6 +60,28 @@ class BlockRemoved:
 
 KvEvent = BlockStored | BlockRemoved
 
+LOWER_TIERS: tuple[Tier, ...] = ("host", "disk")
+"""The tiers below the pool, whose events travel on ``tier_event_subject``."""
+
+TIER_EVENTS_TOPIC = "kv-tier-events"
+"""The ``topic`` of a tier-event envelope."""
+
+
+def tier_event_subject(namespace: str, component: str) -> str:
+    """NATS subject on which the workers of ``component`` publish their lower tiers'
+    KV events (``host``, ``disk``), beside Dynamo's own ``kv-events`` subject.
+
+    Dynamo 1.6.1's ``KvEventPublisher`` has no tier argument, so a worker publishes its
+    pool's events through it and its lower tiers' here, as envelopes of Dynamo's shape
+    (``{publisher_id, sequence, published_at, topic, payload}``, msgpack; ``payload`` a
+    msgpack list of router events with their ``storage_tier``) plus ``capacity``: the
+    blocks each lower tier can hold.  ``sequence`` counts up by one per message of each
+    publisher, so a router sees a lost message as a gap.  A subject of this project's
+    own, not Dynamo's: Dynamo's indexers on ``kv-events`` expect one publisher per
+    worker and would take a second stream for the pool's.
+    """
+    return f"splitserve.{namespace}.{component.lower()}.kv-tier-events"
+
 
 def hash_block(parent_hash: int | None, token_ids: Sequence[int],
                lora_name: str | None = None) -> int:

@@ -5,7 +5,9 @@ by the frontend when it routes in its own process (``Frontend.routing: in_proces
 both observe the fleet the same way:
 
 - discovery: the worker client's instance ids (read on every decision);
-- KV events: ``KvEventIndex`` over NATS, for prefix overlap (``use_kv_events``);
+- KV events: ``KvEventIndex`` over NATS, for prefix overlap (``use_kv_events``): the
+  pool's through Dynamo's subject, the host and disk tiers' through this project's
+  (``tier_event_subject``), with lost messages counted on /metrics (``TierFeedMetrics``);
 - load reports: ``watch_loads`` on the workers' load subject;
 - policy versions: ``ComponentContext.follow_policy`` (router and QoS sections of `dynamo policy apply`).
 """
@@ -20,6 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from splitserve.contracts.metrics import PREFIX
 
 from splitserve.contracts.wire import load_subject
 
@@ -64,6 +70,25 @@ class RouterFeeds:
             log.debug("load reports did not stop cleanly: %s", exc)
         if self.indexer is not None:
             await self.indexer.close()
+
+
+class TierFeedMetrics(Collector):
+    """The KV tier event feed of one router's index on its /metrics: messages applied and
+    messages found missing (each drops a worker's host and disk blocks until reported
+    again; docs/kv_tiers.md)."""
+
+    def __init__(self, indexer) -> None:
+        self.indexer = indexer
+
+    def collect(self):
+        applied = CounterMetricFamily(f"{PREFIX}_router_kv_tier_event_messages",
+                                      "Lower-tier KV event messages applied to the index")
+        applied.add_metric([], self.indexer.tier_messages)
+        yield applied
+        gaps = CounterMetricFamily(f"{PREFIX}_router_kv_tier_event_gaps", "Gaps in a "
+                                   "worker's lower-tier KV event sequence (messages lost)")
+        gaps.add_metric([], self.indexer.tier_gaps)
+        yield gaps
 
 
 def block_hasher(block_size: int) -> Callable[[list[int], str | None], list[int]]:
@@ -118,6 +143,8 @@ async def start_routing(ctx, cfg: RouterComponentConfig, instance: str,
     service = RouterService(cfg, router, client, indexer, metrics=RouterMetrics(registry),
                             hash_blocks=hash_blocks,
                             worker_endpoint=f"{ctx.namespace}.{component.lower()}.generate")
+    if indexer is not None:
+        service.metrics.registry.register(TierFeedMetrics(indexer))
     loads = asyncio.create_task(watch_loads(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, component), service,
         ctx.stopping))

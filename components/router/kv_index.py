@@ -11,6 +11,13 @@ would drop most of them.  So the device tier's events also feed the tree, exactl
 before (``overlap``), and every tier's events feed ``TierBlockIndex``, which follows a
 request's prefix block by block through whichever tier holds each block, the way a
 worker restores it (``overlap_by_tier``, ``weighted_overlap``).
+
+The pool's events come through Dynamo's publisher on its ``kv-events`` subject; the
+lower tiers' (``host``, ``disk``) on this project's ``tier_event_subject``, one stream
+per worker with a sequence number and each tier's capacity (``apply_tier_message``).  A
+message missed on that stream (a gap in the sequence) drops the worker's lower-tier
+blocks from the index, logged and counted (``tier_gaps``): they are credited again as
+the worker reports them, never credited from a stale view.
 """
 
 from __future__ import annotations
@@ -20,9 +27,23 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from splitserve.contracts.block_events import TIERS, Tier
+import msgspec
+
+from splitserve.contracts.block_events import (
+    LOWER_TIERS,
+    TIER_EVENTS_TOPIC,
+    TIERS,
+    Tier,
+    tier_event_subject,
+)
 from splitserve.contracts.kit.connect import close_nats
-from splitserve.contracts.kv_events import KV_EVENTS, apply_kv_events, decode_envelope, event_subject
+from splitserve.contracts.kv_events import (
+    KV_EVENTS,
+    apply_kv_events,
+    decode_envelope,
+    event_subject,
+    event_tier,
+)
 
 log = logging.getLogger("splitserve.router")
 
@@ -48,6 +69,11 @@ class _RankBlocks:
             self.link[h] = key
             self.tiers[h] = self.tiers.get(h, 0) | bit
             parent = h
+
+    def drop_tiers(self, bits: int) -> None:
+        """Forget every block's place in the tiers of ``bits`` (a gap in their events)."""
+        for h in [h for h, mask in self.tiers.items() if mask & bits]:
+            self.remove(bits, [h])
 
     def remove(self, bit: int, hashes: Sequence[int]) -> None:
         for h in map(int, hashes):
@@ -87,6 +113,8 @@ class TierBlockIndex:
 
     def __init__(self) -> None:
         self._ranks: dict[tuple[int, int], _RankBlocks] = {}
+        self.capacity: dict[int, dict[Tier, int]] = {}
+        """Per worker, the blocks each of its lower tiers can hold (as it reports them)."""
 
     def apply(self, worker_id: int, tier: Tier, event: Mapping[str, Any]) -> None:
         """Apply one inner event (``{event_id, data, dp_rank}``) of ``worker_id``'s
@@ -108,6 +136,24 @@ class TierBlockIndex:
         """Forget every block of ``worker_id`` (it left discovery)."""
         for rank in [r for r in self._ranks if r[0] == worker_id]:
             del self._ranks[rank]
+        self.capacity.pop(worker_id, None)
+
+    def drop_tiers(self, worker_id: int, tiers: Sequence[Tier]) -> None:
+        """Forget where ``worker_id``'s blocks sit in ``tiers`` (their events were lost);
+        its blocks in the other tiers stay."""
+        bits = 0
+        for tier in tiers:
+            bits |= _BIT[tier]
+        for (wid, _), blocks in self._ranks.items():
+            if wid == worker_id:
+                blocks.drop_tiers(bits)
+
+    def occupancy(self, worker_id: int) -> dict[Tier, tuple[int, int | None]]:
+        """Per tier, (blocks ``worker_id`` holds there, its capacity or None when not
+        reported: the pool's comes with the worker's load reports, not here)."""
+        held = self.held(worker_id)
+        cap = self.capacity.get(worker_id, {})
+        return {tier: (len(held[tier]), cap.get(tier)) for tier in TIERS}
 
     def held(self, worker_id: int) -> dict[Tier, set[int]]:
         """The block hashes (unsigned, as on the wire) ``worker_id`` holds, per tier."""
@@ -139,9 +185,15 @@ class KvEventIndex:
         self.tree = RadixTree()
         self.tiers = TierBlockIndex()
         self.subject = event_subject(namespace, component.lower(), KV_EVENTS)
+        self.tier_subject = tier_event_subject(namespace, component)
         self.known: set[int] = set()
         self.applied = 0
         self.errors = 0
+        self.tier_messages = 0
+        """Lower-tier event messages applied."""
+        self.tier_gaps = 0
+        """Lower-tier event messages found missing (each drops a worker's lower tiers)."""
+        self._sequence: dict[int, int] = {}  # publisher -> the last sequence number seen
         self._nc = None
 
     async def start(self, nats_url: str) -> None:
@@ -151,6 +203,7 @@ class KvEventIndex:
         self._nc = await connect_nats(nats_url, name="splitserve-router-kv",
                                       max_reconnect_attempts=-1)
         await self._nc.subscribe(self.subject, cb=self._on_msg)
+        await self._nc.subscribe(self.tier_subject, cb=self._on_tier_msg)
 
     async def _on_msg(self, msg) -> None:
         try:
@@ -160,6 +213,41 @@ class KvEventIndex:
         except Exception as exc:  # noqa: BLE001 - one bad event must not stop the index
             self.errors += 1
             log.warning("could not apply KV event: %s", exc)
+
+    async def _on_tier_msg(self, msg) -> None:
+        try:
+            self.apply_tier_message(msg.data)
+        except Exception as exc:  # noqa: BLE001 - one bad message must not stop the index
+            self.errors += 1
+            log.warning("could not apply KV tier event: %s", exc)
+
+    def apply_tier_message(self, data: bytes) -> int:
+        """Apply one envelope from ``tier_subject`` (called per message, and by anything
+        that has one without NATS): a worker's lower-tier events and capacities.  A
+        sequence number that skips ahead drops that worker's lower tiers first (they
+        would be stale), logged and counted in ``tier_gaps``; one that goes back (the
+        publisher started over) is taken as a new stream.  Returns the events applied."""
+        env = msgspec.msgpack.decode(data)
+        if env.get("topic") != TIER_EVENTS_TOPIC:
+            return 0
+        wid, seq = int(env["publisher_id"]), int(env["sequence"])
+        last = self._sequence.get(wid)
+        if last is not None and seq != last + 1:
+            if seq > last + 1:
+                self.tier_gaps += 1
+                log.warning("worker %x: %d KV tier event message(s) lost; its host and "
+                            "disk blocks are dropped from the index until reported again",
+                            wid, seq - last - 1)
+            self.tiers.drop_tiers(wid, LOWER_TIERS)
+        self._sequence[wid] = seq
+        self.tiers.capacity[wid] = {t: int(n) for t, n in env.get("capacity", {}).items()
+                                    if t in LOWER_TIERS}
+        events = [ev for ev in msgspec.msgpack.decode(env["payload"])
+                  if event_tier(ev) in LOWER_TIERS]  # the pool's come through Dynamo's
+        for ev in events:
+            self.tiers.apply(int(ev["worker_id"]), event_tier(ev), ev["event"])
+        self.tier_messages += 1
+        return len(events)
 
     def apply(self, payload: list[dict]) -> int:
         """Apply one decoded ``kv-events`` payload (called per message, and by anything
@@ -218,6 +306,7 @@ class KvEventIndex:
         for gone in self.known - live:
             self.tree.remove_worker(gone)
             self.tiers.remove_worker(gone)
+            self._sequence.pop(gone, None)
         self.known = set(live)
 
     async def close(self) -> None:

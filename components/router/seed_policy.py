@@ -113,19 +113,21 @@ def adjust_snapshot(request: RouteRequest, snapshot: Snapshot,
     workers removed as hotspots (with reasons)."""
     overlap = dict(snapshot.overlap_blocks)
     recent = dict(snapshot.recent_prefix_blocks)
+    tiers, weighted = dict(snapshot.tier_overlap_blocks), dict(snapshot.weighted_overlap_blocks)
     if not seed.reuse_prefix:
-        overlap, recent = {}, {}
+        overlap, recent, tiers, weighted = {}, {}, {}, {}
     elif seed.min_cache_hit_ratio > 0:
         blocks = max(1, request.num_blocks)
         overlap = {w: n for w, n in overlap.items() if n / blocks >= seed.min_cache_hit_ratio}
         recent = {w: n for w, n in recent.items() if n / blocks >= seed.min_cache_hit_ratio}
+        weighted = {w: x for w, x in weighted.items() if x / blocks >= seed.min_cache_hit_ratio}
     workers = snapshot.workers
     hot: dict[WorkerId, str] = {}
     if seed.hotspot_prevention:
         hot = hot_workers([w for w in workers if w.healthy and not w.draining])
         workers = tuple(w for w in workers if w.worker_id not in hot)
-    return Snapshot(workers=workers, overlap_blocks=overlap,
-                    recent_prefix_blocks=recent), hot
+    return Snapshot(workers=workers, overlap_blocks=overlap, recent_prefix_blocks=recent,
+                    tier_overlap_blocks=tiers, weighted_overlap_blocks=weighted), hot
 
 
 class SplitPolicyScorer:

@@ -31,6 +31,14 @@ class RouterComponentConfig(ComponentConfig):
                             "(must match theirs for prefix matching).")
     use_kv_events: bool = Field(True, description="Follow the workers' KV events with "
                                 "Dynamo's indexer for prefix overlap scores.")
+    host_cache_hit_weight: float = Field(
+        0.75, ge=0.0, le=1.0, allow_inf_nan=False, description="Credit of a prefix block "
+        "a worker holds in its host-memory KV tier, relative to one in its KV pool (1.0): "
+        "it must be copied back before it is used.  Dynamo's KvRouterConfig default.")
+    disk_cache_hit_weight: float = Field(
+        0.25, ge=0.0, le=1.0, allow_inf_nan=False, description="Credit of a prefix block "
+        "a worker holds in its disk KV tier, relative to one in its KV pool (1.0): it must "
+        "be read back from disk.  Dynamo's KvRouterConfig default.")
     recent_prefix_ttl_s: float = Field(30.0, gt=0, description="How long a routed prefix "
                                        "counts as 'recent' for the latency-cost scorer.")
     inflight_ttl_s: float = Field(600.0, gt=0, description="An unreleased placement stops "
@@ -40,6 +48,11 @@ class RouterComponentConfig(ComponentConfig):
                               "leaves discovery, or this long has passed.")
     qos: QosConfig = Field(default_factory=QosConfig, description="Priority classes, "
                            "admission control and graceful degradation (see docs/qos.md).")
+
+    def tier_weights(self) -> dict[str, float]:
+        """The credit of a prefix block by the tier holding it (``weighted_overlap``)."""
+        return {"device": 1.0, "host": self.host_cache_hit_weight,
+                "disk": self.disk_cache_hit_weight}
 
     def preflight(self) -> list[str]:
         """Build the routing policy once (reading a policy file it names), so a missing or

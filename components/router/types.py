@@ -72,6 +72,15 @@ class Snapshot(FrozenModel):
     overlap_blocks: dict[WorkerId, int] = Field(
         default_factory=dict, description="Per worker, how many of the request's prefix "
         "blocks it already caches (from the prefix index); missing means 0.")
+    tier_overlap_blocks: dict[WorkerId, dict[str, int]] = Field(
+        default_factory=dict, description="Per worker, the request's prefix blocks it "
+        "holds in each KV tier (device, host, disk; each block counted once, at the "
+        "fastest tier holding it); missing means none.")
+    weighted_overlap_blocks: dict[WorkerId, float] = Field(
+        default_factory=dict, description="Per worker, ``tier_overlap_blocks`` weighed "
+        "by tier (a device block 1.0, host and disk blocks the router's "
+        "``host_cache_hit_weight`` / ``disk_cache_hit_weight``); missing means "
+        "``overlap_blocks``.")
     recent_prefix_blocks: dict[WorkerId, int] = Field(
         default_factory=dict, description="Per worker, how many of the request's prefix "
         "blocks were recently routed to it (RecentPrefixTracker); missing means 0.")
@@ -111,6 +120,10 @@ class Decision(FrozenModel):
                                   description="Per plugin, remarks that removed nobody.")
     elapsed_ns: dict[str, int] = Field(default_factory=dict,
                                        description="Per plugin, time spent in it.")
+
+    tier_hits: dict[WorkerId, dict[str, int]] = Field(
+        default_factory=dict, description="Per candidate with a prefix hit, its hit "
+        "blocks per KV tier (device, host, disk).")
 
     def to_json(self) -> str:
         """Serialise for logs and ``dynamo route explain --json``."""

@@ -17,6 +17,7 @@ METRIC = re.compile(r"\bsplitserve_[a-z_]+")
 
 def documented() -> set[str]:
     text = (ROOT / "docs" / "metrics.md").read_text()
+    text += (ROOT / "docs" / "kv_tiers.md").read_text()  # the KV tiers' own metrics
     names = set(METRIC.findall(text))
     # `a` / `_total` shorthand in the table: splitserve_worker_kv_blocks_used / `_total`
     names.add("splitserve_worker_kv_blocks_total")

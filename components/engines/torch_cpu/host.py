@@ -63,12 +63,18 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
     core = await asyncio.to_thread(build_core, args, ctx.run.common.model, threads, progress)
     endpoint = ctx.endpoint(ctx.run.component, "generate")
     on_events = None
+    tier_publisher = None
     if role in PUBLISHES_KV:
         from dynamo.llm import KvEventPublisher
 
         publisher = KvEventPublisher(endpoint, kv_block_size=args.block_size)
         stack.callback(publisher.shutdown)
-        on_events = lambda evs: publish_kv_events(publisher, evs)  # noqa: E731
+        tier_publisher = await _start_tier_events(ctx, core, endpoint.connection_id(), stack)
+
+        def on_events(evs: list) -> None:
+            publish_kv_events(publisher, evs)  # the pool's
+            if tier_publisher is not None:
+                tier_publisher.submit(evs)  # the host and disk tiers'
     leaving: set[asyncio.Task] = set()
 
     def on_fatal(exc: BaseException) -> None:
@@ -82,6 +88,10 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
     stack.callback(runner.stop)
     worker_id = endpoint.connection_id()
     metrics = WorkerMetrics()
+    if core.kv.tier_stats():
+        from .tier_metrics import TierMetrics
+
+        metrics.registry.register(TierMetrics(core.kv, tier_publisher))
     ctx.serve_metrics(metrics.registry)
     agent = await _start_agent(ctx, cfg, role, core, worker_id, stack)
     # A reservation abandoned on timeout is held until the job's deadline has passed
@@ -95,6 +105,29 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
     # The runner itself leaves (deregisters, exit 70) when its engine fails.
     return Hosted(eng, endpoint, worker_id, metrics, never(),
                   detail=f"agent {agent.name}" if agent else "")
+
+
+async def _start_tier_events(ctx: ComponentContext, core, worker_id: int,
+                             stack: contextlib.AsyncExitStack):
+    """With offload tiers, start publishing their events to the routers on this
+    project's tier subject (``tier_events``); None without tiers."""
+    capacity = core.kv.tier_capacity_blocks()
+    if not capacity:
+        return None
+    from splitserve.contracts.block_events import tier_event_subject
+    from splitserve.contracts.kit.connect import close_nats, connect_nats
+    from splitserve.contracts.kit.hosting import cancel_and_wait
+
+    from .tier_events import TierEnvelopes, TierEventPublisher
+
+    nc = await connect_nats(os.environ["NATS_SERVER"], name="splitserve-worker-kv-tiers",
+                            max_reconnect_attempts=-1)
+    stack.push_async_callback(close_nats, nc, "KV tier event")
+    publisher = TierEventPublisher(TierEnvelopes(worker_id, capacity),
+                                   tier_event_subject(ctx.namespace, ctx.run.component))
+    sender = asyncio.create_task(publisher.run(nc))
+    stack.push_async_callback(cancel_and_wait, sender)
+    return publisher
 
 
 async def _start_agent(ctx: ComponentContext, cfg, role: Role, core, worker_id: int,

@@ -94,6 +94,7 @@ class KVCacheManager:
         self._origin: dict[int, BlockOrigin] = {}
         self.num_offloaded_blocks = 0  # cached blocks handed to the tiers on eviction
         self.num_restored_blocks = 0  # blocks copied back from the tiers into the pool
+        self.block_nbytes = self._pool[0].numel() * self._pool.element_size()
 
     # ---- public views -------------------------------------------------------------
     def pool(self) -> torch.Tensor:
@@ -126,6 +127,12 @@ class KVCacheManager:
     def tier_stats(self) -> dict[str, TierStats]:
         """Each offload tier's counters by tier name ({} without tiers)."""
         return self._tiers.stats() if self._tiers is not None else {}
+
+    def tier_capacity_blocks(self) -> dict[Tier, int]:
+        """How many blocks each offload tier can hold, by tier name ({} without tiers)."""
+        if self._tiers is None:
+            return {}
+        return {t.name: t.capacity_bytes // self.block_nbytes for t in self._tiers.tiers}
 
     def held_blocks(self) -> dict[Tier, set[int]]:
         """The hashes of the cached blocks each tier holds now: ``device`` (the pool's,

@@ -32,7 +32,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import torch
@@ -58,6 +58,33 @@ class TierStats:
     bytes_read: int = 0
     write_seconds: float = 0.0  # copying into host memory, or writing files
     read_seconds: float = 0.0  # reading files (a host hit hands out its copy: ~0)
+    # Per-operation latencies, counted per ``LATENCY_BUCKETS_S`` bound (cumulative, as a
+    # Prometheus histogram's buckets are; the last one is +Inf): a worker's /metrics
+    # exports them as histograms.
+    write_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    read_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+
+    def observe_write(self, seconds: float) -> None:
+        """One block written (copied into memory, or its file written)."""
+        self.write_seconds += seconds
+        _count(self.write_buckets, seconds)
+
+    def observe_read(self, seconds: float) -> None:
+        """One block read back (a host hit, or a file read)."""
+        self.read_seconds += seconds
+        _count(self.read_buckets, seconds)
+
+
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0)
+"""Upper bounds of the tiers' latency buckets, seconds (a block is 10 KiB to a few MiB)."""
+
+
+def _count(buckets: list[int], seconds: float) -> None:
+    for i, bound in enumerate(LATENCY_BUCKETS_S):
+        if seconds <= bound:
+            buckets[i] += 1
+    buckets[-1] += 1
 
 
 class BlockOrigin(NamedTuple):
@@ -157,18 +184,20 @@ class HostTier:
             evicted.append(old)
         self._blocks[key] = TierBlock(key, owned, lora_name, origin)
         self._changes.append(TierChange(True, key, lora_name, origin))
-        self.stats.write_seconds += time.perf_counter() - start
+        self.stats.observe_write(time.perf_counter() - start)
         self.stats.writes += 1
         self.stats.bytes_used += nbytes
         self.stats.bytes_written += nbytes
         return evicted
 
     def get(self, key: int) -> torch.Tensor | None:
+        start = time.perf_counter()
         block = self._blocks.get(key)
         if block is None:
             self.stats.misses += 1
             return None
         self._blocks.move_to_end(key)
+        self.stats.observe_read(time.perf_counter() - start)
         self.stats.hits += 1
         self.stats.bytes_read += _nbytes(block.data)
         return block.data
@@ -251,8 +280,8 @@ class DiskTier:
         entry = _DiskEntry(os.path.join(self.directory, f"{key & (2**64 - 1):016x}.kv"),
                            nbytes, owned.shape, owned.dtype, lora_name, owned)
         with self._lock:
-            self.stats.write_seconds += time.perf_counter() - start
-            self.stats.bytes_used += nbytes
+            self.stats.write_seconds += time.perf_counter() - start  # the copy; the file's
+            self.stats.bytes_used += nbytes  # write is observed by the writer
             self._index[key] = entry
             self._changes.append(TierChange(True, key, lora_name, origin))
         self._jobs.put((key, entry))  # outside the lock: a full queue waits for the writer
@@ -269,6 +298,7 @@ class DiskTier:
         if pending is not None:
             with self._lock:
                 self.stats.hits += 1
+                self.stats.observe_read(0.0)
             return pending
         # Only this thread removes files, so the file stays while it is read.
         start = time.perf_counter()
@@ -287,7 +317,7 @@ class DiskTier:
                 return None
             self.stats.hits += 1
             self.stats.bytes_read += n
-            self.stats.read_seconds += time.perf_counter() - start
+            self.stats.observe_read(time.perf_counter() - start)
         return out
 
     def contains(self, key: int) -> bool:
@@ -370,7 +400,7 @@ def _write_one(key: int, entry: _DiskEntry, lock: threading.Lock,
                 changes.append(TierChange(False, key))
         return
     with lock:
-        stats.write_seconds += time.perf_counter() - start
+        stats.observe_write(time.perf_counter() - start)
         if index.get(key) is entry:
             # Under the lock: an eviction sees either the pending copy or the whole file.
             os.replace(tmp, entry.path)

@@ -10,8 +10,8 @@ Cost (lower is better), per candidate worker::
 
 Defaults are the seed's coefficients: 3.0, 1.0, 10.0, 0.5, 1.0.
 
-``cache_match`` is the number of cached prefix blocks (``Snapshot.overlap_blocks``), not
-the fraction.  The cost stands for latency, and the prefill work a cache hit saves grows
+``cache_match`` is the number of cached prefix blocks (``kv_overlap.cache_credit``: a
+block in a host or disk KV tier counts by the router's tier weight), not the fraction.  The cost stands for latency, and the prefill work a cache hit saves grows
 with the number of blocks it skips: a fully cached 1-block prompt saves almost nothing, a
 fully cached 500-block prompt saves a long prefill.  A count also shares its unit with
 ``recent_prefix`` (blocks), which the seed weighs at 1.0 next to cache_match's 10.0.  As a
@@ -36,6 +36,7 @@ from splitserve.contracts.models import StrictModel
 
 from ..protocols import PluginKind
 from ..types import RouteRequest, Snapshot, WorkerId, WorkerState
+from .kv_overlap import cache_credit
 from .normalise import invert_min_max
 
 TYPE_NAME = "latency-cost"
@@ -57,7 +58,7 @@ class Params(StrictModel):
                                         "block recently routed to the worker.")
 
 
-def latency_cost(worker: WorkerState, cache_match: int, recent_prefix: int,
+def latency_cost(worker: WorkerState, cache_match: float, recent_prefix: int,
                  params: Params) -> float:
     """Return the seed's cost for one worker (lower is better); see the module docstring."""
     return (params.occupancy_weight * worker.kv_usage * 100.0
@@ -77,7 +78,7 @@ class LatencyCostScorer:
               workers: Sequence[WorkerState]) -> dict[WorkerId, float]:
         """Called per request; returns 1.0 for the cheapest candidate, 0.0 for the dearest."""
         costs = {
-            w.worker_id: latency_cost(w, snapshot.overlap_blocks.get(w.worker_id, 0),
+            w.worker_id: latency_cost(w, cache_credit(snapshot, w.worker_id),
                                       snapshot.recent_prefix_blocks.get(w.worker_id, 0),
                                       self._params)
             for w in workers
