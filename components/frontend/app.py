@@ -19,6 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from splitserve.contracts import tracing
+
 from .backend import StreamMeta
 from .errors import APIError, overloaded
 from .intake import check_content_type, read_body
@@ -41,6 +43,10 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
     label = endpoint.label
     started = time.monotonic()
     priority = request.headers.get(state.priority_header)
+    # The request's root span, a child of the client's traceparent when it sent one.
+    span = tracing.start(f"{request.method} {request.url.path}", request.headers,
+                         {"http.request.method": request.method, "url.path": request.url.path},
+                         kind="server") if tracing.enabled() else tracing.NOOP
     try:
         check_content_type(request.headers.get("content-type"))
         raw = await read_body(request, state.max_body_bytes, state.body_timeout_s)
@@ -52,8 +58,15 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
         err = state.outage(err)
         state.metrics.requests.labels(label, "rejected" if err.status == 503 else
                                       "invalid", str(err.status), "", "").inc()
+        span.end({"http.response.status_code": err.status}, error=err.message)
         return error_response(err)
     metas = choice_metas(p, priority)
+    if span:
+        span.set({"splitserve.request_id": p.request_id, "gen_ai.request.model": p.req.model,
+                  "splitserve.prompt_tokens": len(p.token_ids), "splitserve.stream":
+                  bool(p.req.stream)})
+        for meta in metas:
+            meta.trace = span
     # One the graph serves (parse refused any other), and the model whose workers serve
     # it (an adapter's base).
     model = (p.req.model, p.base_model or p.req.model)
@@ -63,7 +76,7 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
     flow = events(state, p, metas, started)
     answer = renderer_for(state, p, metas)
     if not p.req.stream:
-        return await _collect(state, answer, started, label, model, flow)
+        return await _collect(state, answer, started, label, model, flow, span)
     # Peek the first event before committing to a 200: a rejection (503 with
     # Retry-After) or a worker failure before the first token is a real HTTP error.
     try:
@@ -75,20 +88,25 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
         state.metrics.requests.labels(label, "rejected" if err.status == 503 else
                                       "error", str(err.status), *model).inc()
         _account(state, metas, started, model)
+        span.end({"http.response.status_code": err.status}, error=err.message)
         return error_response(err)
-    return StreamingResponse(_sse(state, answer, started, label, model, first, flow),
+    return StreamingResponse(_sse(state, answer, started, label, model, first, flow, span),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", **_predicted(metas)})
 
 
 async def _collect(state: FrontendState, answer: Renderer, started: float, label: str,
-                   model: tuple[str, str], flow: AsyncIterator[Event]) -> Response:
+                   model: tuple[str, str], flow: AsyncIterator[Event],
+                   span=tracing.NOOP) -> Response:
     """The non-streamed answer: every choice's events gathered into one body."""
+    status, error = 499, "cancelled"  # unless it ends below
     try:
         async for ev in flow:
             answer.collect(ev)
+        status, error = 200, None
     except APIError as err:
         err = state.outage(err)
+        status, error = err.status, err.message
         state.metrics.requests.labels(label, "rejected" if err.status == 503 else "error",
                                       str(err.status), *model).inc()
         return error_response(err)
@@ -99,6 +117,7 @@ async def _collect(state: FrontendState, answer: Renderer, started: float, label
         state.inflight -= 1
         state.metrics.inflight.dec()
         _account(state, answer.metas, started, model)
+        span.end({"http.response.status_code": status}, error=error)
     state.metrics.requests.labels(label, "ok", "200", *model).inc()
     return JSONResponse(answer.body(), headers=_predicted(answer.metas))
 
@@ -129,8 +148,8 @@ async def _chain(first, rest):
 
 
 async def _sse(state: FrontendState, answer: Renderer, started: float, label: str,
-               model: tuple[str, str], first_event: Event, flow: AsyncIterator[Event]
-               ) -> AsyncIterator[bytes]:
+               model: tuple[str, str], first_event: Event, flow: AsyncIterator[Event],
+               span=tracing.NOOP) -> AsyncIterator[bytes]:
     """SSE body; the caller already counted the request in flight and read its first event."""
     outcome, status = "ok", "200"
     body = answer.stream(_chain(first_event, flow))
@@ -150,6 +169,8 @@ async def _sse(state: FrontendState, answer: Renderer, started: float, label: st
         state.metrics.inflight.dec()
         state.metrics.requests.labels(label, outcome, status, *model).inc()
         _account(state, answer.metas, started, model)
+        span.end({"http.response.status_code": int(status), "splitserve.outcome": outcome},
+                 error=None if outcome == "ok" else outcome)
     trailer = answer.trailer()
     if trailer is not None:
         yield trailer

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 
+from splitserve.contracts import tracing
 from splitserve.contracts.kit.waiting import poll_until
 from splitserve.contracts.wire import (
     DRAINED,
@@ -73,6 +74,8 @@ class StreamMeta:
     made); answered in ``x-splitserve-predicted-ttft-ms``."""
     router_id: int | None = None
     """Instance id of the router replica that placed the request: its release goes there."""
+    trace: Any = tracing.NOOP
+    """The span the backend's calls continue (``contracts.tracing``; NOOP when off)."""
 
 
 async def stream_from_worker(client, call: WorkerCall, worker_id: int, context,
@@ -292,11 +295,12 @@ class RoutedBackend:
         await poll_until(lambda: instance_id in client.instance_ids(), wait_s, poll_s=0.02)
         return client
 
-    async def route(self, call: RouteCall, router_id: int) -> RouteReply:
+    async def route(self, call: RouteCall, router_id: int, trace=tracing.NOOP) -> RouteReply:
         """One RPC to router replica ``router_id``; the reply names a worker or says why
-        none."""
+        none.  ``trace``: the span the router's spans continue."""
         async def _call() -> RouteReply:
-            stream = await self.router.direct(call.model_dump(mode="json"), router_id)
+            stream = await self.router.direct(call.model_dump(mode="json"), router_id,
+                                              context=tracing.dynamo_context(trace))
             async for item in stream:
                 return RouteReply.model_validate(chunk_data(item))
             raise upstream_error("router returned no decision")
@@ -320,7 +324,7 @@ class RoutedBackend:
         except IndexError:
             raise overloaded("the router is not available yet", retry_after_s=2,
                              code="no_router") from None
-        return await self.route(call, meta.router_id)
+        return await self.route(call, meta.router_id, meta.trace)
 
     async def stream(self, call: WorkerCall, meta: StreamMeta, context
                      ) -> AsyncIterator[dict]:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+from splitserve.contracts import tracing
 from splitserve.contracts.wire import ReleaseCall, RouteCall, RouteReply
 
 from .backend import BackendMetrics, RoutedBackend, StreamMeta
@@ -60,7 +61,8 @@ class InProcessBackend(RoutedBackend):
         """Admit and route ``call`` in this process; the admission queue's wait is
         bounded by ``route_timeout_s`` as the router RPC is."""
         try:
-            return await asyncio.wait_for(self.service.place(call), self.route_timeout_s)
+            with tracing.active(meta.trace):  # admission's and routing's spans go under it
+                return await asyncio.wait_for(self.service.place(call), self.route_timeout_s)
         except APIError:
             raise
         except TimeoutError:

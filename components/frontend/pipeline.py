@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from splitserve.contracts import tracing
 from splitserve.contracts.wire import FinishReason, chunk_logprobs, chunk_prompt_logprobs
 
 from . import formats
@@ -197,6 +198,7 @@ async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
     detok = lane.codec.detokenizer(p.req.stop_list(),
                                    keep_special_tokens=not p.plan.skip_special_tokens)
     context = state.context_factory(meta.request_id) if state.context_factory else None
+    meta.trace = trace = tracing.stream_span(meta, context)
     chunks = lane.backend.stream(call, meta, context).__aiter__()
     last = started
     finish: str | None = None
@@ -204,6 +206,8 @@ async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
         while finish is None:
             chunk = await next_chunk(state, chunks, meta)
             ids = chunk.get("token_ids") or []
+            if ids and trace and meta.first_token_at is None:
+                trace.record("first_token", trace.start_ns, tracing.now_ns())
             if ids:
                 last = account_tokens(state, meta, len(ids), started, last, lane.name,
                                       lane.base_model)
@@ -224,6 +228,7 @@ async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
             if context is not None:
                 context.stop_generating()
         await chunks.aclose()
+        tracing.end_stream(trace, meta, finish)
 
 
 def events(state: FrontendState, p: Prepared, metas: list[StreamMeta], started: float

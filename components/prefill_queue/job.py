@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from splitserve.contracts.prefill_job import PrefillRequest
@@ -35,6 +36,12 @@ class PrefillJob:
         self._stats = stats
         self._ack_timeout_s = ack_timeout_s
         self.settled = False
+
+    @property
+    def headers(self) -> Mapping[str, str] | None:
+        """The message's JetStream headers: the enqueuing decode worker's W3C trace
+        context when tracing is on (``traceparent``; ``contracts.tracing``)."""
+        return getattr(self._msg, "headers", None)
 
     def __repr__(self) -> str:
         return (f"PrefillJob(request_id={self.request.request_id!r}, level={self.level}, "

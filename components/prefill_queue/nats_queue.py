@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api
 
+from splitserve.contracts import tracing
 from splitserve.contracts.prefill_queue import PrefillQueueConfig
 from .depth import QueueDepth, QueueDepthMonitor
 from .enqueue import Enqueued, QueueFull, QueueUnavailable
@@ -116,6 +117,7 @@ class PrefillQueue:
         """
         level = priority_level(request.priority, self.config)
         headers = {"Nats-Msg-Id": request.request_id} if self.config.duplicate_window_s else None
+        headers = tracing.inject(headers)  # the enqueuing span's W3C context, when tracing
         try:
             ack = await self._js.publish(self.names.subjects[level], request.encode(),
                                          timeout=self.config.request_timeout_s,

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 
 from pydantic import Field, TypeAdapter
 
+from splitserve.contracts import tracing
 from splitserve.contracts.sections import DecodeTimings
 from splitserve.components.disagg import OffloadDecision, OffloadRequest, OffloadSnapshot
 from splitserve.contracts.engine import (
@@ -48,7 +49,13 @@ from .cancel import until_stopped
 from .kv_moves import DrainCut, KvMoves
 from .disagg_metrics import DisaggMetrics
 from .handoff import HandoffInbox
-from .offload import OffloadPlan, plan_after_remote_failure, plan_offload
+from .offload import (
+    OffloadPlan,
+    end_remote_prefill,
+    plan_after_remote_failure,
+    plan_offload,
+    trace_offload,
+)
 from .wire import check_adapter, delta_chunk, params_from_wire
 
 log = logging.getLogger("splitserve.coordinator")
@@ -214,14 +221,19 @@ class EngineDecodeCoordinator:
             return
         meta = wreq.meta()
         rid = meta.request_id or uuid.uuid4().hex
+        # This request's span on this worker, under the frontend's (Dynamo's context).
+        trace = tracing.start("decode", tracing.from_dynamo(context), {
+            "splitserve.request_id": rid, "splitserve.prompt_tokens": len(params.token_ids),
+            "splitserve.worker_id": f"{self.worker_id:x}"}, kind="server"
+        ) if tracing.enabled() else tracing.NOOP
         produced = 0
         outcome = FinishReason.CANCELLED.value
         moves = self.moves
         if moves is not None and meta.kv_source is not None:
-            deltas = self._counted(moves.resume(rid, params, meta.kv_source))
+            deltas = self._counted(moves.resume(rid, params, meta.kv_source, trace))
         else:
             deltas = self.serve(rid, params, meta.priority,
-                                prefill_locally=meta.prefill_locally)
+                                prefill_locally=meta.prefill_locally, trace=trace)
         drain = DrainCut(self.cut, moves, lambda: self._engine_ids.get(rid, rid),
                          len(params.token_ids))
         try:
@@ -248,6 +260,8 @@ class EngineDecodeCoordinator:
         finally:
             drain.close()
             self._count(outcome)
+            trace.end({"splitserve.output_tokens": produced, "splitserve.outcome": outcome},
+                      error=outcome if outcome in ("error", "rejected") else None)
 
     async def _counted(self, deltas: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDelta]:
         """``deltas`` counted in flight (the drain and the decider see them)."""
@@ -260,15 +274,17 @@ class EngineDecodeCoordinator:
             await deltas.aclose()
 
     async def serve(self, rid: str, params: GenerateParams, priority: str = "default", *,
-                    prefill_locally: bool = False) -> AsyncIterator[TokenDelta]:
+                    prefill_locally: bool = False, trace=tracing.NOOP
+                    ) -> AsyncIterator[TokenDelta]:
         """Decide, prefill (remotely or here) and stream the engine's deltas; raises
-        ``Rejected`` when the request must be refused.  Closing it aborts the request."""
+        ``Rejected`` when the request must be refused.  Closing it aborts the request.
+        ``trace``: the request's span here (``contracts.tracing``)."""
         self.inflight += 1
         try:
-            plan = await self._plan(rid, params, priority, prefill_locally)
+            plan = await self._plan(rid, params, priority, prefill_locally, trace)
             local_id = rid
             if plan.action == "remote":
-                remote, failure = await self._remote_prefill(rid, params)
+                remote, failure = await self._remote_prefill(rid, params, trace)
                 if remote is not None and remote.finished is not None:
                     yield TokenDelta(token_ids=(remote.first_token,), finished=True,
                                      finish_reason=remote.finished,
@@ -302,7 +318,7 @@ class EngineDecodeCoordinator:
             self._engine_ids.pop(rid, None)
 
     async def _plan(self, rid: str, params: GenerateParams, priority: str,
-                    prefill_locally: bool) -> OffloadPlan:
+                    prefill_locally: bool, trace=tracing.NOOP) -> OffloadPlan:
         if prefill_locally:
             # QoS degradation (low priority while the prefill pool is busy): no offload.
             decision = OffloadDecision(remote=False, reason="qos-local-prefill")
@@ -330,12 +346,13 @@ class EngineDecodeCoordinator:
             waited += plan.wait_s
         where = {"reject": "rejected"}.get(plan.action, plan.action)
         self.metrics.decisions.labels(where, plan.reason).inc()
+        trace_offload(trace, decision, plan, waited, len(params.token_ids))
         if plan.action == "reject":
             log.info("request %s refused: %s (waited %.1fs)", rid, plan.reason, waited)
             raise Rejected(plan.reason, plan.retry_after_s or s.retry_after_s)
         return plan
 
-    async def _remote_prefill(self, rid: str, params: GenerateParams
+    async def _remote_prefill(self, rid: str, params: GenerateParams, trace=tracing.NOOP
                               ) -> tuple[RemotePrefill | None, str]:
         """Reserve (engines that are written into), enqueue the job and wait for the
         handoff; (result, "") or (None, failure).  The job carries the request's
@@ -379,9 +396,15 @@ class EngineDecodeCoordinator:
                 return None, "invalid-job"
             waiting = self.inbox.expect(rid)  # before enqueue: a fast result must find it
             started = time.monotonic()
+            # From enqueue to the prefill worker's result; the job carries its context.
+            span = trace.child("remote_prefill", {"splitserve.prefill.tokens": len(
+                job.token_ids) - job.num_cached_tokens} if trace else None,
+                start_ns=int(job.enqueued_at * 1e9))
+            got = None
             try:
                 try:
-                    await self.queue.enqueue(job)
+                    with tracing.active(span):
+                        await self.queue.enqueue(job)
                 except EnqueueRejected as exc:
                     await release(False)
                     return None, f"queue-{exc.reason}"
@@ -392,6 +415,7 @@ class EngineDecodeCoordinator:
                     return None, "timeout"
             finally:
                 self.inbox.forget(rid)  # also when the client leaves while waiting
+                end_remote_prefill(span, got)
             self.metrics.remote_wait.observe(time.monotonic() - started)
             result, failure = read_result(rid, got)
             if result is None or result.handoff is None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from splitserve.contracts import tracing
 from splitserve.contracts.metrics import PREFIX
 from splitserve.contracts.kit.waiting import poll_until
 from splitserve.contracts.engine import (
@@ -98,6 +99,9 @@ class KvMoves:
     async def export(self, request: dict, context=None) -> AsyncIterator[dict]:
         """The ``kv_export`` handler: write a parked request's KV where the continuing
         replica reserved it; one reply, ``{"ok": true, ...}`` or ``{"error": ...}``."""
+        span = tracing.start("kv_export", tracing.from_dynamo(context), {
+            "splitserve.request_id": str(request.get("request_id"))}, kind="server"
+        ) if tracing.enabled() else tracing.NOOP
         try:
             dest = TorchBlocksHandoff.model_validate(request["destination"])
             res = await self.engine.export_parked(str(request["request_id"]), dest,
@@ -105,9 +109,12 @@ class KvMoves:
         except Exception as exc:  # noqa: BLE001 - the asking replica recomputes
             log.warning("KV export of %s failed: %s", request.get("request_id"), exc)
             self.metrics.outcomes.labels("export_failed").inc()
+            span.end(error=f"{type(exc).__name__}: {exc}")
             yield {"error": f"{type(exc).__name__}: {exc}"}
             return
         self.metrics.outcomes.labels("exported").inc()
+        span.end({"splitserve.kv.bytes": res.nbytes, "splitserve.kv.transfer_s": res.seconds,
+                  "splitserve.kv.path": res.path})
         yield {"ok": True, "nbytes": res.nbytes, "seconds": res.seconds, "path": res.path}
 
     def inflight(self, engine_inflight: Callable[[], int]) -> Callable[[], int]:
@@ -124,33 +131,47 @@ class KvMoves:
             await poll_until(lambda: not self.engine.parked(), hold_s)
 
     # ---- the continuing replica -------------------------------------------------------
-    def resume(self, request_id: str, params: GenerateParams, source: KvSource
-               ) -> AsyncIterator[TokenDelta]:
-        """The request's deltas, continued from the KV at ``source`` (or recomputed)."""
+    def resume(self, request_id: str, params: GenerateParams, source: KvSource,
+               trace=tracing.NOOP) -> AsyncIterator[TokenDelta]:
+        """The request's deltas, continued from the KV at ``source`` (or recomputed);
+        ``trace``: the request's span, under which the move's is recorded."""
         if source.tokens != len(params.token_ids) - 1:
             log.warning("request %s: the parked KV holds %d tokens, the request has %d; "
                         "recomputing", request_id, source.tokens, len(params.token_ids))
             self.metrics.outcomes.labels("recomputed").inc()
             return self.engine.generate(request_id, params)
-        return self.engine.resume_moved(request_id, params, self._fetcher(source),
+        return self.engine.resume_moved(request_id, params, self._fetcher(source, trace),
                                         lambda o: self.metrics.outcomes.labels(o).inc())
 
-    def _fetcher(self, source: KvSource
+    def _fetcher(self, source: KvSource, trace=tracing.NOOP
                  ) -> Callable[[TorchBlocksHandoff, str], Awaitable[None]]:
         async def fetch(handoff: TorchBlocksHandoff, notify_id: str) -> None:
             t0 = time.monotonic()
+            span = trace.child("kv_move", {"splitserve.kv.source_worker_id":
+                                           f"{source.worker_id:x}",
+                                           "splitserve.kv.tokens": source.tokens}
+                               if trace else None, kind="client")
             payload = {"request_id": source.request_id, "notify_id": notify_id,
                        "destination": handoff.model_dump(mode="json")}
-            reply = await asyncio.wait_for(self._ask(payload, source.worker_id),
-                                           self.fetch_timeout_s)
+            try:
+                reply = await asyncio.wait_for(self._ask(payload, source.worker_id, span),
+                                               self.fetch_timeout_s)
+            except BaseException as exc:
+                span.end(error=f"{type(exc).__name__}: {exc}")
+                raise
             if not isinstance(reply, dict) or not reply.get("ok"):
+                span.end(error="not exported")
                 raise RuntimeError(f"replica {source.worker_id:x} did not export the KV: "
                                    f"{reply.get('error') if isinstance(reply, dict) else reply}")
             self.metrics.fetch_seconds.observe(time.monotonic() - t0)
+            span.end({"splitserve.kv.bytes": reply.get("nbytes"),
+                      "splitserve.kv.transfer_s": reply.get("seconds")})
         return fetch
 
-    async def _ask(self, payload: dict, worker_id: int) -> Any:
-        stream = await self.client.direct(payload, worker_id)
+    async def _ask(self, payload: dict, worker_id: int, trace=tracing.NOOP) -> Any:
+        ctx = tracing.dynamo_context(trace)  # the kv_export handler continues the trace
+        stream = await (self.client.direct(payload, worker_id) if ctx is None else
+                        self.client.direct(payload, worker_id, context=ctx))
         async for item in stream:
             return chunk_data(item)
         return None

@@ -15,7 +15,9 @@ wait) and ``plan_after_remote_failure`` when a remote prefill failed or timed ou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from splitserve.contracts import tracing
 
 NO_LOCAL_PREFILL = "engine-no-local-prefill"
 NO_PREFILL_WORKER = "no-prefill-worker"
@@ -60,3 +62,38 @@ def plan_after_remote_failure(failure: str, *, supports_local_prefill: bool,
     if supports_local_prefill:
         return OffloadPlan("local", failure)
     return OffloadPlan("reject", failure, retry_after_s=retry_after_s)
+
+
+def trace_offload(trace: Any, decision: Any, plan: OffloadPlan, waited_s: float,
+                  prompt_tokens: int) -> None:
+    """Record the offload decision as an ``offload`` span under the request's ``trace``
+    (``contracts.tracing``): where the prompt is prefilled and why, the decider's own
+    verdict, score and inputs, and how long it waited for a prefill worker."""
+    if not trace:
+        return
+    now = tracing.now_ns()
+    trace.record("offload", now - int(waited_s * 1e9), now, {
+        "splitserve.offload.where": plan.action,
+        "splitserve.offload.reason": plan.reason,
+        "splitserve.offload.decider_remote": decision.remote,
+        "splitserve.offload.decider_reason": decision.reason,
+        "splitserve.offload.score": decision.score,
+        "splitserve.offload.waited_s": waited_s or None,
+        "splitserve.prompt_tokens": prompt_tokens,
+        **{f"splitserve.offload.input.{k}": v for k, v in decision.contributions.items()}})
+
+
+def end_remote_prefill(span: Any, got: Any) -> None:
+    """End the decode side's ``remote_prefill`` span (enqueue to result) with the
+    prefill worker's ``PrefillHandoff`` (None: no result came: queue refused, timeout,
+    client gone)."""
+    if not span:
+        return
+    if got is None:
+        span.end({"splitserve.outcome": "no-result"}, error="no prefill result")
+        return
+    span.end({"splitserve.outcome": "refused" if got.refused else "done",
+              "splitserve.prefill_worker_id": got.prefill_worker_id,
+              "splitserve.prefill.compute_s": got.compute_s,
+              "splitserve.kv.transfer_s": got.transfer_s},
+             error=got.refused)

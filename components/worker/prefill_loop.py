@@ -34,6 +34,7 @@ import time
 
 from pydantic import Field
 
+from splitserve.contracts import tracing
 from splitserve.contracts.sections import Draining, PrefillTimings
 from splitserve.contracts.engine import (
     Engine,
@@ -113,6 +114,7 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
     rid = req.request_id
     eid = f"{rid}@{getattr(job, 'delivery_count', 1)}"
     outcome = "done"
+    trace = job_span(job)
     heartbeat = asyncio.create_task(keep_alive(job, settings.heartbeat_s))
     pending = None
     try:
@@ -137,6 +139,7 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
             transfer_s = result.transfer_s
             finished = result.finished.value if result.finished is not None else None
             usage = observe(metrics, result)
+            trace_prefill(trace, t0, result)
         message = PrefillHandoff(
             request_id=rid, first_token=first_token,
             disaggregated_params=None if handoff is None else handoff.model_dump(mode="json"),
@@ -160,6 +163,7 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
             result = await asyncio.wait_for(pending, settings.prefill_timeout_s)
             pending = None
             metrics.compute.observe(result.compute_s)
+            trace_prefill(trace, t0, result)
         await job.ack()
         return outcome
     except ValueError as exc:  # the engine refused the job: no delivery can succeed
@@ -184,6 +188,44 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
             except Exception as exc:  # noqa: BLE001 - the engine frees it on its own timeout
                 log.warning("abort of %s after its job ended failed: %s", eid, exc)
         metrics.jobs.labels(outcome).inc()
+        trace.end({"splitserve.outcome": outcome},
+                  error=None if outcome in ("done", "orphaned") else outcome)
+
+
+def job_span(job) -> tracing.Span | tracing.NoopSpan:
+    """The job's ``prefill`` span, under the decode worker's ``remote_prefill`` (the
+    message's headers), after a ``prefill_queue_wait`` span from its enqueue to now."""
+    if not tracing.enabled():
+        return tracing.NOOP
+    req = job.request
+    parent = getattr(job, "headers", None) or {}
+    now = tracing.now_ns()
+    tracing.record("prefill_queue_wait", parent, min(now, int(req.enqueued_at * 1e9)), now, {
+        "splitserve.request_id": req.request_id, "splitserve.queue.level":
+        getattr(job, "level", None), "splitserve.queue.delivery":
+        getattr(job, "delivery_count", None)})
+    return tracing.start("prefill", parent, {
+        "splitserve.request_id": req.request_id,
+        "splitserve.prompt_tokens": len(req.token_ids),
+        "splitserve.prefill.tokens": len(req.token_ids) - req.num_cached_tokens},
+        kind="consumer", start_ns=now)
+
+
+def trace_prefill(trace, t0: float, result) -> None:
+    """``prefill_compute`` and ``kv_transfer`` spans under the job's, from the engine's
+    result (its compute and transfer times; the transfer follows the compute)."""
+    if not trace:
+        return
+    begin = tracing.wall_ns(t0)
+    computed = begin + int(result.compute_s * 1e9)
+    trace.record("prefill_compute", begin, computed, {
+        "splitserve.cached_tokens": result.cached_tokens,
+        "splitserve.prefill.compute_s": result.compute_s})
+    if result.transfer_s or result.transfer_bytes:
+        s = result.transfer_s
+        trace.record("kv_transfer", computed, computed + int(s * 1e9), {
+            "splitserve.kv.bytes": result.transfer_bytes, "splitserve.kv.transfer_s": s,
+            "splitserve.kv.gbps": result.transfer_bytes * 8 / s / 1e9 if s else None})
 
 
 async def refuse(job, nc, worker_id: int, why: str, settings: PrefillLoopSettings) -> None:

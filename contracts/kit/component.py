@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from splitserve.contracts.kit.files import write_json_whole
 from splitserve.contracts.kit.procs import STACK_DUMP_SIGNAL
+from splitserve.contracts import tracing
 from splitserve.contracts.kit.waiting import poll_until
 from splitserve.contracts.config import LOOPBACK
 from splitserve.contracts.config import ComponentRunConfig
@@ -232,6 +233,7 @@ def run(main: Callable[[ComponentContext], Awaitable[None]], argv: list[str] | N
     exit_process = argv is None
     run_cfg = load_run_config(argv)
     configure_logging(run_cfg.component, run_cfg.replica, run_cfg.common.log_level)
+    tracing.setup(run_cfg.component)  # off unless the OTEL_* variables ask for it
     # A replica that overruns its stop deadline gets this signal before SIGKILL: the
     # stacks of all its threads go to the log, so a hang names where it hung.
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
@@ -256,6 +258,7 @@ def run(main: Callable[[ComponentContext], Awaitable[None]], argv: list[str] | N
         code = 1
     if exit_process:
         leave(code)
+    tracing.shutdown()
 
 
 def leave(code: int) -> NoReturn:
@@ -272,6 +275,7 @@ def leave(code: int) -> NoReturn:
     for child in children:
         with contextlib.suppress(Exception):
             child.join(2.0)
+    tracing.shutdown()  # export the spans still buffered
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
