@@ -296,9 +296,10 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
             out["loadavg_1m"] = [round(la, 2), round(os.getloadavg()[0], 2)]
             out["confusion"] = confusion(metrics)
             out["verdicts"] = verdicts(metrics)
+            out["held"] = confusion(metrics, "splitserve_qos_held_total", ("reason", "outcome"))
             if out["verdicts"]:
-                print(f"[{case_name} {name}] verdicts {json.dumps(out['verdicts'])}",
-                      flush=True)
+                print(f"[{case_name} {name}] verdicts {json.dumps(out['verdicts'])} held "
+                      f"{json.dumps(out['held'])}", flush=True)
             out["rejected_codes"] = rejected_codes(res["requests"])
             out["timeline"] = timeline(res["requests"], slo)
             for row in out["timeline"]:

@@ -45,6 +45,7 @@ from splitserve.components.router.qos import (
     admit,
     resolve_class,
 )
+from splitserve.components.router.qos.admission import RETRY_AFTER_MAX_S, RETRY_AFTER_MIN_S
 from splitserve.components.router.qos.predictor import Calibration, LatencyPredictor
 
 from .types import WorkerState
@@ -90,12 +91,26 @@ class QosMetrics:
                                ["use"], registry=registry)
         self.error = Histogram(f"{PREFIX}_qos_prediction_log2_ratio",
                                "log2(measured / predicted) of admitted requests' TTFT and "
-                               "TPOT (predictions from learned fits only)", ["kind"],
+                               "TPOT (predictions from learned fits only), by class and "
+                               "worker", ["kind", "class_name", "worker"],
                                buckets=LOG2_RATIO_BUCKETS, registry=registry)
+        self.held = Counter(f"{PREFIX}_qos_held_total",
+                            "Requests held instead of refused (qos.hold), by class, the "
+                            "reason they were held for and how the hold ended (placed, "
+                            "refused, cancelled)", ["class_name", "reason", "outcome"],
+                            registry=registry)
+        self.holding = Gauge(f"{PREFIX}_qos_holding", "Requests held now", registry=registry)
+        self.hold_seconds = Histogram(f"{PREFIX}_qos_hold_seconds",
+                                      "How long held requests waited, by how the hold ended",
+                                      ["outcome"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                            1.0, 2.0, 3.0, 5.0, 10.0),
+                                      registry=registry)
         self.confusion = Counter(f"{PREFIX}_qos_confusion_total",
                                  "Admission against outcome: refused, admitted-met, "
                                  "admitted-missed, would-refuse-met, would-refuse-missed "
-                                 "(shadow mode)", ["class_name", "outcome"], registry=registry)
+                                 "(shadow mode), by class and the worker it was predicted "
+                                 "for ('none' when none could be)",
+                                 ["class_name", "outcome", "worker"], registry=registry)
 
 
 def log2_ratio(measured: float, predicted: float) -> float:
@@ -149,20 +164,28 @@ class QosGate:
 
     def _judge(self, call: RouteCall, class_name: str, worker: WorkerState | None,
                wid: int, cached_tokens: int, now: float, depth: int,
-               held_ms: float) -> Admission:
+               held_ms: float, holding: bool = False) -> Admission:
         estimate = self._estimate(call, wid, cached_tokens, now, held_ms, class_name)
         load = LoadSignals(prefill_queue_depth=depth,
                            decode_kv_usage=worker.kv_usage if worker is not None else 0.0)
         verdict = admit(AdmissionRequest(request_id=call.request_id, class_name=class_name,
                                          prompt_tokens=len(call.token_ids),
                                          max_tokens=max(1, call.max_tokens)),
-                        estimate, self.config, load)
+                        estimate, self.config, load, holding=holding)
+        if (not verdict.admit and verdict.reason == "tpot-slo-risk"
+                and verdict.tpot_limit_ms is not None):
+            # Retry when enough of the batch has ended, not after a fixed second.
+            drain = self.predictor.tpot_drain_s(f"{wid:x}", verdict.tpot_limit_ms, now)
+            if drain is not None:
+                verdict = verdict.model_copy(update={"retry_after_s": min(
+                    RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(drain)))})
         return Admission(verdict, wid, estimate)
 
     def check(self, call: RouteCall, workers: Sequence[WorkerState],
               cached: Mapping[int, int], now: float, record: bool,
               chosen: int | None = None, candidates: Sequence[int] | None = None,
-              held: int = 0, slots: int = 1) -> Admission:
+              held: int = 0, slots: int = 1, waited_ms: float = 0.0,
+              holding: bool = False) -> Admission:
         """The admission of one request (recorded in metrics and placed unless explaining).
 
         ``chosen``: the worker the routing policy picked (None: judge every candidate and
@@ -170,7 +193,9 @@ class QosGate:
         to (default: ``workers``); ``cached``: prompt tokens cached per worker;
         ``held``: requests waiting in the admission queue ahead of it, ``slots``: how many
         run at once under its cap; they leave the queue as placed requests finish, one
-        slot per learned request duration.
+        slot per learned request duration; ``waited_ms``: how long it has been held
+        already (``qos.hold``), counted in every TTFT prediction; ``holding``: the caller
+        holds a request turned away for its batch instead of refusing it (``admit``).
         """
         self.predictor.expire(now, self.inflight_ttl_s)
         class_name = self.resolve(call).name
@@ -179,10 +204,11 @@ class QosGate:
         depth = self.prefill_depth()
         service = self.predictor.service_ms
         held_ms = held / max(1, slots) * service if held and service else 0.0
+        held_ms += max(0.0, waited_ms)
 
         def judge(wid: int) -> Admission:
             return self._judge(call, class_name, by_id.get(wid), wid, cached.get(wid, 0),
-                               now, depth, held_ms)
+                               now, depth, held_ms, holding)
 
         first = judge(chosen) if chosen is not None else None
         enforce = self.config.mode == "enforce"
@@ -215,6 +241,13 @@ class QosGate:
                 request_id=call.request_id, class_name=class_name,
                 prompt_tokens=len(call.token_ids), max_tokens=max(1, call.max_tokens)),
                 None, self.config), None, None)
+        if waited_ms > 0 and first.estimate is not None:
+            # The verdict judged the wait in the client's TTFT; the worker's fits learn
+            # from the placement on, so the prediction kept for them leaves it out.
+            est = first.estimate
+            first = replace(first, estimate=est.model_copy(update={
+                "est_ttft_ms": max(est.unloaded_ttft_ms, est.est_ttft_ms - waited_ms),
+                "queue_wait_ms": max(0.0, est.queue_wait_ms - waited_ms)}))
         if record:
             self.record(call, first, now)
         return first
@@ -243,7 +276,8 @@ class QosGate:
                                  would_reject=verdict.would_reject)
         if not verdict.admit:
             outcome = "rejected"
-            self.metrics.confusion.labels(verdict.class_name, "refused").inc()
+            worker = "none" if admission.worker_id is None else f"{admission.worker_id:x}"
+            self.metrics.confusion.labels(verdict.class_name, "refused", worker).inc()
         else:
             outcome = "shadow-rejected" if verdict.would_reject else "admitted"
         self.metrics.verdicts.labels(verdict.class_name, outcome, verdict.reason).inc()
@@ -255,7 +289,7 @@ class QosGate:
     def refused(self, class_name: str, reason: str) -> None:
         """Count a refusal made outside ``check`` (the admission queue shed it)."""
         self.metrics.verdicts.labels(class_name, "rejected", reason).inc()
-        self.metrics.confusion.labels(class_name, "refused").inc()
+        self.metrics.confusion.labels(class_name, "refused", "none").inc()
 
     def first_token(self, request_id: str, now: float) -> None:
         """A placed request's first token reached the frontend (routing in process)."""
@@ -277,12 +311,13 @@ class QosGate:
             return None
         self.metrics.samples.labels("learned").inc()
         if cal.ttft_observed:
-            self.metrics.error.labels("ttft").observe(
+            self.metrics.error.labels("ttft", cal.class_name, cal.worker).observe(
                 log2_ratio(cal.measured_ttft_ms, cal.predicted_ttft_ms))
         if cal.tpot_observed and cal.measured_tpot_ms is not None:
-            self.metrics.error.labels("tpot").observe(
+            self.metrics.error.labels("tpot", cal.class_name, cal.worker).observe(
                 log2_ratio(cal.measured_tpot_ms, cal.predicted_tpot_ms))
-        self.metrics.confusion.labels(cal.class_name, outcome_of(cal, self.config)).inc()
+        self.metrics.confusion.labels(cal.class_name, outcome_of(cal, self.config),
+                                      cal.worker).inc()
         per_token, tpot_one = self.predictor.pool_rates()
         self.metrics.prefill_rate.set(per_token)
         self.metrics.decode_rate.set(tpot_one)

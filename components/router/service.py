@@ -27,9 +27,13 @@ from splitserve.contracts.wire import (
     WorkerLoad,
 )
 from splitserve.components.router.qos import Verdict
+from splitserve.contracts import tracing
 
 from .admission_queue import AdmissionQueue
+from .hold_queue import HELD, HeldEntry, HoldQueue
+from .qos.hold import HOLD_REASONS
 from .core import Router
+from .explain import trace_placement
 from .fleet import FleetState
 from .qos_gate import QosGate
 from .service_config import RouterComponentConfig
@@ -83,6 +87,10 @@ class RouterService:
         LoRA adapter (None: the base model), as the workers' KV events key them."""
         self.qos = QosGate(cfg.qos, self.metrics.registry, inflight_ttl_s=cfg.inflight_ttl_s)
         self.admission = AdmissionQueue(cfg.qos.queue)
+        self.held = HoldQueue()
+        self._pump_soon: asyncio.Handle | None = None
+        self._pump_timer: asyncio.TimerHandle | None = None
+        self._pump_loop: asyncio.AbstractEventLoop | None = None
 
     def on_load(self, payload: bytes) -> None:
         """A WorkerLoad message from NATS."""
@@ -110,12 +118,27 @@ class RouterService:
         return RouterStatus(workers=self.fleet.candidates(time.monotonic()),
                             endpoint=self.worker_endpoint)
 
-    def decide(self, call: RouteCall, admitted: Verdict | None = None
-               ) -> tuple[RouteReply, Any]:
+    def _with_tiers(self, snapshot, hashes: list[int]):
+        """``snapshot`` with the prefix hit of each live worker per KV tier and weighed by
+        tier (``host_cache_hit_weight``, ``disk_cache_hit_weight``; docs/kv_tiers.md), and
+        the per-tier hits; unchanged (and {}) without a tier-aware index or a hit."""
+        if self.indexer is None or not hashes or not hasattr(self.indexer, "overlap_by_tier"):
+            return snapshot, {}
+        live = self.fleet.live
+        by_tier = {w: n for w, n in self.indexer.overlap_by_tier(hashes).items() if w in live}
+        weighted = self.indexer.weighted_overlap(hashes, self.cfg.tier_weights())
+        return snapshot.model_copy(update={
+            "tier_overlap_blocks": by_tier,
+            "weighted_overlap_blocks": {w: x for w, x in weighted.items() if w in live}}), by_tier
+
+    def decide(self, call: RouteCall, admitted: Verdict | None = None,
+               waited_ms: float = 0.0, holding: bool = False) -> tuple[RouteReply, Any]:
         """Build the snapshot and run the core; records the placement unless explaining.
 
         ``admitted``: the verdict of a request that waited in the admission queue; it is
         not judged again (the queue's deadline already decided whether it still may run).
+        ``waited_ms``: how long it has been held (``qos.hold``); ``holding``: a verdict
+        that holds (``HOLD_REASONS``) answers ``HELD`` and records nothing.
         """
         now = time.monotonic()
         self._refresh_live()
@@ -128,7 +151,7 @@ class RouterService:
             overlap = self.indexer.overlap(hashes)
         recent = self.tracker.recent_blocks(hashes, now)
         record = call.record and not call.explain
-        snapshot = self.fleet.snapshot(now, overlap, recent)
+        snapshot, by_tier = self._with_tiers(self.fleet.snapshot(now, overlap, recent), hashes)
         # Route first, then judge: admission predicts on the worker the policy picked
         # (its queue, its prefix hit, its batch) and may move the request to another
         # candidate that would meet the class's targets when the pick would not.
@@ -136,18 +159,26 @@ class RouterService:
                                num_blocks=len(hashes), priority=self.qos.resolve(call).name,
                                block_hashes=tuple(hashes), lora=call.lora)
         decision = self.router.route(request, snapshot, self.cfg.profile)
+        if by_tier:
+            decision = decision.model_copy(update={"tier_hits": {
+                w: by_tier[w] for w in decision.candidates if w in by_tier}})
         if decision.worker_id is None and call.lora is not None and not any(
                 call.lora in w.loras for w in snapshot.workers):
             decision = decision.model_copy(update={"reason": LORA_NOT_LOADED})
         cached = {w: n * self.cfg.block_size for w, n in overlap.items()}
         adm = self.qos.check(call, snapshot.workers, cached, now, record=False,
                              chosen=decision.worker_id,
-                             candidates=decision.candidates if decision.worker_id else ())
+                             candidates=decision.candidates if decision.worker_id else (),
+                             waited_ms=waited_ms, holding=holding)
+        if holding and not adm.verdict.admit and adm.verdict.reason in HOLD_REASONS:
+            return RouteReply(worker_id=None, reason=HELD, class_name=adm.verdict.class_name,
+                              qos=adm.verdict.model_dump(mode="json")), None
         if admitted is not None:  # held in the admission queue: its verdict stands
             adm = replace(adm, verdict=admitted)
         if record and decision.worker_id is not None:
             self.qos.record(call, adm, now)
         verdict = adm.verdict
+        trace_placement(decision, adm, now, record)
         qos = verdict.model_dump(mode="json")
         if not verdict.admit:
             return RouteReply(worker_id=None, reason=f"rejected-{verdict.reason}",
@@ -158,15 +189,7 @@ class RouterService:
                                                    "reason": adm.why})
         wid = decision.worker_id
         if record:
-            self.metrics.route_latency.observe(time.monotonic() - now)
-            for plugin, ns in decision.elapsed_ns.items():
-                self.metrics.plugin_latency.labels(plugin).observe(ns / 1e9)
-            self.metrics.decisions.labels(decision.profile, f"{wid:x}" if wid else "none",
-                                          decision.reason).inc()
-            if wid is not None:
-                self.fleet.place(call.request_id, wid, now)
-                self.tracker.record(wid, hashes, now)
-                self.metrics.overlap_blocks.inc(overlap.get(wid, 0))
+            self._commit(call, decision, hashes, overlap.get(wid, 0) if wid else 0, now)
         detail = decision.model_dump(mode="json") if call.explain else None
         # The class's level in this router's table travels with the request, so every
         # engine schedules by the QoS classes' order (a class a reload removed while the
@@ -178,6 +201,21 @@ class RouterService:
                           max_tokens=verdict.max_tokens if verdict.degrade else None,
                           prefill_locally=verdict.prefill_locally, qos=qos), decision
 
+    def _commit(self, call: RouteCall, decision, hashes: list[int], overlap_blocks: int,
+                now: float) -> None:
+        """Record a decision that takes effect: its metrics and, with a worker, the
+        placement (in flight on it, its prefix recently sent there)."""
+        wid = decision.worker_id
+        self.metrics.route_latency.observe(time.monotonic() - now)
+        for plugin, ns in decision.elapsed_ns.items():
+            self.metrics.plugin_latency.labels(plugin).observe(ns / 1e9)
+        self.metrics.decisions.labels(decision.profile, f"{wid:x}" if wid else "none",
+                                      decision.reason).inc()
+        if wid is not None:
+            self.fleet.place(call.request_id, wid, now)
+            self.tracker.record(wid, hashes, now)
+            self.metrics.overlap_blocks.inc(overlap_blocks)
+
     async def route(self, request: dict, context=None):
         """Endpoint handler: one RouteReply."""
         try:
@@ -185,7 +223,8 @@ class RouterService:
         except ValueError as exc:
             yield RouteReply(worker_id=None, reason=f"bad-request: {exc}").model_dump()
             return
-        reply = await self.place(call)
+        with tracing.active(tracing.from_dynamo(context)):  # the caller's trace, if any
+            reply = await self.place(call)
         yield reply.model_dump(mode="json")
 
     async def explain(self, request: dict, context=None):
@@ -202,6 +241,8 @@ class RouterService:
 
         Called by the ``route`` endpoint and, with ``Frontend.routing: in_process``, by the
         frontend directly.  Returns the reply: a worker, or why none / a rejection."""
+        if self._holds(call):
+            return await self._place_or_hold(call)
         shed, admitted = await self._wait_for_slot(call)
         if shed is not None:
             return shed
@@ -214,6 +255,99 @@ class RouterService:
                 self.admission.dispatch(now, len(self.fleet.placed),
                                         len(self.fleet.candidates(now)))
         return reply
+
+    def _holds(self, call: RouteCall) -> bool:
+        """Whether ``call`` may be held (``qos.hold``) instead of refused for its batch."""
+        qos = self.qos.config
+        return (qos.hold.enabled and qos.mode == "enforce" and call.record
+                and not call.explain and not self.admission.enabled)
+
+    async def _place_or_hold(self, call: RouteCall) -> RouteReply:
+        """Place ``call`` now, refuse it now, or hold it until its workers' batches let
+        it in or its slack is spent (``qos.hold``).  The requests already held are judged
+        first; one that would wait longer than its slack for the batches ahead to drain
+        is refused at once, with that wait as its Retry-After."""
+        hold = self.qos.config.hold
+        if len(self.held):
+            self._pump()
+        now = time.monotonic()
+        reply, _ = self.decide(call, holding=True)
+        if reply.reason != HELD:
+            return reply
+        verdict = reply.qos or {}
+        reason = verdict.get("reason") or HELD
+        cls = self.qos.config.class_named(reply.class_name or "")
+        target_s = (cls.ttft_ms if cls is not None else 0.0) / 1000.0
+        slack_s = self._slack_s(verdict, target_s)
+        rate = self.qos.predictor.completion_rate()
+        drain_s = (len(self.held) + 1) / rate if rate else None
+        if len(self.held) >= hold.max_held or slack_s <= 0 or (
+                reason == "tpot-slo-risk" and drain_s is not None and drain_s > slack_s):
+            return self.decide(call)[0]  # as without holding: refused now, or placed
+        entry = self.held.push(call, now, deadline=now + target_s,
+                               expires=now + min(hold.max_wait_s, slack_s), reason=reason)
+        self.qos.metrics.holding.set(len(self.held))
+        self._pump()
+        return await entry.future
+
+    def _slack_s(self, verdict: dict, target_s: float) -> float:
+        """How much longer a held request may wait and still meet its TTFT limit: its
+        limit less its prediction (the wait so far included) and a tick; half its target
+        while the TTFT fit is a guess (no limit judged)."""
+        if verdict.get("limit_ms") is None or verdict.get("est_ttft_ms") is None:
+            return target_s / 2
+        return (verdict["limit_ms"] - verdict["est_ttft_ms"]) / 1000.0 \
+            - self.qos.config.hold.tick_s
+
+    def _judge_held(self, entry: HeldEntry, now: float, final: bool):
+        """The head of the held requests: its reply, or HELD.  When its hold has ended
+        it is judged as without holding (placed, or refused with the rules' reason)."""
+        # A hold that ended is judged as of its end (a tick may come a little later).
+        waited_ms = (min(now, entry.expires) if final else now) - entry.arrival
+        reply, _ = self.decide(entry.call, waited_ms=waited_ms * 1000.0, holding=not final)
+        if reply.reason != HELD:
+            return reply
+        slack_s = self._slack_s(reply.qos or {}, entry.deadline - entry.arrival)
+        entry.expires = min(entry.expires, now + max(0.0, slack_s))
+        return HELD
+
+    def _hold_ended(self, entry: HeldEntry, outcome: str, now: float) -> None:
+        if outcome == "answered":
+            reply = entry.future.result()
+            outcome = "placed" if reply.worker_id is not None else "refused"
+        cls = self.qos.resolve(entry.call).name
+        self.qos.metrics.held.labels(cls, entry.reason, outcome).inc()
+        self.qos.metrics.hold_seconds.labels(outcome).observe(now - entry.arrival)
+
+    def _pump(self) -> None:
+        """Judge the held requests again now, and again in ``tick_s`` while any is held."""
+        self._pump_soon = None
+        if len(self.held):
+            self.held.pump(time.monotonic(), self._judge_held, self._hold_ended)
+            self.qos.metrics.holding.set(len(self.held))
+        loop = asyncio.get_running_loop()
+        if not len(self.held):
+            if self._pump_timer is not None:
+                self._pump_timer.cancel()
+                self._pump_timer = None
+        elif self._pump_timer is None or self._pump_loop is not loop:
+            def tick() -> None:
+                self._pump_timer = None
+                self._pump()
+            self._pump_loop = loop
+            self._pump_timer = loop.call_later(self.qos.config.hold.tick_s, tick)
+
+    def _wake_held(self) -> None:
+        """Something held requests wait for changed: judge them again soon (coalesced)."""
+        if not len(self.held):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a synchronous caller: the next tick will do
+            return
+        if self._pump_soon is None or self._pump_loop is not loop:
+            self._pump_loop = loop
+            self._pump_soon = loop.call_soon(self._pump)
 
     async def _wait_for_slot(self, call: RouteCall
                              ) -> tuple[RouteReply | None, Verdict | None]:
@@ -270,6 +404,7 @@ class RouterService:
         self.admission.dispatch(time.monotonic(), len(self.fleet.placed),
                                 len(self.fleet.candidates(time.monotonic())))
         self.metrics.released.labels(call.outcome).inc()
+        self._wake_held()
         if call.outcome == "unreachable":
             self._refresh_live()
             self.mark_down(call.worker_id, time.monotonic())
@@ -279,11 +414,13 @@ class RouterService:
         """A placed request's first token reached the client: called in process by the
         frontend (free there; the Router process learns it from the release instead)."""
         self.qos.first_token(request_id, time.monotonic())
+        self._wake_held()
 
     def decode_progress(self, request_id: str, tokens: int) -> None:
         """A placed request has streamed ``tokens`` output tokens: called once per request
         in process by the frontend, so TPOT is learned before long answers end."""
         self.qos.decode_progress(request_id, tokens, time.monotonic())
+        self._wake_held()
 
     async def status_handler(self, request: dict, context=None):
         """Endpoint handler: one RouterStatus."""

@@ -3,8 +3,10 @@
 Reads the admission metrics of every Router replica and every frontend that routes in
 its own process (or the /metrics URLs given) and prints the confusion table (refused,
 admitted-and-met, admitted-and-missed; in shadow mode would-refuse-but-met and
-would-refuse-and-missed), the refusals by reason, and the calibration of the TTFT and
-TPOT predictions: quantiles of log2(measured / predicted) from the histogram's buckets.
+would-refuse-and-missed), the refusals by reason, the holds by outcome, and the
+calibration of the TTFT and TPOT predictions: quantiles of log2(measured / predicted)
+from the histogram's buckets; with ``--by class`` or ``--by worker`` the same per class
+or per worker.
 """
 
 from __future__ import annotations
@@ -38,26 +40,37 @@ class Calibration:
     confusion: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     refusals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     would_refuse: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    held: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     # kind -> upper bound -> cumulative count
     buckets: dict[str, dict[float, float]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(float)))
 
-    def add(self, text: str) -> None:
-        """Add one process's /metrics text."""
+    def add(self, text: str, **labels: str) -> None:
+        """Add one process's /metrics text (only the samples with ``labels``: one class
+        or one worker; refusals by reason and holds are kept whole only)."""
         samples = prometheus.parse(text)
         confusion = f"{PREFIX}_qos_confusion_total"
         admissions = f"{PREFIX}_qos_admissions_total"
-        for outcome, n in prometheus.by_label(samples, confusion, "outcome").items():
+        for outcome, n in prometheus.by_label(samples, confusion, "outcome", **labels).items():
             self.confusion[outcome] += n
+        self.add_errors(samples, **labels)
+        if labels:
+            return
+        for outcome, n in prometheus.by_label(samples, f"{PREFIX}_qos_held_total",
+                                              "outcome").items():
+            self.held[outcome] += n
         for reason, n in prometheus.by_label(samples, admissions, "reason",
                                              outcome="rejected").items():
             self.refusals[reason] += n
         for reason, n in prometheus.by_label(samples, admissions, "reason",
                                              outcome="shadow-rejected").items():
             self.would_refuse[reason] += n
+
+    def add_errors(self, samples: prometheus.Samples, **labels: str) -> None:
         error = f"{PREFIX}_qos_prediction_log2_ratio"
-        for kind in prometheus.by_label(samples, f"{error}_bucket", "kind"):
-            for le, n in prometheus.histogram(samples, error, kind=kind).buckets.items():
+        for kind in prometheus.by_label(samples, f"{error}_bucket", "kind", **labels):
+            for le, n in prometheus.histogram(samples, error, kind=kind,
+                                              **labels).buckets.items():
                 self.buckets[kind][le] += n
 
     def quantile(self, kind: str, q: float) -> float | None:
@@ -83,6 +96,7 @@ class Calibration:
         return {
             "confusion": {o: self.confusion.get(o, 0.0) for o in OUTCOMES},
             "refusals_by_reason": dict(self.refusals),
+            "held_by_outcome": dict(self.held),
             "would_refuse_by_reason": dict(self.would_refuse),
             "missed_share_of_admitted": missed / admitted if admitted else None,
             "false_share_of_would_refuse": false_refusals / would if would else None,
@@ -124,35 +138,79 @@ def _fmt(x: float | None, pct: bool = False) -> str:
     return f"{100 * x:.1f}%" if pct else f"{x:+.2f}"
 
 
+GROUP_LABELS = {"class": "class_name", "worker": "worker"}
+
+
+def grouped(texts: list[str], by: str) -> dict[str, dict]:
+    """The summary per value of ``by`` ('class' or 'worker') over the scraped texts."""
+    label = GROUP_LABELS[by]
+    values: set[str] = set()
+    for text in texts:
+        samples = prometheus.parse(text)
+        for name in (f"{PREFIX}_qos_confusion_total",
+                     f"{PREFIX}_qos_prediction_log2_ratio_bucket"):
+            values.update(v for v in prometheus.by_label(samples, name, label) if v)
+    out = {}
+    for value in sorted(values):
+        cal = Calibration()
+        for text in texts:
+            cal.add(text, **{label: value})
+        out[value] = cal.summary()
+    return out
+
+
+def _group_table(by: str, groups: dict[str, dict]) -> Table:
+    table = Table(title=f"per {by}")
+    for col in (by, "refused", "admitted-met", "admitted-missed", "missed",
+                "TTFT p50", "TTFT within 2x", "TPOT p50", "TPOT within 2x"):
+        table.add_column(col, justify="right")
+    for value, g in groups.items():
+        c, q = g["confusion"], g["calibration"]
+        table.add_row(value, f"{c['refused']:.0f}", f"{c['admitted-met']:.0f}",
+                      f"{c['admitted-missed']:.0f}", _fmt(g["missed_share_of_admitted"], True),
+                      _fmt(q["ttft"]["p50"]), _fmt(q["ttft"]["within_2x"], True),
+                      _fmt(q["tpot"]["p50"]), _fmt(q["tpot"]["within_2x"], True))
+    return table
+
+
 @app.command()
 def calibration(
     metrics: list[str] = typer.Option(None, "--metrics", help="A /metrics URL to read "
                                       "(repeatable); default: every local graph's Router "
                                       "replicas and frontends."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    by: str | None = typer.Option(None, "--by", help="Also per 'class' or per 'worker' "
+                                  "(the worker each request was predicted for)."),
     state_dir: str | None = typer.Option(None, "--state-dir", envvar="SPLITSERVE_HOME",
                                          help="Where local graphs are registered."),
 ) -> None:
     """The admission confusion table, refusals by reason, and how close the TTFT and TPOT
     predictions came to what was measured."""
+    if by is not None and by not in GROUP_LABELS:
+        typer.echo(f"--by {by!r}: give one of {sorted(GROUP_LABELS)}", err=True)
+        raise typer.Exit(2)
     urls = list(metrics or []) or local_metrics_urls(state_dir)
     if not urls:
         typer.echo("no running graph found; pass --metrics URL", err=True)
         raise typer.Exit(1)
     cal = Calibration()
-    read = 0
-    for url in urls:
-        text = _fetch(url)
-        if text is not None:
-            cal.add(text)
-            read += 1
-    if not read:
+    texts = [text for url in urls if (text := _fetch(url)) is not None]
+    if not texts:
         typer.echo(f"could not read any of {urls}", err=True)
         raise typer.Exit(1)
+    for text in texts:
+        cal.add(text)
     out = cal.summary()
+    if by is not None:
+        out[f"by_{by}"] = grouped(texts, by)
     if json_out:
         typer.echo(json.dumps(out, indent=2))
         return
+    _print(out, by)
+
+
+def _print(out: dict, by: str | None) -> None:
+    """The human form of ``calibration``'s summary."""
     console = Console()
     table = Table(title="admission outcomes")
     table.add_column("outcome")
@@ -164,6 +222,7 @@ def calibration(
                   f"would-refuse that met the SLO (shadow): "
                   f"{_fmt(out['false_share_of_would_refuse'], True)}")
     for title, rows in (("refused", out["refusals_by_reason"]),
+                        ("held, by how the hold ended", out["held_by_outcome"]),
                         ("would refuse (shadow)", out["would_refuse_by_reason"])):
         if rows:
             console.print(f"{title}: " + ", ".join(f"{r} {n:.0f}" for r, n in rows.items()))
@@ -174,3 +233,5 @@ def calibration(
         cal_table.add_row(kind, _fmt(q["p10"]), _fmt(q["p50"]), _fmt(q["p90"]),
                           _fmt(q["within_2x"], True))
     console.print(cal_table)
+    if by is not None:
+        console.print(_group_table(by, out[f"by_{by}"]))

@@ -10,6 +10,9 @@ Rules, first match wins (reason in quotes)::
     estimate stale (age_s > estimate_max_age_s)         admit   'stale-estimate'
     est_ttft_ms > limit_ms                              reject  'ttft-slo-risk'
     batch-aware estimate and judged_tpot > tpot_limit   reject  'tpot-slo-risk'
+                                                        (held first when holding)
+    holding, and the batch beyond the TPOT line's      hold    'tpot-unseen-batch'
+      taught batches (``qos.hold``)
     otherwise                                           admit   'within-slo'
 
     limit_ms    = max(class.ttft_ms, est.unloaded_ttft_ms) + low_priority_threshold_ms
@@ -71,14 +74,27 @@ def _rejection_block(estimate: Estimate | None, config: QosConfig) -> str | None
     return None
 
 
+def _unseen_batch(estimate: Estimate | None, config: QosConfig) -> bool:
+    """True when the batch the request would join is beyond what its TPOT line was taught
+    at (``qos.hold``): only ever a reason to hold, never to refuse."""
+    return (estimate is not None and estimate.tpot_batch > 0 and config.hold.enabled
+            and config.hold.unseen(estimate.tpot_batch, estimate.tpot_seen_batch))
+
+
 def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfig,
-          load: LoadSignals | None = None) -> Verdict:
+          load: LoadSignals | None = None, holding: bool = False) -> Verdict:
     """Decide one request; called by the router (or frontend) once per request.
 
     ``request.class_name`` should come from ``resolve_class``; an unknown name is treated as
     ``default_class``.  Returns the verdict with its reason, the Retry-After for a rejection,
     and for an admission the degradation steps and effective ``max_tokens``.
+
+    ``holding``: the caller holds instead of refusing (``qos.hold``, enforce mode): a
+    batch beyond what the TPOT line was taught at then answers 'tpot-unseen-batch' (not
+    admitted yet) after the TTFT rule, or instead of 'no-estimate' while the TTFT fit
+    is still at its warm-up value.  Never in shadow mode.
     """
+    holding = holding and config.mode == "enforce"
     load = load or LoadSignals()
     cls = config.class_named(request.class_name) or config.class_named(config.default_class)
     assert cls is not None  # QosConfig guarantees default_class names a class
@@ -89,6 +105,9 @@ def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfi
     if not cls.may_reject:
         reason = "always-admit"
     elif (blocked := _rejection_block(estimate, config)) is not None:
+        if blocked == "no-estimate" and holding and _unseen_batch(estimate, config):
+            return Verdict(admit=False, reason="tpot-unseen-batch",
+                           retry_after_s=RETRY_AFTER_MIN_S, **judged)
         reason = blocked
     else:
         assert estimate is not None  # _rejection_block returned None
@@ -103,6 +122,8 @@ def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfi
               and estimate.est_tpot_ms + config.estimator.tpot_margin_sd
               * estimate.tpot_spread_ms > judged["tpot_limit_ms"]):
             refusal = ("tpot-slo-risk", RETRY_AFTER_MIN_S)
+        elif holding and _unseen_batch(estimate, config):
+            refusal = ("tpot-unseen-batch", RETRY_AFTER_MIN_S)
         if refusal is not None:
             if config.mode == "shadow":
                 return Verdict(admit=True, reason=refusal[0], would_reject=True,

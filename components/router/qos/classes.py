@@ -36,6 +36,7 @@ from splitserve.contracts.validation import issue, raise_if_any
 
 from .degrade_config import DegradationConfig
 from .estimator import EstimatorParams, LatencyEstimator
+from .hold import HoldConfig
 from .slack_queue import QueueConfig
 from .types import ClassResolution
 
@@ -116,6 +117,9 @@ class QosConfig(StrictModel):
     queue: QueueConfig = Field(default_factory=QueueConfig,
                                description="The router's admission queue: waiting requests "
                                "served by least slack, doomed ones shed (off by default).")
+    hold: HoldConfig = Field(default_factory=HoldConfig,
+                             description="Requests turned away for the batch they would "
+                             "join wait in the router and are judged again (on by default).")
 
     @model_validator(mode="after")
     def _references(self) -> QosConfig:

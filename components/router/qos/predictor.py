@@ -104,6 +104,10 @@ class _Bins:
             cell[1] += 1.0
         self.samples += 1
 
+    def seen(self) -> int:
+        """The largest batch taught (0 before any sample)."""
+        return max(self.bins, default=0)
+
     def line(self) -> tuple[float, float] | None:
         """(base, slope) over the bins, or None before MIN_SAMPLES; flat without growth."""
         if self.samples < MIN_SAMPLES:
@@ -238,6 +242,36 @@ class LatencyPredictor:
         base, slope = line or (self.params.warmup_decode_ms_per_token, 0.0)
         return base, slope, source
 
+    def tpot_seen(self, worker: str, source: RateSource) -> int:
+        """The largest batch the TPOT series ``source`` of ``worker`` was taught at; for
+        warm-up values, the largest any of the worker's or the pool's samples ran at."""
+        w = self.workers.get(worker)
+        if source == "pool":
+            return self.pool.tpot.seen()
+        if source == "worker":
+            return w.tpot.seen() if w is not None else 0
+        return max(self.pool.tpot.seen(), w.tpot.seen() if w is not None else 0)
+
+    def completion_rate(self) -> float | None:
+        """Requests the fleet finishes per second now (running requests over the mean
+        placement-to-release time); None before any release."""
+        if not self.service_ms:
+            return None
+        return sum(w.running for w in self.workers.values()) * 1000.0 / self.service_ms
+
+    def tpot_drain_s(self, worker: str, limit_ms: float, now: float) -> float | None:
+        """Seconds until enough of ``worker``'s running requests end for a new one to be
+        predicted within ``limit_ms`` of TPOT: the requests over that batch, each ending
+        after a mean placement-to-release time shared by the batch; None when unknown."""
+        base, slope, source = self.tpot_line(worker, now)
+        w = self._worker(worker, now)
+        if source == "warmup" or slope <= 0 or not self.service_ms or w.running == 0:
+            return None
+        busy = min(MAX_BUSY, w.busy) if self.first_tokens_reported else 0.0
+        fits = math.floor((limit_ms * (1.0 - busy) - base) / slope)  # largest batch within
+        over = w.running + 1 - max(1, fits)
+        return max(0.0, over) * self.service_ms / 1000.0 / w.running
+
     def load(self, worker: str) -> tuple[float, int]:
         """(prompt tokens ahead, requests running) on ``worker``: cheap, for ordering."""
         w = self.workers.get(worker)
@@ -308,7 +342,7 @@ class LatencyPredictor:
             request_tokens=own, prefill_queued_tokens=ahead, prefill_tokens_assumed=False,
             prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
             stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
-            ttft_lag=lag,
+            ttft_lag=lag, tpot_seen_batch=self.tpot_seen(worker, tpot_source),
             tpot_spread_ms=spread)
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,

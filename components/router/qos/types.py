@@ -94,6 +94,9 @@ class Estimate(FrozenModel):
                             "predicted the oldest request still waiting for its first token "
                             "on the worker already is (its age over its prediction, at "
                             "least 1); the TTFT prediction is scaled by it.")
+    tpot_seen_batch: int = Field(default=0, ge=0, description="The largest batch the TPOT "
+                                 "series behind ``est_tpot_ms`` was taught at (0: none yet): "
+                                 "beyond it the line is extrapolated (``qos.hold``).")
     tpot_spread_ms: float = Field(default=0.0, ge=0, description="Standard deviation of the "
                                   "TPOT from the prompts other requests bring to the worker "
                                   "during this one's decode (a short answer meets few, so "

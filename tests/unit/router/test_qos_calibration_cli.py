@@ -24,13 +24,16 @@ def exported(mode: str = "enforce") -> str:
     m = gate.metrics
     for outcome, n in (("refused", 3), ("admitted-met", 90), ("admitted-missed", 5),
                        ("would-refuse-met", 1), ("would-refuse-missed", 1)):
-        m.confusion.labels("default", outcome).inc(n)
+        m.confusion.labels("default", outcome, "a").inc(n)
+    m.confusion.labels("high", "admitted-met", "b").inc(4)
     m.verdicts.labels("default", "rejected", "ttft-slo-risk").inc(2)
     m.verdicts.labels("default", "rejected", "tpot-slo-risk").inc(1)
     m.verdicts.labels("default", "shadow-rejected", "ttft-slo-risk").inc(2)
+    m.held.labels("default", "tpot-slo-risk", "placed").inc(6)
     for x in [0.0] * 8 + [0.8, 3.5]:
-        m.error.labels("ttft").observe(x)
-    m.error.labels("tpot").observe(-0.3)
+        m.error.labels("ttft", "default", "a").observe(x)
+    m.error.labels("tpot", "default", "a").observe(-0.3)
+    m.error.labels("ttft", "high", "b").observe(2.5)
     return generate_latest(registry).decode()
 
 
@@ -39,16 +42,29 @@ def test_summary_from_metrics_text():
     cal.add(exported())
     cal.add(exported())  # two processes add up
     out = cal.summary()
-    assert out["confusion"] == {"refused": 6, "admitted-met": 180, "admitted-missed": 10,
+    assert out["confusion"] == {"refused": 6, "admitted-met": 188, "admitted-missed": 10,
                                 "would-refuse-met": 2, "would-refuse-missed": 2}
     assert out["refusals_by_reason"] == {"ttft-slo-risk": 4, "tpot-slo-risk": 2}
     assert out["would_refuse_by_reason"] == {"ttft-slo-risk": 4}
-    assert out["missed_share_of_admitted"] == pytest.approx(12 / 194)
+    assert out["held_by_outcome"] == {"placed": 12}
+    assert out["missed_share_of_admitted"] == pytest.approx(12 / 202)
     assert out["false_share_of_would_refuse"] == pytest.approx(0.5)
     ttft = out["calibration"]["ttft"]
-    assert (ttft["p50"], ttft["p90"]) == (0.1, 1.0)
-    assert ttft["within_2x"] == pytest.approx(0.9)
+    assert (ttft["p50"], ttft["p90"]) == (0.1, 3.0)  # 4 of 22 beyond 2x, 2 of them 2.5
+    assert ttft["within_2x"] == pytest.approx(18 / 22)
     assert out["calibration"]["tpot"]["p50"] == -0.25
+
+
+def test_per_class_and_per_worker():
+    texts = [exported(), exported()]
+    by_worker = qos_cmd.grouped(texts, "worker")
+    assert set(by_worker) == {"a", "b"}
+    assert by_worker["b"]["confusion"]["admitted-met"] == 8
+    assert by_worker["b"]["calibration"]["ttft"]["p50"] == 3.0  # its one error, 2.5
+    assert by_worker["a"]["confusion"]["refused"] == 6
+    by_class = qos_cmd.grouped(texts, "class")
+    assert by_class["high"]["calibration"]["ttft"]["within_2x"] == 0.0
+    assert by_class["default"]["calibration"]["ttft"]["within_2x"] == pytest.approx(0.9)
 
 
 def test_command_prints_the_table(monkeypatch):
@@ -59,6 +75,12 @@ def test_command_prints_the_table(monkeypatch):
     result = CliRunner().invoke(app, ["qos", "calibration", "--metrics", "http://x/metrics",
                                       "--json"])
     assert json.loads(result.output)["confusion"]["refused"] == 3
+    result = CliRunner().invoke(app, ["qos", "calibration", "--metrics", "http://x/metrics",
+                                      "--by", "worker"])
+    assert result.exit_code == 0 and "per worker" in result.output, result.output
+    result = CliRunner().invoke(app, ["qos", "calibration", "--metrics", "http://x/metrics",
+                                      "--by", "pool"])
+    assert result.exit_code == 2 and "--by 'pool'" in result.output
 
 
 def test_command_fails_when_nothing_can_be_read(monkeypatch):

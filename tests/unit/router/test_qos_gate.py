@@ -74,7 +74,8 @@ def counts(gate: QosGate, metric: str, *labels: str) -> dict[tuple[str, ...], fl
     for m in getattr(gate.metrics, metric).collect():
         for s in m.samples:
             if s.name.endswith("_total"):
-                out[tuple(s.labels[k] for k in labels)] = s.value
+                key = tuple(s.labels[k] for k in labels)
+                out[key] = out.get(key, 0.0) + s.value  # summed over the other labels
     return out
 
 
@@ -246,9 +247,16 @@ def test_releases_fill_the_confusion_table_and_the_calibration_histogram():
     assert 5 < queued < 40
     table = counts(gate, "confusion", "outcome")
     assert table == {("admitted-met",): 7, ("admitted-missed",): 1, ("refused",): 1}
-    hist = {(s.labels["kind"], s.labels.get("le", "count")): s.value
-            for m in gate.metrics.error.collect() for s in m.samples
-            if s.name.endswith(("_bucket", "_count"))}
+    # Each cell names the worker it was predicted for: the slow one was worker 2.
+    assert counts(gate, "confusion", "outcome", "worker")[("admitted-missed", "2")] == 1
+    hist: dict[tuple[str, str], float] = {}
+    for m in gate.metrics.error.collect():
+        for s in m.samples:
+            if s.name.endswith(("_bucket", "_count")):
+                key = (s.labels["kind"], s.labels.get("le", "count"))
+                hist[key] = hist.get(key, 0.0) + s.value
+    assert {s.labels["worker"] for m in gate.metrics.error.collect() for s in m.samples} \
+        >= {"1", "2"}
     # The teacher's requests were predicted at warm-up (not counted) or exactly; 
     # took 1.87 times its prediction (log2 ratio 0.9), "slow" far longer.
     assert predicted == pytest.approx(150.0)

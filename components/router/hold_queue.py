@@ -1,0 +1,82 @@
+"""Requests held in the router instead of refused (``qos.hold``; the rules are in
+``components/router/qos/hold.py``).
+
+Each held request is a future its ``place`` call awaits.  Entries are served by
+deadline (arrival + its class's TTFT target, so within a class first come, first
+served); only the head is judged again (``RouterService`` passes a ``judge`` callback),
+since what holds it, the batch its workers would form, holds the ones behind it too.
+A new request is judged once when it arrives, so one that must be refused is refused at
+once rather than after waiting its turn.
+
+Pure of I/O: the caller passes ``now`` and wakes ``pump`` (on first tokens, TPOT
+reports, releases, and every ``tick_s`` while something is held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# What ``judge`` returns for the head: "held" keeps it, anything else is its reply.
+HELD = "held"
+
+
+@dataclass(order=True)
+class HeldEntry:
+    deadline: float  # arrival + its class's TTFT target: the serving order
+    seq: int
+    call: Any = field(compare=False)
+    arrival: float = field(compare=False)
+    expires: float = field(compare=False)  # when the hold ends (placed or refused)
+    reason: str = field(compare=False)  # the verdict reason it was first held for
+    future: asyncio.Future = field(compare=False)
+
+
+class HoldQueue:
+    """A bounded, deadline-ordered set of held requests."""
+
+    def __init__(self) -> None:
+        self._heap: list[HeldEntry] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, call: Any, arrival: float, deadline: float, expires: float,
+             reason: str) -> HeldEntry:
+        entry = HeldEntry(deadline, next(self._seq), call, arrival, expires, reason,
+                          asyncio.get_running_loop().create_future())
+        heapq.heappush(self._heap, entry)
+        return entry
+
+    def pump(self, now: float,
+             judge: Callable[[HeldEntry, float, bool], Any],
+             ended: Callable[[HeldEntry, str, float], None]) -> int:
+        """Judge the head until one stays held: ``judge(entry, now, final)`` returns
+        ``HELD`` or the entry's reply (``final``: its hold has expired, so it must be
+        answered now).  ``ended(entry, outcome, now)`` is told of every entry that
+        leaves, with 'answered' or 'cancelled'.  Returns how many left."""
+        left = 0
+        while self._heap:
+            head = self._heap[0]
+            if head.future.done():  # its caller gave up (client gone, route timeout)
+                heapq.heappop(self._heap)
+                ended(head, "cancelled", now)
+                left += 1
+                continue
+            reply = judge(head, now, now >= head.expires)
+            if reply == HELD:
+                return left
+            heapq.heappop(self._heap)
+            head.future.set_result(reply)
+            ended(head, "answered", now)
+            left += 1
+        return left
+
+    def next_expiry(self) -> float | None:
+        """When the head's hold ends (None when empty)."""
+        return self._heap[0].expires if self._heap else None

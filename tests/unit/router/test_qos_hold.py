@@ -1,0 +1,232 @@
+"""Holding instead of refusing (``qos.hold``): a request turned away for the batch it
+would join waits in the router, deadline-ordered, and is placed once an answer ends or
+its workers' TPOT line has been taught the batch, refused once its slack is spent (with
+the predicted drain as Retry-After), and refused at once when the batches ahead cannot
+drain within its slack.  A request that must be refused for its TTFT is never held."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from splitserve.contracts.wire import ReleaseCall, RouteCall
+from splitserve.components.router.qos import AdmissionRequest, QosConfig, admit
+from splitserve.components.router.qos.hold import HoldConfig
+from splitserve.components.router.qos.predictor import LatencyPredictor
+from splitserve.components.router.service import RouterService
+from splitserve.components.router.service_config import RouterComponentConfig, load_policy
+
+pytestmark = pytest.mark.unit
+
+CLASS = {"name": "default", "ttft_ms": 2000, "tpot_ms": 50, "may_reject": True}
+
+
+class FakeClient:
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def instance_ids(self):
+        return list(self.ids)
+
+
+def service(hold: dict | None = None, mode: str = "enforce") -> RouterService:
+    qos = QosConfig.model_validate({"mode": mode, "low_priority_threshold_ms": 0,
+                                    "classes": [CLASS], "hold": hold or {}})
+    cfg = RouterComponentConfig(policy="round_robin", qos=qos)
+    return RouterService(cfg, load_policy(cfg), FakeClient((1, 2)))
+
+
+def teach(svc: RouterService, batches=((1, 20.0), (3, 30.0))) -> None:
+    """Finished requests on both workers: TTFT 50 ms; TPOT 20 ms alone, 30 ms in threes
+    (15 + 5 per running request: 8 running predict 55 ms, over the 50 ms target)."""
+    predictor = svc.qos.predictor
+    now = time.monotonic() - 1000.0
+    for worker in (1, 2):
+        for batch, tpot in batches * 3:
+            rids = [f"t{worker}-{now}-{i}" for i in range(batch)]
+            for rid in rids:
+                predictor.place(rid, f"{worker:x}", predictor.predict(f"{worker:x}", 10, now),
+                                now, class_name="default")
+            duration = 0.05 + 10 * tpot / 1000.0
+            now += duration
+            for rid in rids:
+                svc.qos.observe(ReleaseCall(request_id=rid, worker_id=worker,
+                                            output_tokens=11, ttft_s=0.05,
+                                            duration_s=duration), now)
+            now += 10.0
+
+
+def call(rid: str, tokens: int = 10) -> RouteCall:
+    return RouteCall(request_id=rid, token_ids=list(range(tokens)))
+
+
+def release(svc: RouterService, rid: str, worker: int) -> None:
+    svc.complete(ReleaseCall(request_id=rid, worker_id=worker, output_tokens=11,
+                             ttft_s=0.05, duration_s=0.5))
+
+
+def held_count(svc: RouterService, outcome: str) -> float:
+    return sum(s.value for m in svc.qos.metrics.held.collect() for s in m.samples
+               if s.name.endswith("_total") and s.labels.get("outcome") == outcome)
+
+
+def test_a_request_held_for_its_batch_is_placed_when_an_answer_ends():
+    async def go():
+        svc = service()
+        teach(svc)
+        placed = [await svc.place(call(f"r{i}")) for i in range(14)]  # 7 per worker
+        assert all(r.worker_id in (1, 2) for r in placed)
+        probe = asyncio.create_task(svc.place(call("probe")))
+        await asyncio.sleep(0.1)
+        assert not probe.done() and len(svc.held) == 1  # held, not refused
+        release(svc, "r0", placed[0].worker_id)
+        reply = await asyncio.wait_for(probe, 1.0)
+        assert reply.worker_id == placed[0].worker_id, reply
+        assert held_count(svc, "placed") == 1 and len(svc.held) == 0
+    asyncio.run(go())
+
+
+def test_a_held_request_is_refused_when_its_wait_ends_with_the_drain_as_retry_after():
+    async def go():
+        svc = service({"max_wait_s": 0.2})
+        teach(svc)
+        for i in range(14):
+            await svc.place(call(f"r{i}"))
+        t0 = time.monotonic()
+        reply = await svc.place(call("probe"))
+        waited = time.monotonic() - t0
+        assert reply.worker_id is None and reply.reason == "rejected-tpot-slo-risk", reply
+        assert 0.15 <= waited < 1.0
+        assert reply.retry_after_s >= 1
+        assert held_count(svc, "refused") == 1
+    asyncio.run(go())
+
+
+def test_a_ttft_refusal_is_never_held():
+    async def go():
+        svc = service()
+        teach(svc)
+        reply = await svc.place(call("huge", tokens=1))
+        assert reply.worker_id is not None
+        # 10-token prompts cost 50 ms: a queue of a thousand times that misses at once.
+        svc.qos.predictor.workers["1"].pending_tokens = 1e6
+        svc.qos.predictor.workers["2"].pending_tokens = 1e6
+        t0 = time.monotonic()
+        reply = await svc.place(call("late"))
+        assert reply.reason == "rejected-ttft-slo-risk" and time.monotonic() - t0 < 0.1
+        assert len(svc.held) == 0
+    asyncio.run(go())
+
+
+def test_a_batch_beyond_what_the_line_was_taught_is_held_until_it_is_taught():
+    async def go():
+        svc = service({"max_wait_s": 1.0})
+        teach(svc, batches=((1, 20.0),))  # only ever alone: a flat line, seen batch 1
+        placed = [await svc.place(call(f"r{i}")) for i in range(10)]  # 5 per worker
+        assert all(r.worker_id in (1, 2) for r in placed)
+        probe = asyncio.create_task(svc.place(call("probe")))
+        await asyncio.sleep(0.1)
+        assert not probe.done()
+        assert [e.reason for e in svc.held._heap] == ["tpot-unseen-batch"]
+        # The batch's answers teach the line at 5: room to grow to 10.
+        predictor = svc.qos.predictor
+        for worker in ("1", "2"):
+            for _ in range(3):
+                predictor.workers[worker].tpot.update(0.2, 5, 22.0)
+        svc._wake_held()
+        reply = await asyncio.wait_for(probe, 1.0)
+        assert reply.worker_id in (1, 2) and reply.qos["reason"] == "within-slo"
+    asyncio.run(go())
+
+
+def test_a_guess_never_refuses_an_unseen_batch_is_placed_when_its_wait_ends():
+    async def go():
+        svc = service({"max_wait_s": 0.1})
+        teach(svc, batches=((1, 20.0),))
+        for i in range(10):
+            await svc.place(call(f"r{i}"))
+        reply = await svc.place(call("probe"))
+        assert reply.worker_id in (1, 2), reply
+        assert held_count(svc, "placed") == 1
+    asyncio.run(go())
+
+
+def test_a_request_that_would_wait_longer_than_its_slack_is_refused_at_once():
+    async def go():
+        svc = service()
+        teach(svc)
+        for i in range(14):
+            await svc.place(call(f"r{i}"))
+        svc.qos.predictor.service_ms = 60_000.0  # answers end once a minute
+        t0 = time.monotonic()
+        reply = await svc.place(call("probe"))
+        assert reply.reason == "rejected-tpot-slo-risk" and time.monotonic() - t0 < 0.1
+        assert len(svc.held) == 0
+    asyncio.run(go())
+
+
+def test_shadow_mode_and_a_disabled_hold_never_hold():
+    async def go(svc):
+        teach(svc)
+        for i in range(14):
+            await svc.place(call(f"r{i}"))
+        t0 = time.monotonic()
+        reply = await svc.place(call("probe"))
+        return reply, time.monotonic() - t0
+    reply, took = asyncio.run(go(service({"enabled": False})))
+    assert reply.reason == "rejected-tpot-slo-risk" and took < 0.1
+    reply, took = asyncio.run(go(service(mode="shadow")))
+    assert reply.worker_id is not None and reply.qos["would_reject"] and took < 0.1
+
+
+def test_held_requests_leave_in_deadline_order():
+    async def go():
+        svc = service()
+        teach(svc)
+        placed = [await svc.place(call(f"r{i}")) for i in range(14)]
+        first = asyncio.create_task(svc.place(call("first")))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(svc.place(call("second")))
+        await asyncio.sleep(0.05)
+        assert len(svc.held) == 2
+        release(svc, "r0", placed[0].worker_id)
+        done, _ = await asyncio.wait({first, second}, timeout=1.0,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        assert done == {first}
+        second.cancel()
+        await asyncio.sleep(0.1)
+        assert len(svc.held) == 0 and held_count(svc, "cancelled") == 1
+    asyncio.run(go())
+
+
+def test_admission_holds_an_unseen_batch_only_when_holding():
+    predictor = LatencyPredictor()
+    now = 0.0
+    for i in range(3):  # taught alone only
+        predictor.place(f"a{i}", "1", predictor.predict("1", 10, now), now,
+                        class_name="default")
+        predictor.first_token(f"a{i}", now + 0.05)
+        predictor.finish(f"a{i}", now + 0.25, ok=True, ttft_s=0.05, duration_s=0.25,
+                         output_tokens=11)
+        now += 1.0
+    for i in range(5):
+        predictor.place(f"b{i}", "1", predictor.predict("1", 10, now), now,
+                        class_name="default")
+    est = predictor.predict("1", 10, now)
+    assert est.tpot_batch == 6 and est.tpot_seen_batch == 1
+    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
+    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
+    assert admit(req, est, config).reason == "within-slo"
+    held = admit(req, est, config, holding=True)
+    assert not held.admit and held.reason == "tpot-unseen-batch"
+    shadow = config.model_copy(update={"mode": "shadow"})
+    assert admit(req, est, shadow, holding=True).admit
+
+
+def test_hold_config_validates_and_bounds_growth():
+    assert HoldConfig().unseen(6, 1) and not HoldConfig().unseen(5, 1)
+    assert not HoldConfig().unseen(16, 8) and HoldConfig().unseen(17, 8)
+    with pytest.raises(ValueError, match="max_wait_s"):
+        QosConfig.model_validate({"hold": {"max_wait_s": 60}})
