@@ -298,6 +298,10 @@ class RouteCall(BaseModel):
     lora: str | None = None
     """The LoRA adapter the request is served with (None: the base model): its prefix
     hashes are keyed by it and only workers that report it loaded may take it."""
+    waited_ms: float = Field(default=0.0, ge=0)
+    """How long the request has been in the frontend already (parsing, tokenising, a
+    busy event loop, earlier placements of a retry): part of its client's TTFT, so
+    admission counts it in every TTFT prediction."""
 
 
 class RouteReply(BaseModel):

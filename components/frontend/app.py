@@ -53,6 +53,10 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
         if state.inflight >= state.max_inflight:
             raise overloaded(f"server is at its limit of {state.max_inflight} concurrent "
                              "requests; retry later", retry_after_s=1)
+        if state.loop_lag is not None and 0 < state.max_loop_lag_s < state.loop_lag.lag_s:
+            raise overloaded(f"the frontend is saturated (its event loop runs "
+                             f"{state.loop_lag.lag_s * 1000:.0f} ms behind); retry later",
+                             retry_after_s=1)
         p = await parse_and_prepare(state, endpoint, raw, priority or "default")
     except APIError as err:
         err = state.outage(err)
@@ -60,7 +64,7 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
                                       "invalid", str(err.status), "", "").inc()
         span.end({"http.response.status_code": err.status}, error=err.message)
         return error_response(err)
-    metas = choice_metas(p, priority)
+    metas = choice_metas(p, priority, started)
     if span:
         span.set({"splitserve.request_id": p.request_id, "gen_ai.request.model": p.req.model,
                   "splitserve.prompt_tokens": len(p.token_ids), "splitserve.stream":

@@ -76,6 +76,15 @@ class StreamMeta:
     """Instance id of the router replica that placed the request: its release goes there."""
     trace: Any = tracing.NOOP
     """The span the backend's calls continue (``contracts.tracing``; NOOP when off)."""
+    received_at: float | None = None
+    """``time.monotonic()`` when the frontend began handling the request: the time until
+    its placement is part of its TTFT (``RouteCall.waited_ms``)."""
+
+    def waited_ms(self) -> float:
+        """Milliseconds since the frontend began handling the request (0 if unknown)."""
+        if self.received_at is None:
+            return 0.0
+        return max(0.0, (time.monotonic() - self.received_at) * 1000.0)
 
 
 async def stream_from_worker(client, call: WorkerCall, worker_id: int, context,
@@ -334,7 +343,8 @@ class RoutedBackend:
             reply = await self.place(RouteCall(
                 request_id=meta.request_id, token_ids=list(call.token_ids),
                 priority=meta.priority, user=meta.user, metadata=meta.metadata,
-                max_tokens=resume.left(), failed_workers=failed, lora=call.lora), meta)
+                max_tokens=resume.left(), failed_workers=failed, lora=call.lora,
+                waited_ms=meta.waited_ms()), meta)
             self._check_reply(reply, failed, call.lora)
             self._note_reply(reply, meta)
             placed_call = call.placed(reply, resume.left())

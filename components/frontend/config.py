@@ -72,6 +72,10 @@ class FrontendConfig(ComponentConfig):
         "the tokenizer threads would take longer than this (from their measured bytes per "
         "second): a count alone would refuse a burst of short prompts as readily as a pile "
         "of 100k-token ones.")
+    max_loop_lag_ms: float = Field(
+        1000.0, ge=0, description="New requests are refused with 503 while the event loop "
+        "runs this far behind (a burst faster than the frontend's CPU: every admitted "
+        "stream would be late by as much); 0 never refuses for it.")
     tool_call_parser: str | None = Field(
         None, description="How tool calls are read from the answer when tool_choice is "
         "auto: one of vLLM's tool-call parser names (`hermes`, `llama3_json`, `mistral`, "

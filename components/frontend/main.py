@@ -17,6 +17,7 @@ from .capabilities import graph_engines
 from .config import FrontendConfig
 from .http_server import FrontendServer, HttpLimits, server_config
 from .inproc import InProcessBackend
+from .loop_lag import LoopLag
 from .loras import AdapterCatalog, EtcdAdapterStore
 from .metrics import FrontendMetrics
 from .state import ModelLane
@@ -54,6 +55,7 @@ async def main(ctx: ComponentContext) -> None:
                           max_body_bytes=cfg.max_body_bytes, body_timeout_s=cfg.body_timeout_s,
                           max_pending_prepares=cfg.max_pending_tokenizations,
                           max_tokenization_wait_s=cfg.max_tokenization_wait_s,
+                          max_loop_lag_s=cfg.max_loop_lag_ms / 1000.0, loop_lag=LoopLag(),
                           prepare_pool=ThreadPoolExecutor(cfg.tokenizer_threads,
                                                           "frontend-tokenize"),
                           dependencies_down=ctx.watch_dependencies(),
@@ -70,6 +72,7 @@ async def main(ctx: ComponentContext) -> None:
                         max_header_bytes=cfg.max_header_bytes)
     server = FrontendServer(server_config(build_app(state), cfg.host, cfg.port, limits))
     serve_task = asyncio.create_task(server.serve())
+    watches.append(asyncio.create_task(state.loop_lag.run(ctx.stopping, metrics.loop_lag)))
     while not server.started:
         if serve_task.done():
             serve_task.result()

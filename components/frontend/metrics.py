@@ -33,6 +33,9 @@ class FrontendMetrics:
         self.duration = Histogram(f"{PREFIX}_frontend_request_duration_seconds",
                                   "End-to-end request latency", buckets=latency_buckets(),
                                   registry=r)
+        self.loop_lag = Gauge(f"{PREFIX}_frontend_event_loop_lag_seconds",
+                              "How far behind the event loop runs (largest recent "
+                              "lateness of a 20 ms tick)", registry=r)
         self.inflight = Gauge(f"{PREFIX}_frontend_inflight_requests",
                               "Requests being served now", registry=r)
         self.prompt_tokens = Counter(f"{PREFIX}_frontend_prompt_tokens_total",

@@ -134,11 +134,14 @@ def worker_calls(state: FrontendState, p: Prepared) -> list[WorkerCall]:
             for i in range(p.n)]
 
 
-def choice_metas(p: Prepared, priority: str | None) -> list[StreamMeta]:
-    """What each choice's backend reports back (to the router, to the metrics)."""
+def choice_metas(p: Prepared, priority: str | None, received_at: float | None = None
+                 ) -> list[StreamMeta]:
+    """What each choice's backend reports back (to the router, to the metrics);
+    ``received_at``: when the frontend began handling the request."""
     return [StreamMeta(request_id=p.choice_id(i), priority=priority,
                        prompt_tokens=len(p.token_ids), user=p.req.user,
-                       metadata=p.req.metadata) for i in range(p.n)]
+                       metadata=p.req.metadata, received_at=received_at)
+            for i in range(p.n)]
 
 
 async def next_chunk(state: FrontendState, chunks: AsyncIterator[dict], meta: StreamMeta

@@ -66,6 +66,8 @@ class FrontendState:
     max_pending_prepares: int = 1024
     # The tokenizer pool's queue is bounded by the wait it implies (backlog.py).
     max_tokenization_wait_s: float = 2.0
+    max_loop_lag_s: float = 0.0  # 0: never refuse for the event loop's lag
+    loop_lag: Any = None  # a loop_lag.LoopLag while the frontend serves
     # Parsing and tokenising run here, never on the event loop: a multi-megabyte prompt
     # takes seconds to tokenise and would stall every other connection meanwhile.
     prepare_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(

@@ -271,9 +271,13 @@ class QosGate:
         held in the admission queue leaves with)."""
         verdict = admission.verdict
         if verdict.admit and admission.worker_id is not None and admission.estimate is not None:
+            cls = self.config.class_named(verdict.class_name)
             self.predictor.place(call.request_id, f"{admission.worker_id:x}",
                                  admission.estimate, now, class_name=verdict.class_name,
-                                 would_reject=verdict.would_reject)
+                                 would_reject=verdict.would_reject,
+                                 max_tokens=verdict.max_tokens or call.max_tokens,
+                                 tpot_budget_ms=cls.tpot_ms if cls is not None
+                                 and cls.may_reject else 0.0)
         if not verdict.admit:
             outcome = "rejected"
             worker = "none" if admission.worker_id is None else f"{admission.worker_id:x}"

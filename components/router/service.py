@@ -141,6 +141,7 @@ class RouterService:
         that holds (``HOLD_REASONS``) answers ``HELD`` and records nothing.
         """
         now = time.monotonic()
+        waited_ms += call.waited_ms  # in the frontend before it asked: the client waited
         self._refresh_live()
         for wid in call.failed_workers:
             self.mark_down(wid, now)
@@ -283,7 +284,7 @@ class RouterService:
         drain_s = (len(self.held) + 1) / rate if rate else None
         if len(self.held) >= hold.max_held or slack_s <= 0 or (
                 reason == "tpot-slo-risk" and drain_s is not None and drain_s > slack_s):
-            return self.decide(call)[0]  # as without holding: refused now, or placed
+            return self._end_hold(call, reply, 0.0)  # at once: refused, or placed
         entry = self.held.push(call, now, deadline=now + target_s,
                                expires=now + min(hold.max_wait_s, slack_s), reason=reason)
         self.qos.metrics.holding.set(len(self.held))
@@ -301,15 +302,31 @@ class RouterService:
 
     def _judge_held(self, entry: HeldEntry, now: float, final: bool):
         """The head of the held requests: its reply, or HELD.  When its hold has ended
-        it is judged as without holding (placed, or refused with the rules' reason)."""
+        it is placed or refused by what it is still held for (``HOLD_REASONS``)."""
         # A hold that ended is judged as of its end (a tick may come a little later).
-        waited_ms = (min(now, entry.expires) if final else now) - entry.arrival
-        reply, _ = self.decide(entry.call, waited_ms=waited_ms * 1000.0, holding=not final)
+        waited_ms = ((min(now, entry.expires) if final else now) - entry.arrival) * 1000.0
+        reply, _ = self.decide(entry.call, waited_ms=waited_ms, holding=True)
         if reply.reason != HELD:
             return reply
+        if final:
+            return self._end_hold(entry.call, reply, waited_ms)
         slack_s = self._slack_s(reply.qos or {}, entry.deadline - entry.arrival)
         entry.expires = min(entry.expires, now + max(0.0, slack_s))
         return HELD
+
+    def _end_hold(self, call: RouteCall, held: RouteReply, waited_ms: float) -> RouteReply:
+        """A request that is not held (any more) although its verdict ``held`` would hold
+        it: placed as without holding when a guess held it ('place'), else refused with
+        that verdict's reason and Retry-After (the answers running came first)."""
+        verdict = held.qos or {}
+        reason = verdict.get("reason") or HELD
+        if HOLD_REASONS.get(reason) == "place":
+            return self.decide(call, waited_ms=waited_ms)[0]
+        cls = held.class_name or self.qos.resolve(call).name
+        self.qos.refused(cls, reason)
+        return RouteReply(worker_id=None, reason=f"rejected-{reason}", class_name=cls,
+                          retry_after_s=verdict.get("retry_after_s") or 1,
+                          qos={**verdict, "admit": False})
 
     def _hold_ended(self, entry: HeldEntry, outcome: str, now: float) -> None:
         if outcome == "answered":
@@ -368,7 +385,7 @@ class RouterService:
             self.admission.free_slots(len(self.fleet.placed), routable) <= 0)
         verdict = self.qos.check(call, workers, {}, now, record=False, held=held,
                                  slots=self.admission.config.max_inflight_per_worker
-                                 * max(1, routable)).verdict
+                                 * max(1, routable), waited_ms=call.waited_ms).verdict
         if not verdict.admit:
             return None, None  # decide() judges it again, rejects it and records why
         cls = self.qos.config.class_named(verdict.class_name)

@@ -13,6 +13,8 @@ Rules, first match wins (reason in quotes)::
                                                         (held first when holding)
     holding, and the batch beyond the TPOT line's      hold    'tpot-unseen-batch'
       taught batches (``qos.hold``)
+    holding, and its prefill would stall an answer      hold    'running-tpot-risk'
+      decoding on the worker past its TPOT budget
     otherwise                                           admit   'within-slo'
 
     limit_ms    = max(class.ttft_ms, est.unloaded_ttft_ms) + low_priority_threshold_ms
@@ -81,6 +83,31 @@ def _unseen_batch(estimate: Estimate | None, config: QosConfig) -> bool:
             and config.hold.unseen(estimate.tpot_batch, estimate.tpot_seen_batch))
 
 
+def _stalls_running(estimate: Estimate, config: QosConfig) -> bool:
+    """True when this prompt's prefill would stall an answer decoding on the worker past
+    its TPOT budget (``qos.hold``): only ever a reason to hold."""
+    stall = estimate.request_tokens * estimate.prefill_per_token_ms
+    return (config.hold.enabled and estimate.running_slack_ms is not None
+            and estimate.prefill_source != "warmup" and stall > estimate.running_slack_ms)
+
+
+def _refusal(estimate: Estimate, config: QosConfig, limit: float,
+             tpot_limit: float | None, holding: bool) -> tuple[str, int] | None:
+    """The SLO rules in order, on a usable estimate: (reason, Retry-After) of the first
+    that turns the request away, or None."""
+    if estimate.est_ttft_ms > limit:
+        return "ttft-slo-risk", retry_after_s(estimate.est_ttft_ms, limit)
+    if (tpot_limit is not None and estimate.decode_source != "warmup"
+            and estimate.est_tpot_ms + config.estimator.tpot_margin_sd
+            * estimate.tpot_spread_ms > tpot_limit):
+        return "tpot-slo-risk", RETRY_AFTER_MIN_S
+    if holding and _unseen_batch(estimate, config):
+        return "tpot-unseen-batch", RETRY_AFTER_MIN_S
+    if holding and _stalls_running(estimate, config):
+        return "running-tpot-risk", RETRY_AFTER_MIN_S
+    return None
+
+
 def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfig,
           load: LoadSignals | None = None, holding: bool = False) -> Verdict:
     """Decide one request; called by the router (or frontend) once per request.
@@ -115,15 +142,7 @@ def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfi
         judged["limit_ms"] = limit
         if estimate.tpot_batch > 0:
             judged["tpot_limit_ms"] = max(cls.tpot_ms, estimate.unloaded_tpot_ms)
-        refusal = None
-        if estimate.est_ttft_ms > limit:
-            refusal = ("ttft-slo-risk", retry_after_s(estimate.est_ttft_ms, limit))
-        elif (estimate.tpot_batch > 0 and estimate.decode_source != "warmup"
-              and estimate.est_tpot_ms + config.estimator.tpot_margin_sd
-              * estimate.tpot_spread_ms > judged["tpot_limit_ms"]):
-            refusal = ("tpot-slo-risk", RETRY_AFTER_MIN_S)
-        elif holding and _unseen_batch(estimate, config):
-            refusal = ("tpot-unseen-batch", RETRY_AFTER_MIN_S)
+        refusal = _refusal(estimate, config, limit, judged.get("tpot_limit_ms"), holding)
         if refusal is not None:
             if config.mode == "shadow":
                 return Verdict(admit=True, reason=refusal[0], would_reject=True,

@@ -23,6 +23,14 @@ Two verdicts hold (``HOLD_REASONS``):
   batches).  A guess never refuses: when such a wait reaches its limit the request is
   placed.
 
+- ``running-tpot-risk``: its prefill (its uncached tokens at the worker's learned rate)
+  would stall an answer decoding on the worker for longer than that answer's TPOT budget
+  has left (``LatencyPredictor.running_slack_ms``).  A short answer meets few prompts, so
+  one long prefill can spend most of its budget; the admitted are protected from later
+  arrivals by holding the prompt (or sending it where the answers have room) until they
+  end.  When the wait ends the request is refused, not placed: the answers already
+  running were admitted first.
+
 The TTFT rule runs first on every judgement, the wait included: a held request whose
 wait and predicted TTFT no longer fit its target is refused then (``ttft-slo-risk``).
 Shadow mode, classes that may not reject, explain calls and the slot queue
@@ -35,7 +43,8 @@ from pydantic import Field
 
 from splitserve.contracts.models import StrictModel
 
-HOLD_REASONS = {"tpot-slo-risk": "refuse", "tpot-unseen-batch": "place"}
+HOLD_REASONS = {"tpot-slo-risk": "refuse", "tpot-unseen-batch": "place",
+                "running-tpot-risk": "refuse"}
 """Verdict reasons a request is held for, and what happens when its wait ends."""
 
 

@@ -135,6 +135,9 @@ class _Worker:
     at: float = 0.0
     inflight_tokens: float = 0.0  # uncached prompt tokens of placed requests not released
     pending_tokens: float = 0.0  # ... of those whose first token was not reported yet
+    decoding: dict[str, Ticket] = field(default_factory=dict)
+    """Placed requests past their first token with a TPOT budget (``place``'s
+    ``tpot_budget_ms``), until their release."""
     waiting: OrderedDict[str, Ticket] = field(default_factory=OrderedDict)
     """The tickets of placed requests whose first token was not reported yet, oldest
     placement first (first tokens are reported in process only; elsewhere a request
@@ -168,6 +171,8 @@ class Ticket:
     ahead_requests: int  # placed requests on the worker still without a first token
     estimate: Estimate
     would_reject: bool
+    max_tokens: int = 0  # the answer's length limit (0: unknown)
+    tpot_budget_ms: float = 0.0  # its class's TPOT target (0: none to protect)
 
 
 @dataclass(frozen=True)
@@ -308,6 +313,32 @@ class LatencyPredictor:
             return min(MAX_LAG, max(1.0, late))
         return 1.0
 
+    def running_slack_ms(self, worker: str, now: float) -> float | None:
+        """The least TPOT budget left among ``worker``'s decoding answers that can still
+        meet theirs: for each, its target times its answer's length, less the time it
+        has decoded and what its remaining tokens take at the worker's current step.
+        Answers already over budget are not protected (they missed); None when there
+        is none.  Answers are assumed to run to ``max_tokens`` (an upper bound: a
+        limit far above the answer only makes the budget looser)."""
+        w = self.workers.get(worker)
+        if w is None or not w.decoding:
+            return None
+        base, slope, _ = self.tpot_line(worker, now)
+        busy = min(MAX_BUSY, w.busy) if self.first_tokens_reported else 0.0
+        step = max(1e-3, base + slope * max(1, w.running)) / (1.0 - busy)
+        least = None
+        for rid, ticket in w.decoding.items():
+            first_ms = self.first_tokens.get(rid)
+            if first_ms is None:
+                continue
+            elapsed = (now - ticket.placed_at) * 1000.0 - first_ms
+            tokens = ticket.max_tokens - 1
+            remaining = max(0.0, tokens - elapsed / step)
+            slack = ticket.tpot_budget_ms * tokens - elapsed - remaining * step
+            if remaining > 0 and slack >= 0 and (least is None or slack < least):
+                least = slack
+        return least
+
     def predict(self, worker: str, own_tokens: int, now: float,
                 held_ms: float = 0.0, output_tokens: int = 0,
                 class_name: str | None = None) -> Estimate:
@@ -343,12 +374,17 @@ class LatencyPredictor:
             prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
             stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
             ttft_lag=lag, tpot_seen_batch=self.tpot_seen(worker, tpot_source),
+            running_slack_ms=self.running_slack_ms(worker, now),
             tpot_spread_ms=spread)
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,
-              class_name: str, would_reject: bool = False) -> None:
+              class_name: str, would_reject: bool = False, max_tokens: int = 0,
+              tpot_budget_ms: float = 0.0) -> None:
         """Called once the request is placed on ``worker`` with ``estimate`` (from
-        ``predict`` at the same ``now``): it joins the batch and the prefill queue."""
+        ``predict`` at the same ``now``): it joins the batch and the prefill queue.
+        ``max_tokens`` and ``tpot_budget_ms`` (its class's TPOT target): its answer's
+        budget, which later prompts' prefills must leave room for
+        (``running_slack_ms``); 0 leaves it unprotected."""
         w = self._worker(worker, now)
         w.running += 1
         stall = estimate.request_tokens * estimate.prefill_per_token_ms
@@ -359,7 +395,7 @@ class LatencyPredictor:
         ticket = self.tickets[request_id] = Ticket(
             worker, class_name, now, estimate.prefill_queued_tokens
             + max(1, estimate.request_tokens), w.area, len(w.waiting), estimate,
-            would_reject)
+            would_reject, max_tokens, tpot_budget_ms)
         w.waiting[request_id] = ticket
         while len(self.tickets) > MAX_TICKETS:
             rid, old = self.tickets.popitem(last=False)
@@ -378,6 +414,8 @@ class LatencyPredictor:
         w = self._worker(ticket.worker, now)
         w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
         w.waiting.pop(request_id, None)
+        if ticket.max_tokens > 1 and ticket.tpot_budget_ms > 0:
+            w.decoding[request_id] = ticket
         self.busy_at_first[request_id] = (now, w.busy_area)
         if self.trace is not None:
             self.trace({"event": "first_token", "request": request_id, "worker": ticket.worker,
@@ -432,6 +470,7 @@ class LatencyPredictor:
         self.decode_seen.discard(rid)
         self.busy_at_first.pop(rid, None)
         w = self._worker(ticket.worker, now)
+        w.decoding.pop(rid, None)
         if self.first_tokens.pop(rid, None) is None:
             w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
             w.waiting.pop(rid, None)

@@ -94,6 +94,11 @@ class Estimate(FrozenModel):
                             "predicted the oldest request still waiting for its first token "
                             "on the worker already is (its age over its prediction, at "
                             "least 1); the TTFT prediction is scaled by it.")
+    running_slack_ms: float | None = Field(default=None, description="The least TPOT "
+                                           "budget left, in ms, among the answers decoding "
+                                           "on the worker that can still meet it (None: "
+                                           "none to protect): a prompt whose prefill stalls "
+                                           "them longer would push one over (``qos.hold``).")
     tpot_seen_batch: int = Field(default=0, ge=0, description="The largest batch the TPOT "
                                  "series behind ``est_tpot_ms`` was taught at (0: none yet): "
                                  "beyond it the line is extrapolated (``qos.hold``).")

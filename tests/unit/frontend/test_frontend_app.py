@@ -161,6 +161,21 @@ def test_overload_is_503_with_retry_after(codec):
     assert r.json()["error"]["type"] == "server_overloaded"
 
 
+def test_a_saturated_event_loop_refuses_new_requests(codec):
+    from splitserve.components.frontend.loop_lag import LoopLag
+
+    c, _, state = client_for(codec)
+    state.loop_lag, state.max_loop_lag_s = LoopLag(), 1.0
+    state.loop_lag.lag_s = 1.5
+    r = c.post("/v1/chat/completions", json=chat_body())
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert "event loop runs 1500 ms behind" in r.json()["error"]["message"]
+    state.loop_lag.lag_s = 0.5
+    assert c.post("/v1/chat/completions", json=chat_body()).status_code == 200
+    state.max_loop_lag_s, state.loop_lag.lag_s = 0.0, 5.0  # 0: never refuses for it
+    assert c.post("/v1/chat/completions", json=chat_body()).status_code == 200
+
+
 def test_backend_rejection_passes_through(codec):
     c, _, _ = client_for(codec, fail=overloaded("no worker", 2, "no_workers"))
     r = c.post("/v1/chat/completions", json=chat_body())

@@ -230,3 +230,46 @@ def test_hold_config_validates_and_bounds_growth():
     assert not HoldConfig().unseen(16, 8) and HoldConfig().unseen(17, 8)
     with pytest.raises(ValueError, match="max_wait_s"):
         QosConfig.model_validate({"hold": {"max_wait_s": 60}})
+
+
+def test_time_already_spent_in_the_frontend_counts_in_the_ttft_prediction():
+    async def go():
+        svc = service()
+        teach(svc)
+        fresh = await svc.place(call("fresh"))
+        assert fresh.worker_id is not None and fresh.qos["est_ttft_ms"] < 100
+        late = call("late").model_copy(update={"waited_ms": 1990.0})
+        reply = await svc.place(late)
+        assert reply.reason == "rejected-ttft-slo-risk", reply
+        assert reply.qos["est_ttft_ms"] > 1990.0
+    asyncio.run(go())
+
+
+def test_a_prompt_whose_prefill_would_push_a_running_answer_over_budget_is_held():
+    predictor = LatencyPredictor()
+    now = 0.0
+    for i, tokens in enumerate((1000, 3000) * 3):  # TTFT 50 ms + 0.1 ms a token
+        ttft = 0.05 + tokens * 1e-4
+        predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
+                        class_name="default")
+        predictor.first_token(f"a{i}", now + ttft)
+        predictor.finish(f"a{i}", now + ttft + 0.2, ok=True, ttft_s=ttft,
+                         duration_s=ttft + 0.2, output_tokens=11)  # TPOT 20 ms
+        now += 1.0
+    assert predictor.running_slack_ms("1", now) is None  # nothing decoding
+    # A 11-token answer with a 50 ms budget: 500 ms to spend, decoding at ~20 ms a token.
+    predictor.place("r", "1", predictor.predict("1", 100, now), now, class_name="default",
+                    max_tokens=11, tpot_budget_ms=50.0)
+    predictor.first_token("r", now + 0.06)
+    slack = predictor.running_slack_ms("1", now + 0.06)
+    assert 200 < slack < 350  # 500 - 10 x (20 ms, slowed by the prompt it prefilled)
+    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
+    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
+    short = predictor.predict("1", 1000, now + 0.06)  # ~100 ms of prefill: fits
+    assert admit(req, short, config, holding=True).admit
+    long = predictor.predict("1", 5000, now + 0.06)  # ~500 ms: the answer would miss
+    held = admit(req, long, config, holding=True)
+    assert not held.admit and held.reason == "running-tpot-risk"
+    assert admit(req, long, config).admit  # only ever a reason to hold
+    predictor.finish("r", now + 0.3, ok=True, ttft_s=0.06, duration_s=0.3, output_tokens=11)
+    assert predictor.running_slack_ms("1", now + 0.3) is None
