@@ -73,9 +73,11 @@ class FrontendConfig(ComponentConfig):
         "second): a count alone would refuse a burst of short prompts as readily as a pile "
         "of 100k-token ones.")
     max_loop_lag_ms: float = Field(
-        1000.0, ge=0, description="New requests are refused with 503 while the event loop "
+        0.0, ge=0, description="New requests are refused with 503 while the event loop "
         "runs this far behind (a burst faster than the frontend's CPU: every admitted "
-        "stream would be late by as much); 0 never refuses for it.")
+        "stream would be late by as much); 0 (the default) never refuses for it.  Off by "
+        "default: the first tool-call request imports vLLM's parsers (seconds holding "
+        "the interpreter), during which every new request would be refused.")
     tool_call_parser: str | None = Field(
         None, description="How tool calls are read from the answer when tool_choice is "
         "auto: one of vLLM's tool-call parser names (`hermes`, `llama3_json`, `mistral`, "

@@ -5,10 +5,10 @@ loop.  When requests arrive faster than the loop can serve them (a burst of shor
 prompts: each costs a few CPU-milliseconds here), every callback waits its turn, and
 the wait lands on first tokens and chunks that admission never predicted: admitting
 more only makes every stream later.  A callback due every ``INTERVAL_S`` measures how
-late it runs; the lag is the largest recent lateness, fading over ``WINDOW_S``.  While
-it exceeds ``Frontend.max_loop_lag_ms`` new requests are refused at once with 503
-``overloaded`` (the cheapest answer: before parsing), so the requests already admitted
-keep the loop.
+late it runs; the lag is the largest recent lateness, fading over ``WINDOW_S``
+(``splitserve_frontend_event_loop_lag_seconds``).  While it exceeds
+``Frontend.max_loop_lag_ms`` (off by default) new requests are refused at once with 503
+``overloaded`` (before parsing), so the requests already admitted keep the loop.
 """
 
 from __future__ import annotations
