@@ -22,6 +22,7 @@ from splitserve.contracts.kit.component import ComponentContext, serve_until_sto
 from . import registry
 from .cancel import until_stopped
 from .kv_moves import DrainCut, KvMoves, start_kv_moves
+from .latency_metrics import TokenClock, TokenLatency, worker_labels
 from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 from .shell import (
     cancel_all,
@@ -36,14 +37,18 @@ log = logging.getLogger("splitserve.worker")
 
 
 async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetrics,
-                        context=None, drain: DrainCut | None = None) -> AsyncIterator[dict]:
+                        context=None, drain: DrainCut | None = None, *,
+                        clock: TokenClock | None = None) -> AsyncIterator[dict]:
     """Wire chunks for one request; closing this or stopping ``context`` (client gone)
     closes ``deltas``, which aborts the request in the engine.  The drain cut (``drain``)
-    ends it the same way, with a ``drained`` chunk (naming the KV when it was parked)."""
+    ends it the same way, with a ``drained`` chunk (naming the KV when it was parked).
+    ``clock``: the request's TTFT and ITL timing, given each delta's tokens."""
     produced = 0
     try:
         async for d in until_stopped(deltas, context, drain.stop if drain else None):
             produced += len(d.token_ids)
+            if clock is not None:
+                clock.tokens(len(d.token_ids))
             if d.finished:
                 metrics.requests.labels((d.finish_reason or FinishReason.EOS).value).inc()
             yield delta_chunk(d, produced)
@@ -66,13 +71,15 @@ async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetric
 
 
 def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | None = None,
-                 moves: KvMoves | None = None):
+                 moves: KvMoves | None = None, latency: TokenLatency | None = None):
     """The `generate` endpoint handler: the request is checked (``engine.validate``)
     before anything is queued, then streamed; ``cut``: the component's drain cut
     (``ComponentContext.drain_cut``); ``moves``: live KV moves (a request with a
-    ``kv_source`` continues from that KV; the cut parks requests)."""
+    ``kv_source`` continues from that KV; the cut parks requests); ``latency``: this
+    worker's TTFT and ITL by pool and model (None: not timed)."""
 
     async def generate(request: dict, context=None):
+        clock = None
         try:
             wreq = WorkerRequest.model_validate(request)
             meta = wreq.meta()
@@ -80,7 +87,10 @@ def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | No
             params = params_from_wire(wreq)
             check_adapter(params, engine.info)
             engine.validate(params)
-            if moves is not None and meta.kv_source is not None:
+            resumed = moves is not None and meta.kv_source is not None
+            if latency is not None:
+                clock = latency.clock(first_token=not resumed)
+            if resumed:
                 deltas = moves.resume(rid, params, meta.kv_source)
             else:
                 deltas = engine.generate(rid, params)
@@ -89,7 +99,7 @@ def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | No
             yield output_chunk([], FinishReason.ERROR, error=f"request refused: {exc}")
             return
         drain = DrainCut(cut, moves, rid, len(params.token_ids))
-        async for chunk in stream_chunks(deltas, metrics, context, drain):
+        async for chunk in stream_chunks(deltas, metrics, context, drain, clock=clock):
             yield chunk
 
     return generate
@@ -112,8 +122,9 @@ async def run_aggregated(ctx: ComponentContext, cfg) -> None:
         tasks += [reporter, report_ready(ctx, h)]
         moves = await start_kv_moves(ctx, h.engine, h.metrics.registry, tasks)
         inflight = h.engine.inflight if moves is None else moves.inflight(h.engine.inflight)
+        latency = TokenLatency(h.metrics.registry, *worker_labels(ctx.run))
         serving = asyncio.ensure_future(serve_until_stopped(
-            ctx, h.endpoint, make_handler(h.engine, h.metrics, ctx.drain_cut, moves),
+            ctx, h.endpoint, make_handler(h.engine, h.metrics, ctx.drain_cut, moves, latency),
             drain_timeout_s=cfg.drain_timeout_s, inflight=inflight))
         tasks.append(serving)
         await serve_or_die(serving, h.died)

@@ -49,6 +49,7 @@ from .cancel import until_stopped
 from .kv_moves import DrainCut, KvMoves
 from .disagg_metrics import DisaggMetrics
 from .handoff import HandoffInbox
+from .latency_metrics import TokenLatency
 from .offload import (
     OffloadPlan,
     end_remote_prefill,
@@ -159,6 +160,9 @@ class EngineDecodeCoordinator:
         self.moves: KvMoves | None = None
         """Live KV moves (``kv_moves.py``): the cut parks requests, and a request with a
         ``kv_source`` continues from that KV instead of being prefilled."""
+        self.latency: TokenLatency | None = None
+        """This worker's TTFT and ITL by pool and model (``latency_metrics.py``), timed
+        per request from its arrival here; None: not timed."""
 
     async def _cached_prefix(self, token_ids: tuple[int, ...], lora: str | None = None) -> int:
         if not token_ids or not self.engine.info.capabilities.prefix_lookup:
@@ -229,7 +233,9 @@ class EngineDecodeCoordinator:
         produced = 0
         outcome = FinishReason.CANCELLED.value
         moves = self.moves
-        if moves is not None and meta.kv_source is not None:
+        resumed = moves is not None and meta.kv_source is not None
+        clock = self.latency.clock(first_token=not resumed) if self.latency else None
+        if resumed:
             deltas = self._counted(moves.resume(rid, params, meta.kv_source, trace))
         else:
             deltas = self.serve(rid, params, meta.priority,
@@ -240,6 +246,8 @@ class EngineDecodeCoordinator:
             async with contextlib.aclosing(until_stopped(deltas, context, drain.stop)) as s:
                 async for d in s:
                     produced += len(d.token_ids)
+                    if clock is not None:
+                        clock.tokens(len(d.token_ids))
                     if d.finished:
                         outcome = (d.finish_reason or FinishReason.EOS).value
                     yield delta_chunk(d, produced)

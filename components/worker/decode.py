@@ -21,6 +21,7 @@ from splitserve.contracts.sections import DecodeTimings
 from .coordinator import CoordinatorSettings, EngineDecodeCoordinator
 from .disagg_metrics import DisaggMetrics
 from .handoff import HandoffInbox, handoff_subject
+from .latency_metrics import TokenLatency, worker_labels
 from .kv_moves import start_kv_moves
 from .shell import (
     bounded,
@@ -69,6 +70,7 @@ async def run_decode(ctx: ComponentContext, cfg) -> None:
             queue_depth=lambda: depth.depth or 0, metrics=DisaggMetrics(h.metrics.registry),
             settings=coordinator_settings(cfg), requests=h.metrics.requests)
         coord.cut = ctx.drain_cut
+        coord.latency = TokenLatency(h.metrics.registry, *worker_labels(ctx.run))
 
         def apply_policy(policy, version: int) -> None:
             if policy.disaggregated_router is not None:

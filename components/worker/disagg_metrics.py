@@ -10,6 +10,8 @@ from prometheus_client import Counter, Histogram
 
 from splitserve.contracts.metrics import PREFIX, latency_buckets
 
+from .latency_metrics import PrefillLatency
+
 
 class DisaggMetrics:
     """Offload decisions and fallbacks, on the worker's registry."""
@@ -29,10 +31,16 @@ class DisaggMetrics:
 
 class PrefillMetrics:
     """A prefill worker's job metrics, whatever its engine (on a mocker fleet the
-    transfer time is the engine's simulated one and no bytes are counted)."""
+    transfer time is the engine's simulated one and no bytes are counted).
 
-    def __init__(self, registry) -> None:
+    ``pool`` and ``model`` label the same times again in the "latency by pool" series
+    (``latency_metrics.PrefillLatency``; the shell passes ``worker_labels``): the
+    unlabelled ``compute`` and ``transfer`` histograms stay as they were (the
+    disaggregated TTFT benchmark reads them by their bare sample names)."""
+
+    def __init__(self, registry, pool: str = "", model: str = "") -> None:
         self.registry = registry
+        self.latency = PrefillLatency(registry, pool, model)
         self.jobs = Counter(f"{PREFIX}_prefill_jobs_total", "Prefill jobs by outcome",
                             ["outcome"], registry=registry)
         self.compute = Histogram(f"{PREFIX}_prefill_compute_seconds",
@@ -43,3 +51,14 @@ class PrefillMetrics:
                                   buckets=latency_buckets(), registry=registry)
         self.transfer_bytes = Counter(f"{PREFIX}_prefill_transfer_bytes_total",
                                       "KV bytes written to decode workers", registry=registry)
+
+    def computed(self, seconds: float) -> None:
+        """Called once per job whose prompt KV was computed here."""
+        self.compute.observe(seconds)
+        self.latency.bound_compute.observe(seconds)
+
+    def transferred(self, seconds: float, nbytes: int) -> None:
+        """Called once per job whose KV this worker wrote into a decode worker."""
+        self.transfer.observe(seconds)
+        self.latency.bound_transfer.observe(seconds)
+        self.transfer_bytes.inc(nbytes)

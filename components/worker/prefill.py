@@ -18,6 +18,7 @@ from splitserve.contracts.kit.component import ComponentContext, serve_until_sto
 
 from . import registry
 from .disagg_metrics import PrefillMetrics
+from .latency_metrics import worker_labels
 from splitserve.contracts.sections import Draining, PrefillTimings
 
 from .prefill_loop import PrefillLoopSettings, pull_loop
@@ -50,9 +51,9 @@ async def run_prefill(ctx: ComponentContext, cfg) -> None:
         stack.push_async_callback(bounded, nc.drain)
         tasks: list[asyncio.Future] = []
         stack.push_async_callback(cancel_all, tasks)
+        metrics = PrefillMetrics(h.metrics.registry, *worker_labels(ctx.run))
         puller = asyncio.create_task(pull_loop(engine, nc, queue, loop_settings(cfg),
-                                               worker_id, PrefillMetrics(h.metrics.registry),
-                                               ctx.stopping))
+                                               worker_id, metrics, ctx.stopping))
         tasks.append(puller)
 
         async def presence(request: dict, context=None):

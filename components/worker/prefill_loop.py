@@ -87,10 +87,9 @@ def job_params(req: PrefillRequest) -> GenerateParams:
 def observe(metrics: PrefillMetrics, result) -> dict | None:
     """Count a finished prefill's compute and transfer; its usage for the handoff (the
     prefix hit here, which the decode side reports)."""
-    metrics.compute.observe(result.compute_s)
+    metrics.computed(result.compute_s)
     if result.transfer_bytes or result.transfer_s:
-        metrics.transfer.observe(result.transfer_s)
-        metrics.transfer_bytes.inc(result.transfer_bytes)
+        metrics.transferred(result.transfer_s, result.transfer_bytes)
     if result.cached_tokens:
         return {"prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
     return None
@@ -114,6 +113,7 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
     rid = req.request_id
     eid = f"{rid}@{getattr(job, 'delivery_count', 1)}"
     outcome = "done"
+    metrics.latency.picked_up(req.enqueued_at)
     trace = job_span(job)
     heartbeat = asyncio.create_task(keep_alive(job, settings.heartbeat_s))
     pending = None
@@ -162,7 +162,7 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
         if pending is not None:
             result = await asyncio.wait_for(pending, settings.prefill_timeout_s)
             pending = None
-            metrics.compute.observe(result.compute_s)
+            metrics.computed(result.compute_s)
             trace_prefill(trace, t0, result)
         await job.ack()
         return outcome

@@ -3,6 +3,7 @@ with this project's router, offload decider and JetStream prefill queue in the p
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import openai
@@ -10,7 +11,7 @@ import pytest
 
 from splitserve.contracts.kit.procs import pid_alive
 from tests.graphs import start_graph
-from tests.e2e.helpers import metric
+from tests.e2e.helpers import dynamo, metric
 
 pytestmark = pytest.mark.e2e
 
@@ -92,6 +93,40 @@ def test_long_prompts_go_remote_and_short_ones_stay_local(fleet):
     assert fleet_total(run, "DecodeWorker", "splitserve_disagg_fallbacks_total") == 0
     # Round-robin routing spreads requests, so both decode workers decided some.
     assert all(metric(r["metrics"], decisions) > 0 for r in run.replicas("DecodeWorker"))
+
+
+def test_latency_by_pool_on_the_workers_and_in_dynamo_status(fleet):
+    """Each pool's TTFT and ITL (decode workers) and prefill queue wait, compute and KV
+    transfer (prefill workers) are labelled by pool and model, and `dynamo status
+    --latency --json` reads quantiles for each pool and the frontend's model."""
+    run, client = fleet
+    for content in (f"latency {LONG}", f"latency {SHORT}"):
+        chunks = list(client.chat.completions.create(
+            model=MODEL, max_tokens=6, stream=True,
+            messages=[{"role": "user", "content": content}]))
+        assert chunks[-1].choices[0].finish_reason == "length"
+    stages = {"DecodeWorker": ("ttft", "itl"),
+              "PrefillWorker": ("prefill_queue_wait", "prefill_compute", "kv_transfer")}
+    series = {"ttft": "splitserve_pool_ttft_seconds", "itl": "splitserve_pool_itl_seconds",
+              "prefill_queue_wait": "splitserve_pool_prefill_queue_wait_seconds",
+              "prefill_compute": "splitserve_pool_prefill_compute_seconds",
+              "kv_transfer": "splitserve_pool_kv_transfer_seconds"}
+    for pool, names in stages.items():
+        for name in names:
+            count = fleet_total(run, pool, f"{series[name]}_count", pool=pool, model=MODEL)
+            assert count >= 1, (pool, name)
+    res = dynamo(run, "status", "--latency", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["unreadable"] == [] and "upper bound" in out["quantiles"]
+    rows = {(r["pool"], r["model"]): r for r in out["pools"]}
+    assert set(rows) == {("DecodeWorker", MODEL), ("PrefillWorker", MODEL)}
+    for pool, names in stages.items():
+        for name in names:
+            q = rows[(pool, MODEL)][name]
+            assert q["count"] >= 1 and 0 < q["p50"] <= q["p95"] <= q["p99"], (pool, name, q)
+    front = {r["model"]: r for r in out["frontend"]}
+    assert front[MODEL]["ttft"]["count"] >= 2 and front[MODEL]["itl"]["p50"] is not None
 
 
 def test_without_prefill_workers_long_prompts_complete_locally(tmp_path):

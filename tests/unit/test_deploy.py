@@ -96,3 +96,42 @@ def test_worker_pods_get_their_whole_drain_before_kubernetes_kills_them(name, co
     pre = front["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     stop = sections["Common"].get("shutdown_timeout_s", 20.0)
     assert pre[0] == "sleep" and front["terminationGracePeriodSeconds"] > int(pre[1]) + stop
+
+
+def pool_series() -> set[str]:
+    """The histograms labelled by pool and model that the workers register."""
+    from prometheus_client import CollectorRegistry
+
+    from splitserve.components.worker.disagg_metrics import PrefillMetrics
+    from splitserve.components.worker.latency_metrics import TokenLatency
+
+    registry = CollectorRegistry()
+    TokenLatency(registry, "DecodeWorker", "m")
+    PrefillMetrics(registry, "PrefillWorker", "m")
+    return {m.name for m in registry.collect()
+            if m.type == "histogram" and {"pool", "model"} <= {
+                k for s in m.samples for k in s.labels}}
+
+
+def test_latency_by_pool_is_on_the_dashboard_and_recorded_for_every_series():
+    series = pool_series()
+    assert len(series) == 5 and series <= documented()
+    dash = json.loads((ROOT / "deploy/grafana/dashboard.json").read_text())
+    panels = dash["panels"]
+    row = next(i for i, p in enumerate(panels) if p["title"] == "Latency by pool")
+    mine = panels[row + 1:]
+    mine = mine[:next((i for i, p in enumerate(mine) if p["type"] == "row"), len(mine))]
+    exprs = [t["expr"] for p in mine for t in p["targets"]]
+    assert {base(m) for e in exprs for m in METRIC.findall(e)} == series | {
+        "splitserve_frontend_ttft_seconds"}
+    for e in exprs:
+        by = "(model, le)" if "frontend" in e else "(pool, model, le)"
+        assert e.startswith("histogram_quantile(") and f"sum by {by}" in e, e
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/rules.yaml").read_text())
+    group = next(g for g in rules["groups"] if g["name"] == "splitserve.latency_by_pool")
+    recorded = {}
+    for r in group["rules"]:
+        assert "sum by (pool, model, le)" in r["expr"], r
+        (metric,) = {base(m) for m in METRIC.findall(r["expr"])}
+        recorded.setdefault(metric, set()).add(r["record"].rsplit(":", 1)[1])
+    assert recorded == {s: {"p50_5m", "p95_5m", "p99_5m"} for s in series}
