@@ -21,7 +21,9 @@ PROCESS_FIELDS = ("replicas", "env", "metrics_port")
 class FrontendConfig(ComponentConfig):
     """OpenAI-compatible HTTP server settings."""
 
-    host: str = Field("127.0.0.1", description="Address to bind; loopback by default.")
+    host: str | None = Field(None, description="Address the HTTP API binds; unset: "
+                             "Common.bind_host (127.0.0.1 unless set, a pod's IP in a "
+                             "rendered manifest), so one setting moves every listener.")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = a free port).")
     model_dir: str | None = Field(None, description="HF-style directory with the tokenizer "
                                   "and config.json; default: the bundled SmolLM2 export.")

@@ -70,7 +70,8 @@ async def main(ctx: ComponentContext) -> None:
                         keep_alive_timeout_s=cfg.keep_alive_timeout_s,
                         max_connections=cfg.max_connections,
                         max_header_bytes=cfg.max_header_bytes)
-    server = FrontendServer(server_config(build_app(state), cfg.host, cfg.port, limits))
+    host = cfg.host or ctx.run.common.bind_host
+    server = FrontendServer(server_config(build_app(state), host, cfg.port, limits))
     serve_task = asyncio.create_task(server.serve())
     watches.append(asyncio.create_task(state.loop_lag.run(ctx.stopping, metrics.loop_lag)))
     while not server.started:
@@ -79,7 +80,7 @@ async def main(ctx: ComponentContext) -> None:
             return
         await asyncio.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
-    url = f"http://{cfg.host}:{port}"
+    url = f"http://{host}:{port}"
     ctx.report("loading", endpoint=url, detail="loading tokenizer")
     state.codec = await asyncio.to_thread(_load_codec, cfg.model_dir, ctx.run.common.model,
                                           ctx.run.common.effective_context_length(),

@@ -38,11 +38,10 @@ METRICS_PORT = 9090
 address, so one fixed port serves every replica and its Service."""
 HTTP_PORT = 8000
 """The frontend's ``port: 0`` in a pod."""
-POD_HOST = "0.0.0.0"
-"""The frontend's HTTP listener in a pod.  Its address comes from the config file,
-which cannot name the pod's IP (known only at start); inside the pod's network
-namespace the wildcard is the pod's IP and loopback.  Dynamo's listeners, NIXL and the
-metrics servers bind the pod's IP through ``--bind-host``."""
+POD_HOST = None
+"""The frontend's HTTP listener in a pod: unset, so it binds ``Common.bind_host``, the
+pod's IP from ``--bind-host $(POD_IP)`` like every other listener (Dynamo's, NIXL's, the
+metrics servers'); never a wildcard."""
 PRESTOP_SLEEP_S = 5
 """How long a frontend pod keeps serving after Kubernetes marks it terminating, so the
 Service's endpoints drop it before SIGTERM makes it refuse new requests."""
@@ -100,7 +99,7 @@ def pod_section(comp: ComponentPlan, target: Target) -> dict[str, Any]:
     if section.get("metrics_port") == 0:
         section["metrics_port"] = METRICS_PORT
     if "host" in section and "port" in section:  # the HTTP API (the frontend)
-        section["host"] = POD_HOST
+        section["host"] = POD_HOST  # the pod's IP, as Common.bind_host
         section["port"] = section["port"] or HTTP_PORT
     if isinstance(comp.config, PlannerComponentConfig):
         section["connector"] = "kubernetes"
