@@ -135,3 +135,22 @@ def test_latency_by_pool_is_on_the_dashboard_and_recorded_for_every_series():
         (metric,) = {base(m) for m in METRIC.findall(r["expr"])}
         recorded.setdefault(metric, set()).add(r["record"].rsplit(":", 1)[1])
     assert recorded == {s: {"p50_5m", "p95_5m", "p99_5m"} for s in series}
+
+
+@pytest.mark.parametrize("engine", ["cpu", "vllm", "sglang", "trtllm"])
+def test_each_container_recipe_installs_an_extra_and_the_pins_setup_uses(engine):
+    """The images install what the setup installs: an extra pyproject.toml declares, and
+    the packages that go in without their dependencies at the setup's exact pins."""
+    import tomllib
+
+    recipe = (ROOT / "deploy" / "docker" / f"Dockerfile.{engine}").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    named = re.findall(r'"\.\[(\w+)\]"', recipe)
+    assert named and all(e in extras for e in named), (engine, named)
+    setup_pins = dict(re.findall(r'"([\w-]+)==([\w.]+)"', (ROOT / "scripts" / "setup.sh")
+                                 .read_text()))
+    for name, version in re.findall(r'"([\w-]+)==([\w.]+)"', recipe):
+        if name in setup_pins:
+            assert setup_pins[name] == version, (engine, name, version)
+    assert (ROOT / "deploy" / "docker" / f"Dockerfile.{engine}.dockerignore").exists()
