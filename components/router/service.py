@@ -131,6 +131,18 @@ class RouterService:
             "tier_overlap_blocks": by_tier,
             "weighted_overlap_blocks": {w: x for w, x in weighted.items() if w in live}}), by_tier
 
+    def _cached_tokens(self, overlap: dict[int, int], snapshot) -> dict[int, int]:
+        """Prompt tokens admission counts as not to be prefilled, per worker: its device
+        prefix hit, or its tier-weighted hit when that is larger (a block restored from
+        host memory or disk is priced at the share of a recompute its tier's weight says
+        it saves, ``Router.host_cache_hit_weight`` / ``disk_cache_hit_weight``: neither
+        free nor a miss)."""
+        bs = self.cfg.block_size
+        cached = {w: n * bs for w, n in overlap.items()}
+        for w, blocks in getattr(snapshot, "weighted_overlap_blocks", {}).items():
+            cached[w] = max(cached.get(w, 0), int(blocks * bs))
+        return cached
+
     def decide(self, call: RouteCall, admitted: Verdict | None = None,
                waited_ms: float = 0.0, holding: bool = False) -> tuple[RouteReply, Any]:
         """Build the snapshot and run the core; records the placement unless explaining.
@@ -166,7 +178,7 @@ class RouterService:
         if decision.worker_id is None and call.lora is not None and not any(
                 call.lora in w.loras for w in snapshot.workers):
             decision = decision.model_copy(update={"reason": LORA_NOT_LOADED})
-        cached = {w: n * self.cfg.block_size for w, n in overlap.items()}
+        cached = self._cached_tokens(overlap, snapshot)
         adm = self.qos.check(call, snapshot.workers, cached, now, record=False,
                              chosen=decision.worker_id,
                              candidates=decision.candidates if decision.worker_id else (),

@@ -246,3 +246,16 @@ def test_route_explain_cli_is_unchanged_by_the_decisions_new_field():
     data.pop("tier_hits")
     assert Decision.model_validate(data).tier_hits == {}
 
+
+
+# ---- admission prices a lower-tier hit ---------------------------------------------------
+def test_admission_prices_a_lower_tier_hit_by_its_weight_neither_free_nor_a_miss():
+    svc, index = service()
+    hold(index, A, "host", "host", "host", "host")  # 4 blocks in host memory
+    hold(index, B, "disk", "disk")
+    svc._refresh_live()
+    snapshot = svc._with_tiers(svc.fleet.snapshot(0.0, {}, {}), svc.hash_blocks(PROMPT))[0]
+    cached = svc._cached_tokens({}, snapshot)
+    assert cached[A] == int(4 * BS * 0.75)  # a host block saves 3/4 of a recompute
+    assert cached[B] == int(2 * BS * 0.25)
+    assert svc._cached_tokens({A: 4}, snapshot)[A] == 4 * BS  # a device hit stays whole
