@@ -61,6 +61,10 @@ class RouterMetrics:
         self.overlap_blocks = Counter(f"{PREFIX}_router_overlap_blocks_total",
                                       "Prefix blocks already cached on the chosen worker",
                                       registry=r)
+        self.tier_hit_blocks = Counter(f"{PREFIX}_router_tier_hit_blocks_total",
+                                       "Prefix blocks the index credits the chosen worker "
+                                       "with, by the KV tier holding them", ["tier"],
+                                       registry=r)
         self.released = Counter(f"{PREFIX}_router_released_total",
                                 "Released requests by outcome", ["outcome"], registry=r)
         self.marked_down = Counter(f"{PREFIX}_router_workers_marked_down_total",
@@ -228,6 +232,8 @@ class RouterService:
             self.fleet.place(call.request_id, wid, now)
             self.tracker.record(wid, hashes, now)
             self.metrics.overlap_blocks.inc(overlap_blocks)
+            for tier, blocks in (decision.tier_hits or {}).get(wid, {}).items():
+                self.metrics.tier_hit_blocks.labels(tier).inc(blocks)
 
     async def route(self, request: dict, context=None):
         """Endpoint handler: one RouteReply."""

@@ -259,3 +259,13 @@ def test_admission_prices_a_lower_tier_hit_by_its_weight_neither_free_nor_a_miss
     assert cached[A] == int(4 * BS * 0.75)  # a host block saves 3/4 of a recompute
     assert cached[B] == int(2 * BS * 0.25)
     assert svc._cached_tokens({A: 4}, snapshot)[A] == 4 * BS  # a device hit stays whole
+
+
+def test_the_router_counts_the_blocks_it_credits_the_chosen_worker_per_tier():
+    svc, index = service()
+    hold(index, A, "device", "host", "host")
+    reply, _ = svc.decide(RouteCall(request_id="r", token_ids=PROMPT))
+    assert reply.worker_id == A
+    counted = {s.labels["tier"]: s.value for m in svc.metrics.tier_hit_blocks.collect()
+               for s in m.samples if s.name.endswith("_total")}
+    assert counted == {"device": 1, "host": 2, "disk": 0}
