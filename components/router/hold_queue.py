@@ -59,7 +59,8 @@ class HoldQueue:
         """Judge the head until one stays held: ``judge(entry, now, final)`` returns
         ``HELD`` or the entry's reply (``final``: its hold has expired, so it must be
         answered now).  ``ended(entry, outcome, now)`` is told of every entry that
-        leaves, with 'answered' or 'cancelled'.  Returns how many left."""
+        leaves, with 'answered', 'cancelled' or 'failed' (``judge`` raised: the
+        caller's await raises it, the others are judged on).  Returns how many left."""
         left = 0
         while self._heap:
             head = self._heap[0]
@@ -68,7 +69,14 @@ class HoldQueue:
                 ended(head, "cancelled", now)
                 left += 1
                 continue
-            reply = judge(head, now, now >= head.expires)
+            try:
+                reply = judge(head, now, now >= head.expires)
+            except Exception as exc:  # noqa: BLE001 - fail this request, not the queue
+                heapq.heappop(self._heap)
+                head.future.set_exception(exc)
+                ended(head, "failed", now)
+                left += 1
+                continue
             if reply == HELD:
                 return left
             heapq.heappop(self._heap)

@@ -97,7 +97,7 @@ class QosMetrics:
         self.held = Counter(f"{PREFIX}_qos_held_total",
                             "Requests held instead of refused (qos.hold), by class, the "
                             "reason they were held for and how the hold ended (placed, "
-                            "refused, cancelled)", ["class_name", "reason", "outcome"],
+                            "refused, cancelled, failed)", ["class_name", "reason", "outcome"],
                             registry=registry)
         self.holding = Gauge(f"{PREFIX}_qos_holding", "Requests held now", registry=registry)
         self.hold_seconds = Histogram(f"{PREFIX}_qos_hold_seconds",

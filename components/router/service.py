@@ -285,7 +285,7 @@ class RouterService:
         """Place ``call`` now, refuse it now, or hold it until its workers' batches let
         it in or its slack is spent (``qos.hold``).  The requests already held are judged
         first; one that would wait longer than its slack for the batches ahead to drain
-        is refused at once, with that wait as its Retry-After."""
+        is refused at once (Retry-After: its worker's predicted drain)."""
         hold = self.qos.config.hold
         if len(self.held):
             self._pump()
@@ -350,6 +350,9 @@ class RouterService:
         if outcome == "answered":
             reply = entry.future.result()
             outcome = "placed" if reply.worker_id is not None else "refused"
+        elif outcome == "failed":
+            log.error("judging held request %s failed: %s", entry.call.request_id,
+                      entry.future.exception())
         cls = self.qos.resolve(entry.call).name
         self.qos.metrics.held.labels(cls, entry.reason, outcome).inc()
         self.qos.metrics.hold_seconds.labels(outcome).observe(now - entry.arrival)

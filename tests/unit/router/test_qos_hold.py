@@ -273,3 +273,24 @@ def test_a_prompt_whose_prefill_would_push_a_running_answer_over_budget_is_held(
     assert admit(req, long, config).admit  # only ever a reason to hold
     predictor.finish("r", now + 0.3, ok=True, ttft_s=0.06, duration_s=0.3, output_tokens=11)
     assert predictor.running_slack_ms("1", now + 0.3) is None
+
+
+def test_a_held_request_whose_judgement_fails_fails_alone():
+    from splitserve.components.router.hold_queue import HELD, HoldQueue
+
+    async def go():
+        q = HoldQueue()
+        bad = q.push("bad", 0.0, deadline=1.0, expires=5.0, reason="tpot-slo-risk")
+        good = q.push("good", 0.0, deadline=2.0, expires=5.0, reason="tpot-slo-risk")
+        ended = []
+
+        def judge(entry, now, final):
+            if entry.call == "bad":
+                raise RuntimeError("boom")
+            return "placed" if entry.call == "good" else HELD
+
+        assert q.pump(0.1, judge, lambda e, outcome, now: ended.append(outcome)) == 2
+        with pytest.raises(RuntimeError, match="boom"):
+            await bad.future
+        assert await good.future == "placed" and ended == ["failed", "answered"]
+    asyncio.run(go())
