@@ -399,12 +399,15 @@ def _write_one(key: int, entry: _DiskEntry, lock: threading.Lock,
                 stats.bytes_used -= entry.nbytes
                 changes.append(TierChange(False, key))
         return
+    elapsed = time.perf_counter() - start
     with lock:
-        stats.observe_write(time.perf_counter() - start)
         if index.get(key) is entry:
             # Under the lock: an eviction sees either the pending copy or the whole file.
             os.replace(tmp, entry.path)
             entry.pending = None
+            # Observed with the write it times, so the histogram's count is the writes
+            # (a block evicted while its file was written is neither).
+            stats.observe_write(elapsed)
             stats.writes += 1
             stats.bytes_written += entry.nbytes
             return
