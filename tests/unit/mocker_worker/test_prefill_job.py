@@ -11,7 +11,7 @@ from splitserve.components.worker.handoff import HandoffInbox, PrefillHandoff
 from splitserve.components.engines.mocker.adapter import MockerEngine
 from splitserve.components.worker.disagg_metrics import PrefillMetrics
 from splitserve.components.worker.prefill_loop import PrefillLoopSettings, prefill_one
-from tests.unit.prefill_queue.factories import make_request
+from tests.unit.prefill_queue.factories import FakeJob
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -51,25 +51,6 @@ class FakeNats:
         if self.error is not None:
             raise self.error
         return Reply(self.inbox.take(data).model_dump_json().encode())
-
-
-class FakeJob:
-    def __init__(self, **request_fields) -> None:
-        self.request = make_request(**request_fields)
-        self.delivery_count = 1
-        self.settled: list[str] = []
-
-    async def ack(self) -> None:
-        self.settled.append("ack")
-
-    async def nak(self, delay_s: float | None = None) -> None:
-        self.settled.append("nak")
-
-    async def term(self, reason: str = "terminated") -> None:
-        self.settled.append(f"term:{reason}")
-
-    async def in_progress(self) -> None:
-        pass
 
 
 def outcome(metrics: PrefillMetrics) -> dict[str, float]:

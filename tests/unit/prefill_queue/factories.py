@@ -38,3 +38,25 @@ def version_1_fields(**over: Any) -> dict[str, Any]:
 
 def make_request(**over: Any) -> PrefillRequest:
     return PrefillRequest.model_validate(request_fields(**over))
+
+
+class FakeJob:
+    """A delivered prefill job as the prefill loop sees it (``make_request``'s request),
+    recording how it was settled."""
+
+    def __init__(self, **request_fields) -> None:
+        self.request = make_request(**request_fields)
+        self.delivery_count = 1
+        self.settled: list[str] = []
+
+    async def ack(self) -> None:
+        self.settled.append("ack")
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        self.settled.append("nak")
+
+    async def term(self, reason: str = "terminated") -> None:
+        self.settled.append(f"term:{reason}")
+
+    async def in_progress(self) -> None:
+        pass

@@ -40,7 +40,7 @@ from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 from splitserve.contracts.wire import FinishReason
 from splitserve.serve.graph import load_graph
 from splitserve.serve.plan import build_plan
-from tests.unit.prefill_queue.factories import make_request
+from tests.unit.prefill_queue.factories import FakeJob
 
 pytestmark = pytest.mark.unit
 
@@ -223,29 +223,10 @@ class Nats:
         return Reply(self.inbox.take(data).model_dump_json().encode())
 
 
-class Job:
-    def __init__(self, enqueued_at: float) -> None:
-        self.request = make_request(handoff_subject="subj.d1", enqueued_at=enqueued_at)
-        self.delivery_count = 1
-        self.settled: list[str] = []
-
-    async def ack(self) -> None:
-        self.settled.append("ack")
-
-    async def nak(self, delay_s: float | None = None) -> None:
-        self.settled.append("nak")
-
-    async def term(self, reason: str = "terminated") -> None:
-        self.settled.append(f"term:{reason}")
-
-    async def in_progress(self) -> None:
-        pass
-
-
 def test_a_prefill_job_times_its_queue_wait_compute_and_transfer(monkeypatch):
     metrics = PrefillMetrics(CollectorRegistry(), "PrefillWorker@qwen", MODEL)
     labels = {"pool": "PrefillWorker@qwen", "model": MODEL}
-    job = Job(enqueued_at=time.time() - 2.0)
+    job = FakeJob(handoff_subject="subj.d1", enqueued_at=time.time() - 2.0)
     no_label_lookups(monkeypatch)
 
     async def one() -> str:
