@@ -25,6 +25,7 @@ from splitserve.contracts.kv_events import KvEventEncoder
 from splitserve.contracts.wire import RouteCall
 from splitserve.serve.graph import load_graph
 from splitserve.serve.plan import load_plan
+from tests.unit.router.fakes import FakeClient
 
 pytestmark = pytest.mark.unit
 
@@ -49,14 +50,6 @@ def stored(first: int, last: int, tier: str) -> BlockStored:
                        parent_hash=H[first - 1] if first else None,
                        token_ids=tuple(PROMPT[first * BS:(last + 1) * BS]),
                        num_block_tokens=(BS,) * (last + 1 - first), tier=tier)
-
-
-class FakeClient:
-    def __init__(self, ids):
-        self.ids = list(ids)
-
-    def instance_ids(self):
-        return list(self.ids)
 
 
 def service(policy: str = "kv_aware", **weights) -> tuple[RouterService, KvEventIndex]:

@@ -17,18 +17,11 @@ from splitserve.components.router.qos.hold import HoldConfig
 from splitserve.components.router.qos.predictor import LatencyPredictor
 from splitserve.components.router.service import RouterService
 from splitserve.components.router.service_config import RouterComponentConfig, load_policy
+from tests.unit.router.fakes import TAUGHT, FakeClient, teach
 
 pytestmark = pytest.mark.unit
 
 CLASS = {"name": "default", "ttft_ms": 2000, "tpot_ms": 50, "may_reject": True}
-
-
-class FakeClient:
-    def __init__(self, ids):
-        self.ids = list(ids)
-
-    def instance_ids(self):
-        return list(self.ids)
 
 
 def service(hold: dict | None = None, mode: str = "enforce") -> RouterService:
@@ -38,24 +31,16 @@ def service(hold: dict | None = None, mode: str = "enforce") -> RouterService:
     return RouterService(cfg, load_policy(cfg), FakeClient((1, 2)))
 
 
-def teach(svc: RouterService, batches=((1, 20.0), (3, 30.0))) -> None:
-    """Finished requests on both workers: TTFT 50 ms; TPOT 20 ms alone, 30 ms in threes
-    (15 + 5 per running request: 8 running predict 55 ms, over the 50 ms target)."""
-    predictor = svc.qos.predictor
-    now = time.monotonic() - 1000.0
+def teach_both(svc: RouterService, batches=TAUGHT) -> None:
+    """Finished requests on both workers (``fakes.teach``): TTFT 50 ms; TPOT 20 ms alone,
+    30 ms in threes (8 running predict 55 ms, over the 50 ms target)."""
     for worker in (1, 2):
-        for batch, tpot in batches * 3:
-            rids = [f"t{worker}-{now}-{i}" for i in range(batch)]
-            for rid in rids:
-                predictor.place(rid, f"{worker:x}", predictor.predict(f"{worker:x}", 10, now),
-                                now, class_name="default")
-            duration = 0.05 + 10 * tpot / 1000.0
-            now += duration
-            for rid in rids:
-                svc.qos.observe(ReleaseCall(request_id=rid, worker_id=worker,
-                                            output_tokens=11, ttft_s=0.05,
-                                            duration_s=duration), now)
-            now += 10.0
+        teach(svc, worker, batches)
+
+
+async def fill(svc: RouterService, n: int) -> list:
+    """``n`` requests placed round robin (the replies)."""
+    return [await svc.place(call(f"r{i}")) for i in range(n)]
 
 
 def call(rid: str, tokens: int = 10) -> RouteCall:
@@ -75,8 +60,8 @@ def held_count(svc: RouterService, outcome: str) -> float:
 def test_a_request_held_for_its_batch_is_placed_when_an_answer_ends():
     async def go():
         svc = service()
-        teach(svc)
-        placed = [await svc.place(call(f"r{i}")) for i in range(14)]  # 7 per worker
+        teach_both(svc)
+        placed = await fill(svc, 14)  # 7 per worker
         assert all(r.worker_id in (1, 2) for r in placed)
         probe = asyncio.create_task(svc.place(call("probe")))
         await asyncio.sleep(0.1)
@@ -91,9 +76,8 @@ def test_a_request_held_for_its_batch_is_placed_when_an_answer_ends():
 def test_a_held_request_is_refused_when_its_wait_ends_with_the_drain_as_retry_after():
     async def go():
         svc = service({"max_wait_s": 0.2})
-        teach(svc)
-        for i in range(14):
-            await svc.place(call(f"r{i}"))
+        teach_both(svc)
+        await fill(svc, 14)
         t0 = time.monotonic()
         reply = await svc.place(call("probe"))
         waited = time.monotonic() - t0
@@ -107,7 +91,7 @@ def test_a_held_request_is_refused_when_its_wait_ends_with_the_drain_as_retry_af
 def test_a_ttft_refusal_is_never_held():
     async def go():
         svc = service()
-        teach(svc)
+        teach_both(svc)
         reply = await svc.place(call("huge", tokens=1))
         assert reply.worker_id is not None
         # 10-token prompts cost 50 ms: a queue of a thousand times that misses at once.
@@ -123,8 +107,8 @@ def test_a_ttft_refusal_is_never_held():
 def test_a_batch_beyond_what_the_line_was_taught_is_held_until_it_is_taught():
     async def go():
         svc = service({"max_wait_s": 1.0})
-        teach(svc, batches=((1, 20.0),))  # only ever alone: a flat line, seen batch 1
-        placed = [await svc.place(call(f"r{i}")) for i in range(10)]  # 5 per worker
+        teach_both(svc, batches=((1, 20.0),))  # only ever alone: a flat line, seen batch 1
+        placed = await fill(svc, 10)  # 5 per worker
         assert all(r.worker_id in (1, 2) for r in placed)
         probe = asyncio.create_task(svc.place(call("probe")))
         await asyncio.sleep(0.1)
@@ -144,9 +128,8 @@ def test_a_batch_beyond_what_the_line_was_taught_is_held_until_it_is_taught():
 def test_a_guess_never_refuses_an_unseen_batch_is_placed_when_its_wait_ends():
     async def go():
         svc = service({"max_wait_s": 0.1})
-        teach(svc, batches=((1, 20.0),))
-        for i in range(10):
-            await svc.place(call(f"r{i}"))
+        teach_both(svc, batches=((1, 20.0),))
+        await fill(svc, 10)
         reply = await svc.place(call("probe"))
         assert reply.worker_id in (1, 2), reply
         assert held_count(svc, "placed") == 1
@@ -156,9 +139,8 @@ def test_a_guess_never_refuses_an_unseen_batch_is_placed_when_its_wait_ends():
 def test_a_request_that_would_wait_longer_than_its_slack_is_refused_at_once():
     async def go():
         svc = service()
-        teach(svc)
-        for i in range(14):
-            await svc.place(call(f"r{i}"))
+        teach_both(svc)
+        await fill(svc, 14)
         svc.qos.predictor.service_ms = 60_000.0  # answers end once a minute
         t0 = time.monotonic()
         reply = await svc.place(call("probe"))
@@ -169,9 +151,8 @@ def test_a_request_that_would_wait_longer_than_its_slack_is_refused_at_once():
 
 def test_shadow_mode_and_a_disabled_hold_never_hold():
     async def go(svc):
-        teach(svc)
-        for i in range(14):
-            await svc.place(call(f"r{i}"))
+        teach_both(svc)
+        await fill(svc, 14)
         t0 = time.monotonic()
         reply = await svc.place(call("probe"))
         return reply, time.monotonic() - t0
@@ -184,8 +165,8 @@ def test_shadow_mode_and_a_disabled_hold_never_hold():
 def test_held_requests_leave_in_deadline_order():
     async def go():
         svc = service()
-        teach(svc)
-        placed = [await svc.place(call(f"r{i}")) for i in range(14)]
+        teach_both(svc)
+        placed = await fill(svc, 14)
         first = asyncio.create_task(svc.place(call("first")))
         await asyncio.sleep(0.05)
         second = asyncio.create_task(svc.place(call("second")))
@@ -235,7 +216,7 @@ def test_hold_config_validates_and_bounds_growth():
 def test_time_already_spent_in_the_frontend_counts_in_the_ttft_prediction():
     async def go():
         svc = service()
-        teach(svc)
+        teach_both(svc)
         fresh = await svc.place(call("fresh"))
         assert fresh.worker_id is not None and fresh.qos["est_ttft_ms"] < 100
         late = call("late").model_copy(update={"waited_ms": 1990.0})

@@ -10,21 +10,14 @@ import time
 
 import pytest
 
-from splitserve.contracts.wire import ReleaseCall, RouteCall
+from splitserve.contracts.wire import RouteCall
 from splitserve.components.router.qos import QosConfig
 from splitserve.components.router.service import RouterService
 from splitserve.components.router.service_config import load_policy
 from splitserve.components.router.service_config import RouterComponentConfig
+from tests.unit.router.fakes import FakeClient, teach
 
 pytestmark = pytest.mark.unit
-
-
-class FakeClient:
-    def __init__(self, ids):
-        self.ids = list(ids)
-
-    def instance_ids(self):
-        return list(self.ids)
 
 
 def service(mode: str = "enforce", ids=(1, 2)) -> RouterService:
@@ -42,24 +35,6 @@ def run(svc: RouterService, rid: str, explain: bool = False) -> dict:
             return reply
         raise AssertionError("no reply")
     return asyncio.run(go())
-
-
-def teach(svc: RouterService, worker: int) -> None:
-    """Finished requests on ``worker``: TTFT 50 ms, TPOT 20 ms alone and 30 ms in threes
-    (15 ms + 5 ms per running request: 8 running would make 55 ms)."""
-    predictor = svc.qos.predictor
-    now = time.monotonic() - 1000.0
-    for batch, tpot in ((1, 20.0), (3, 30.0)) * 3:
-        rids = [f"t{now}-{i}" for i in range(batch)]
-        for rid in rids:
-            predictor.place(rid, f"{worker:x}", predictor.predict(f"{worker:x}", 10, now),
-                            now, class_name="default")
-        duration = 0.05 + 10 * tpot / 1000.0
-        now += duration
-        for rid in rids:
-            svc.qos.observe(ReleaseCall(request_id=rid, worker_id=worker, output_tokens=11,
-                                        ttft_s=0.05, duration_s=duration), now)
-        now += 10.0
 
 
 def fill(svc: RouterService, n: int) -> list[dict]:

@@ -11,16 +11,9 @@ from splitserve.components.router.fleet import FleetState
 from splitserve.components.router.service import RouterService
 from splitserve.components.router.service_config import load_policy
 from splitserve.components.router.service_config import RouterComponentConfig
+from tests.unit.router.fakes import FakeClient
 
 pytestmark = pytest.mark.unit
-
-
-class FakeClient:
-    def __init__(self, ids):
-        self.ids = list(ids)
-
-    def instance_ids(self):
-        return list(self.ids)
 
 
 class FakeIndexer:
