@@ -12,7 +12,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
 from splitserve.components.engines.torch_cpu.kv_cache import KVCacheManager, block_nbytes
@@ -24,24 +23,13 @@ from splitserve.components.engines.torch_cpu.tier_events import (
 from splitserve.components.engines.torch_cpu.tier_metrics import TierMetrics
 from splitserve.contracts import prometheus
 from splitserve.contracts.block_events import BlockStored
+from tests.fixtures.kv_blocks import compute
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[3]
 BS = 4
 NBYTES = block_nbytes(BS, 2, 1, 2)
-
-
-def compute(kv: KVCacheManager, seq_id: str, tokens: list[int], rng: random.Random) -> int:
-    """Admit ``tokens``, fill new blocks with random KV, finish; returns the cached tokens."""
-    cached = kv.open_sequence(seq_id, tokens)
-    assert kv.allocate(seq_id, len(tokens))
-    for b in kv.block_table(seq_id)[cached // BS:]:
-        seed = torch.Generator().manual_seed(rng.randrange(1 << 31))
-        kv.pool()[b] = torch.randn(kv.pool()[b].shape, generator=seed)
-    kv.commit(seq_id, tokens, len(tokens))
-    kv.free(seq_id)
-    return cached
 
 
 @pytest.fixture

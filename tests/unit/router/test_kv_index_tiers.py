@@ -8,7 +8,6 @@ import random
 import shutil
 
 import pytest
-import torch
 from dynamo.llm import compute_block_hash_for_seq
 
 from splitserve.components.engines.torch_cpu.kv_cache import KVCacheManager, block_nbytes
@@ -22,6 +21,7 @@ from splitserve.contracts.block_events import (
     hash_block,
 )
 from splitserve.contracts.kv_events import KvEventEncoder
+from tests.fixtures.kv_blocks import compute
 
 pytestmark = pytest.mark.unit
 
@@ -185,18 +185,6 @@ def test_a_worker_that_leaves_is_forgotten_in_every_tier():
 
 # ---- a real KV cache with tiers -------------------------------------------------------
 NBYTES = block_nbytes(BS, 2, 1, 2)
-
-
-def compute(kv: KVCacheManager, seq_id: str, tokens: list[int], rng: random.Random,
-            lora: str | None = None) -> None:
-    """Admit ``tokens``, 'compute' them (random KV in each new block) and finish."""
-    cached = kv.open_sequence(seq_id, tokens, lora_name=lora)
-    assert kv.allocate(seq_id, len(tokens))
-    for b in kv.block_table(seq_id)[cached // BS:]:
-        seed = torch.Generator().manual_seed(rng.randrange(1 << 31))
-        kv.pool()[b] = torch.randn(kv.pool()[b].shape, generator=seed)
-    kv.commit(seq_id, tokens, len(tokens))
-    kv.free(seq_id)
 
 
 def expected_by_tier(held: dict[str, set[int]], tokens: list[int],
