@@ -12,8 +12,6 @@ or per worker.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -22,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from splitserve.cli.paths import state_root
-from splitserve.cli.status_cmd import local_supervisors
+from splitserve.cli.status_cmd import fetch_text, local_supervisors, replica_metrics_url
 from splitserve.contracts import prometheus
 from splitserve.contracts.metrics import PREFIX
 from splitserve.serve.control import supervisor_status
@@ -108,12 +106,7 @@ class Calibration:
         }
 
 
-def _fetch(url: str, timeout_s: float = 3.0) -> str | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return r.read().decode()
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
+_fetch = fetch_text  # the name the command reads through (tests replace it)
 
 
 def local_metrics_urls(state_dir: str | None) -> list[str]:
@@ -122,13 +115,9 @@ def local_metrics_urls(state_dir: str | None) -> list[str]:
     urls = []
     for info in local_supervisors(state_root(state_dir)):
         for rep in (supervisor_status(info) or {}).get("replicas", []):
-            if rep.get("component") not in ("Router", "Frontend"):
-                continue
-            endpoint = str(rep.get("endpoint") or "")
-            if rep.get("metrics"):
-                urls.append(rep["metrics"])
-            elif endpoint.startswith("http"):  # a frontend serves /metrics on its port
-                urls.append(endpoint.rstrip("/") + "/metrics")
+            if rep.get("component") in ("Router", "Frontend") and (
+                    url := replica_metrics_url(rep)):
+                urls.append(url)
     return urls
 
 
