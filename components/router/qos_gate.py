@@ -155,17 +155,19 @@ class QosGate:
         return resolve_class(call.priority, call.user, call.metadata, self.config)
 
     def _estimate(self, call: RouteCall, wid: int, cached_tokens: int, now: float,
-                  held_ms: float, class_name: str):
+                  held_ms: float, class_name: str, holding: bool = False):
         """The prediction for ``call`` (of class ``class_name``) on worker ``wid``, which
-        holds ``cached_tokens`` of its prompt (only the rest is prefilled)."""
+        holds ``cached_tokens`` of its prompt (only the rest is prefilled); with
+        ``holding``, the running answers' slack that only holding judges."""
         return self.predictor.predict(f"{wid:x}", len(call.token_ids) - cached_tokens,
                                       now, held_ms, output_tokens=call.max_tokens,
-                                      class_name=class_name)
+                                      class_name=class_name, running_slack=holding)
 
     def _judge(self, call: RouteCall, class_name: str, worker: WorkerState | None,
                wid: int, cached_tokens: int, now: float, depth: int,
                held_ms: float, holding: bool = False) -> Admission:
-        estimate = self._estimate(call, wid, cached_tokens, now, held_ms, class_name)
+        estimate = self._estimate(call, wid, cached_tokens, now, held_ms, class_name,
+                                  holding)
         load = LoadSignals(prefill_queue_depth=depth,
                            decode_kv_usage=worker.kv_usage if worker is not None else 0.0)
         verdict = admit(AdmissionRequest(request_id=call.request_id, class_name=class_name,

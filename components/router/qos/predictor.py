@@ -341,12 +341,14 @@ class LatencyPredictor:
 
     def predict(self, worker: str, own_tokens: int, now: float,
                 held_ms: float = 0.0, output_tokens: int = 0,
-                class_name: str | None = None) -> Estimate:
+                class_name: str | None = None, running_slack: bool = False) -> Estimate:
         """Predict a request with ``own_tokens`` uncached prompt tokens placed on
         ``worker`` now; called by admission for each candidate worker.  ``held_ms``: the
         time it will wait before being placed (an admission queue ahead of it);
         ``output_tokens``: the answer's length it asks for (its ``max_tokens``), which sets
-        how many other prompts its decode may meet (``tpot_spread_ms``)."""
+        how many other prompts its decode may meet (``tpot_spread_ms``);
+        ``running_slack``: also find the running answers' least TPOT budget left
+        (``running_slack_ms``, a walk over them; only a holding caller reads it)."""
         own = max(0, own_tokens)
         fixed, per_token, ttft_source = self.ttft_line(worker, now)
         base, slope, tpot_source = self.tpot_line(worker, now)
@@ -374,7 +376,7 @@ class LatencyPredictor:
             prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
             stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
             ttft_lag=lag, tpot_seen_batch=self.tpot_seen(worker, tpot_source),
-            running_slack_ms=self.running_slack_ms(worker, now),
+            running_slack_ms=self.running_slack_ms(worker, now) if running_slack else None,
             tpot_spread_ms=spread)
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,

@@ -246,9 +246,10 @@ def test_a_prompt_whose_prefill_would_push_a_running_answer_over_budget_is_held(
     assert 200 < slack < 350  # 500 - 10 x (20 ms, slowed by the prompt it prefilled)
     config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
     req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
-    short = predictor.predict("1", 1000, now + 0.06)  # ~100 ms of prefill: fits
+    # ~100 ms of prefill fits; ~500 ms would make the answer miss
+    short = predictor.predict("1", 1000, now + 0.06, running_slack=True)
     assert admit(req, short, config, holding=True).admit
-    long = predictor.predict("1", 5000, now + 0.06)  # ~500 ms: the answer would miss
+    long = predictor.predict("1", 5000, now + 0.06, running_slack=True)
     held = admit(req, long, config, holding=True)
     assert not held.admit and held.reason == "running-tpot-risk"
     assert admit(req, long, config).admit  # only ever a reason to hold
