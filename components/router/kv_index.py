@@ -277,11 +277,7 @@ class KvEventIndex:
         with the most blocks, then the most device blocks, then host.  Workers without
         a hit are left out.
         """
-        best: dict[int, list[int]] = {}
-        for wid, counts in self.tiers.rank_prefixes(block_hashes):
-            if wid not in best or (sum(counts), counts) > (sum(best[wid]), best[wid]):
-                best[wid] = counts
-        return {wid: dict(zip(TIERS, counts, strict=True)) for wid, counts in best.items()}
+        return self.tier_overlap(block_hashes, {})[0]
 
     def weighted_overlap(self, block_hashes: list[int], weights: Mapping[Tier, float]
                          ) -> dict[int, float]:
@@ -289,17 +285,27 @@ class KvEventIndex:
         a device block is 1.0 unless ``weights`` says otherwise, a tier it leaves out is
         0 (Dynamo's ``KvRouterConfig`` defaults: host 0.75, disk 0.25).  A worker's best
         rank counts; workers without a hit are left out."""
+        return self.tier_overlap(block_hashes, weights)[1]
+
+    def tier_overlap(self, block_hashes: list[int], weights: Mapping[Tier, float]
+                     ) -> tuple[dict[int, dict[Tier, int]], dict[int, float]]:
+        """``overlap_by_tier`` and ``weighted_overlap`` from one walk of the ranks'
+        prefixes (the router needs both for every decision)."""
         w = {"device": 1.0, **weights}
         for tier, value in w.items():
             if tier not in _BIT or not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"weights[{tier!r}]={value!r}: tiers are {TIERS}, weights "
                                  "finite and >= 0")
         per_tier = [w.get(tier, 0.0) for tier in TIERS]
-        out: dict[int, float] = {}
+        best: dict[int, list[int]] = {}
+        weighted: dict[int, float] = {}
         for wid, counts in self.tiers.rank_prefixes(block_hashes):
+            if wid not in best or (sum(counts), counts) > (sum(best[wid]), best[wid]):
+                best[wid] = counts
             score = sum(c * x for c, x in zip(counts, per_tier, strict=True))
-            out[wid] = max(out.get(wid, 0.0), score)
-        return out
+            weighted[wid] = max(weighted.get(wid, 0.0), score)
+        return ({wid: dict(zip(TIERS, counts, strict=True)) for wid, counts in best.items()},
+                weighted)
 
     def sync_workers(self, live: set[int]) -> None:
         """Drop the blocks of workers that left discovery."""

@@ -126,11 +126,11 @@ class RouterService:
         """``snapshot`` with the prefix hit of each live worker per KV tier and weighed by
         tier (``host_cache_hit_weight``, ``disk_cache_hit_weight``; docs/kv_tiers.md), and
         the per-tier hits; unchanged (and {}) without a tier-aware index or a hit."""
-        if self.indexer is None or not hashes or not hasattr(self.indexer, "overlap_by_tier"):
+        if self.indexer is None or not hashes or not hasattr(self.indexer, "tier_overlap"):
             return snapshot, {}
         live = self.fleet.live
-        by_tier = {w: n for w, n in self.indexer.overlap_by_tier(hashes).items() if w in live}
-        weighted = self.indexer.weighted_overlap(hashes, self.cfg.tier_weights())
+        tiers, weighted = self.indexer.tier_overlap(hashes, self.cfg.tier_weights())
+        by_tier = {w: n for w, n in tiers.items() if w in live}
         return snapshot.model_copy(update={
             "tier_overlap_blocks": by_tier,
             "weighted_overlap_blocks": {w: x for w, x in weighted.items() if w in live}}), by_tier
