@@ -72,6 +72,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import disagg_peer as dp  # noqa: E402
 import sweep_plan as sp  # noqa: E402
 from compare import (  # noqa: E402
     MODEL,
@@ -108,6 +109,9 @@ class Case:
     warmup: bool = True
     """False: no request before the replay (the frontend is only waited on until it lists
     the model), so admission meets the load with no fit learned."""
+    prefill_workers: int = 0
+    """More than 0: a disaggregated case (``workers`` decode and this many prefill
+    workers), run by the disaggregated configurations of ``disagg_peer`` only."""
 
 
 LONG = {"trace": MOONCAKE, "token_scale": 1, "output_scale": 16.0, "workers": 4,
@@ -143,6 +147,13 @@ CASES = {
                                  ((2.0, 40.0),)),
     # Bursts and lulls for 3 minutes: 10 s at 3x, 20 s at 0.3x, six times.
     "waves": Case(**LONG, capacity_rps=20.0, phases=((3.0, 10.0), (0.3, 20.0)) * 6),
+    # Disaggregated, 2 decode + 2 prefill workers, no admission on either side: this
+    # project's disaggregated graph against Dynamo's own disaggregation, below the knee
+    # and at it (the aggregated 4-worker fleet's knee; not measured for 2 + 2).
+    "disagg-below": Case(**{**LONG, "workers": 2}, capacity_rps=20.0,
+                         phases=((0.5, 30.0),), prefill_workers=2),
+    "disagg-knee": Case(**{**LONG, "workers": 2}, capacity_rps=20.0,
+                        phases=((1.0, 40.0),), prefill_workers=2),
 }
 
 
@@ -173,7 +184,8 @@ DYNAMO = {
 OURS = "splitserve-default"
 SHADOW = "splitserve-shadow"  # the same, qos.mode shadow: what it would refuse, and how
 # those requests ended (the false refusals of the default), never compared for goodput
-ALL = [OURS, *DYNAMO, SHADOW]
+ALL = [OURS, *DYNAMO, SHADOW, *dp.DISAGG]
+MINE = (OURS, dp.OURS_DISAGG)
 
 
 def one_line_default(slo: dict[str, float]) -> list[str]:
@@ -231,9 +243,28 @@ def wait_ready(url: str, timeout_s: float, streak: int, warmup: bool, proc=None)
         time.sleep(0.5)
 
 
+def geometry() -> dict[str, str]:
+    return dict(a.removeprefix("--Worker.engine_args.").split("=", 1) for a in FLEET)
+
+
 @contextlib.contextmanager
 def deployment(name: str, case: Case, args):
-    """Start ``name`` for ``case``; yields (base URL, metrics URL of our frontend or None)."""
+    """Start ``name`` for ``case``; yields (base URL, metrics URL of our frontend or None,
+    a callable returning what the graph's own metrics say of the run, or None)."""
+    if name in (dp.OURS_DISAGG, dp.OURS_REMOTE):
+        forced = [dp.FORCED_REMOTE] if name == dp.OURS_REMOTE else []
+        with dp.ours(case.workers, case.prefill_workers, geometry(), args.startup_timeout_s,
+                     [*forced, *args.ours_set]) as g:
+            wait_ready(g.url, 60, 2 * case.workers, case.warmup)
+            yield g.url, f"{g.url}/metrics", lambda: dp.stages(g)
+        return
+    if name == dp.DYNAMO_DISAGG:
+        with dp.dynamo(case.workers, case.prefill_workers, geometry(),
+                       args.startup_timeout_s) as (fe, url, prefill):
+            wait_ready(url, 90, 2 * case.workers, case.warmup, fe)
+            dp.prefill_alive(prefill)
+            yield url, None, None
+        return
     fleet = [f"--Worker.replicas={case.workers}", *FLEET]
     if name in (OURS, SHADOW):
         slo = rp.parse_slo(case.slo)
@@ -242,14 +273,14 @@ def deployment(name: str, case: Case, args):
                       [*fleet, *one_line_default(slo), *mode, *args.ours_set],
                       startup_timeout_s=args.startup_timeout_s) as g:
             wait_ready(g.url, 60, 2 * case.workers, case.warmup)
-            yield g.url, f"{g.url}/metrics"
+            yield g.url, f"{g.url}/metrics", None
         return
     with WorkersRun("graphs.agg_router:Worker", "configs/mocker_agg_router.yaml", fleet,
                     startup_timeout_s=args.startup_timeout_s) as w:
         fe, url = dynamo_frontend(w, "kv", DYNAMO[name], f"{name}.log")
         try:
             wait_ready(url, 90, 2 * case.workers, case.warmup, fe)
-            yield url, None
+            yield url, None, None
         finally:
             fe.stop()
 
@@ -285,7 +316,7 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
     out: dict = {"config": name, "case": case_name}
     t0 = time.monotonic()
     try:
-        with deployment(name, case, args) as (url, metrics):
+        with deployment(name, case, args) as (url, metrics, own_view):
             la = os.getloadavg()[0]
             res = rp.run_replay(url, cfg, label=f"{case_name} {name}", progress_s=args.progress_s,
                                 deadline_s=work["replay_span_s"] + args.drain_s, reqs=reqs,
@@ -300,6 +331,9 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
             if out["verdicts"]:
                 print(f"[{case_name} {name}] verdicts {json.dumps(out['verdicts'])} held "
                       f"{json.dumps(out['held'])}", flush=True)
+            if own_view is not None:
+                out["own_view"] = own_view()
+                print(f"[{case_name} {name}] {json.dumps(out['own_view'])}", flush=True)
             out["rejected_codes"] = rejected_codes(res["requests"])
             out["timeline"] = timeline(res["requests"], slo)
             for row in out["timeline"]:
@@ -407,8 +441,8 @@ def table(points: list[dict]) -> tuple[str, list[dict]]:
                        "|---|---|---|---|---|---|---|---|---|"]
     for case in dict.fromkeys(p["case"] for p in points):
         ps = [p for p in points if p["case"] == case and p.get("goodput_rps") is not None]
-        ours = next((p for p in ps if p["config"] == OURS), None)
-        theirs = [p for p in ps if p["config"] not in (OURS, SHADOW)]
+        ours = next((p for p in ps if p["config"] in MINE), None)
+        theirs = [p for p in ps if not p["config"].startswith("splitserve")]
         if ours is None or not theirs:
             continue
         best = max(theirs, key=lambda p: p["goodput_rps"])
@@ -477,7 +511,7 @@ def main(argv: list[str] | None = None) -> None:
         workloads[case_name] = work
         print(f"==== {case_name}: {work['requests']} requests over {work['replay_span_s']:.0f}s "
               f"({json.dumps(work['phases'])[:300]})", flush=True)
-        for name in args.configs:
+        for name in [n for n in args.configs if (n in dp.DISAGG) == bool(case.prefill_workers)]:
             points.append(run_one(name, case_name, case, args, reqs, work))
             time.sleep(2)
     md, rows = table(points)

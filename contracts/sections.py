@@ -115,6 +115,12 @@ class PrefillTimings(StrictModel):
 
     max_concurrent_jobs: int = Field(8, ge=1, description="Prefill jobs in flight at once "
                                      "(the engine batches their prompts).")
+    max_inflight_tokens: int = Field(
+        16384, ge=0, description="Prompt tokens to compute (uncached) this worker takes "
+        "on at once: it takes the next job only while its jobs in flight hold fewer, one "
+        "job at a time, so a burst spreads over every prefill worker instead of queueing "
+        "inside the first one that pulled (a job larger than this still runs alone). 0: "
+        "no token bound, jobs taken up to max_concurrent_jobs in one pull.")
     handoff_timeout_s: float = Field(
         5.0, gt=0, description="How long to wait for the decode worker to confirm a "
         "prefill result before handing the job back to the queue.")

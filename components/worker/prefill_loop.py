@@ -246,19 +246,30 @@ async def refuse(job, nc, worker_id: int, why: str, settings: PrefillLoopSetting
         log.debug("term of %s failed: %s", req.request_id, exc)
 
 
+def uncached_tokens(job) -> int:
+    """What a job asks its prefill worker to compute: its prompt less the prefix the
+    decode worker found cached (the prefill worker's own cache may hold more)."""
+    req = job.request
+    return max(1, len(req.token_ids) - req.num_cached_tokens)
+
+
 async def pull_loop(engine: Engine, nc, queue, settings: PrefillLoopSettings, worker_id: int,
                     metrics: PrefillMetrics, stopping: asyncio.Event) -> None:
-    """Keep up to ``max_concurrent_jobs`` jobs running until ``stopping``, then drain."""
-    running: set[asyncio.Task] = set()
+    """Keep up to ``max_concurrent_jobs`` jobs, and while they hold fewer than
+    ``max_inflight_tokens`` uncached prompt tokens, running until ``stopping``; then
+    drain.  With a token bound jobs are pulled one at a time: what a worker cannot start
+    computing soon stays in the shared queue for whichever worker frees up first."""
+    running: dict[asyncio.Task, int] = {}
+    budget = settings.max_inflight_tokens
     while not stopping.is_set():
         room = settings.max_concurrent_jobs - len(running)
-        if room <= 0:
+        if room <= 0 or (budget and sum(running.values()) >= budget):
             await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             continue
-        for job in await queue.pull(batch=room, wait_s=0.5):
+        for job in await queue.pull(batch=1 if budget else room, wait_s=0.5):
             t = asyncio.create_task(prefill_one(engine, nc, job, settings, worker_id,
                                                 metrics))
-            running.add(t)
-            t.add_done_callback(running.discard)
+            running[t] = uncached_tokens(job)
+            t.add_done_callback(lambda done: running.pop(done, None))
     if running:
         await asyncio.wait(running, timeout=settings.drain_timeout_s)
