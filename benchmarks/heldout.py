@@ -61,7 +61,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -73,6 +72,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import disagg_peer as dp  # noqa: E402
+from heldout_readings import (  # noqa: E402
+    Sampler,
+    confusion,
+    false_refusals,
+    rejected_codes,
+    timeline,
+    verdicts,
+)
 import sweep_plan as sp  # noqa: E402
 from compare import (  # noqa: E402
     MODEL,
@@ -83,7 +90,7 @@ from compare import (  # noqa: E402
     versions,
     wait_serving,
 )
-from splitserve.bench.graphrun import GraphRun, parse_prometheus  # noqa: E402
+from splitserve.bench.graphrun import GraphRun  # noqa: E402
 
 from splitserve.bench import replay as rp  # noqa: E402
 from splitserve.bench import sweep as sw  # noqa: E402
@@ -285,29 +292,6 @@ def deployment(name: str, case: Case, args):
             fe.stop()
 
 
-def confusion(metrics_url: str | None, family: str = "splitserve_qos_confusion_total",
-              keys: tuple[str, ...] = ("outcome",)) -> dict[str, float] | None:
-    """Our frontend's counters of ``family`` summed by the ``keys`` labels (joined by
-    '/'): the confusion table by default, the verdicts by outcome and reason with
-    ``verdicts``."""
-    if metrics_url is None:
-        return None
-    import urllib.request
-
-    with urllib.request.urlopen(metrics_url, timeout=10) as r:
-        fams = parse_prometheus(r.read().decode())
-    out: dict[str, float] = {}
-    for labels, v in fams.get(family, {}).items():
-        cell = "/".join(dict(labels).get(k, "") for k in keys)
-        out[cell] = out.get(cell, 0.0) + v
-    return out
-
-
-def verdicts(metrics_url: str | None) -> dict[str, float] | None:
-    """Admission's verdicts by outcome and reason (``no-estimate``: judged on no fit)."""
-    return confusion(metrics_url, "splitserve_qos_admissions_total", ("outcome", "reason"))
-
-
 def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
     slo = rp.parse_slo(case.slo)
     cfg = rp.ReplayConfig(trace=case.trace, token_scale=case.token_scale,
@@ -318,9 +302,15 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
     try:
         with deployment(name, case, args) as (url, metrics, own_view):
             la = os.getloadavg()[0]
-            res = rp.run_replay(url, cfg, label=f"{case_name} {name}", progress_s=args.progress_s,
-                                deadline_s=work["replay_span_s"] + args.drain_s, reqs=reqs,
-                                workload=work)
+            with Sampler(metrics) as sampled:
+                res = rp.run_replay(url, cfg, label=f"{case_name} {name}",
+                                    progress_s=args.progress_s,
+                                    deadline_s=work["replay_span_s"] + args.drain_s,
+                                    reqs=reqs, workload=work)
+            if metrics:
+                out["frontend_load"] = sampled.windows()
+                for row in out["frontend_load"]:
+                    print(f"[{case_name} {name}] frontend {json.dumps(row)}", flush=True)
             rp.print_summary(res["summary"], f"{case_name} {name}")
             out.update(sw.point_from_result(res, name, 1.0))
             out["case"] = case_name
@@ -345,70 +335,6 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
         print(f"[{case_name} {name}] FAILED: {out['error']}", flush=True)
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return round(values[min(len(values) - 1, int(q * len(values)))], 3)
-
-
-def timeline(records: list[dict], slo: dict[str, float], width_s: float = 5.0) -> list[dict]:
-    """Per ``width_s`` of scheduled arrivals: requests sent, refused (503), served in
-    the SLO, admitted and missed (served late, or no answer), and the admitted requests'
-    measured TTFT against admission's prediction (``x-splitserve-predicted-ttft-ms``;
-    requests that never got a first token carry none)."""
-    rows: dict[int, dict] = {}
-    for r in records:
-        k = int(r["scheduled_s"] // width_s)
-        row = rows.setdefault(k, {"from_s": k * width_s, "sent": 0, "refused": 0,
-                                  "met": 0, "admitted_missed": 0, "_ttft": [], "_pred": [],
-                                  "_ratio": []})
-        row["sent"] += 1
-        if r["outcome"] == "rejected":
-            row["refused"] += 1
-            continue
-        ok = (r["outcome"] == "ok" and r.get("ttft_s") is not None
-              and r["ttft_s"] * 1000 <= slo.get("ttft_ms", float("inf"))
-              and (r.get("tpot_s") is None
-                   or r["tpot_s"] * 1000 <= slo.get("tpot_ms", float("inf"))))
-        row["met" if ok else "admitted_missed"] += 1
-        if r.get("ttft_s") is not None:
-            row["_ttft"].append(r["ttft_s"])
-            if r.get("predicted_ttft_s") is not None:
-                row["_pred"].append(r["predicted_ttft_s"])
-                row["_ratio"].append(r["ttft_s"] / max(1e-3, r["predicted_ttft_s"]))
-    out = []
-    for k in sorted(rows):
-        row = rows[k]
-        ttft, pred, ratio = row.pop("_ttft"), row.pop("_pred"), row.pop("_ratio")
-        row.update(ttft_p50_s=_pct(ttft, 0.5), predicted_p50_s=_pct(pred, 0.5),
-                   measured_over_predicted_p50=_pct(ratio, 0.5))
-        out.append(row)
-    return out
-
-
-def rejected_codes(records: list[dict]) -> dict[str, int]:
-    """Requests not served, by outcome and the error's OpenAI ``code`` when it has one."""
-    codes: dict[str, int] = {}
-    for r in records:
-        if r["outcome"] != "ok":
-            text = str(r.get("error", ""))
-            found = re.search(r'"code":\s*"([^"]+)"', text)
-            key = f"{r['outcome']}: {found.group(1) if found else text[:60]}"
-            codes[key] = codes.get(key, 0) + 1
-    return codes
-
-
-def false_refusals(shadow: dict[str, float] | None) -> tuple[float, float, float] | None:
-    """From shadow mode's confusion table: (would refuse, of those met the SLO anyway,
-    that share): the refusals the default would have made in vain on this traffic."""
-    if not shadow:
-        return None
-    met, missed = shadow.get("would-refuse-met", 0.0), shadow.get("would-refuse-missed", 0.0)
-    would = met + missed
-    return (would, met, met / would) if would else (0.0, 0.0, 0.0)
 
 
 def best_single(points: list[dict]) -> tuple[str, dict[str, tuple[float, float]]] | None:

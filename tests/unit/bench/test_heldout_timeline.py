@@ -58,3 +58,30 @@ def test_the_best_single_dynamo_configuration_is_the_best_on_average_over_cases(
     assert name == "dynamo-kv"
     assert per_case == {"burst": (10.0, 4.0), "below": (10.0, 10.0)}
     assert heldout.best_single([points[0]]) is None
+
+
+def test_a_disaggregated_case_compares_the_default_graph_with_dynamos_disaggregation():
+    heldout = _load()
+    base = {"ttft_p99_ms": 1.0, "tpot_p99_ms": 1.0, "ttft_p50_ms": 1.0, "tpot_p50_ms": 1.0,
+            "slo_attainment": 1.0, "ok": 1, "rejected": 0, "errors": 0}
+    points = [{**base, "case": "disagg-below", "config": cfg, "goodput_rps": g} for cfg, g in [
+        ("splitserve-disagg", 9.0), ("splitserve-disagg-remote", 12.0),
+        ("dynamo-disagg", 10.0)]]
+    _, rows = heldout.table(points)
+    # the forced-remote variant is this project's too: never "Dynamo's best"
+    assert rows == [{"case": "disagg-below", "ours": 9.0, "best": 10.0,
+                     "best_config": "dynamo-disagg", "ratio": 0.9,
+                     "admitted_missed_share": None, "false_refusal_share": None}]
+    # a disaggregated case runs only the disaggregated configurations
+    assert heldout.CASES["disagg-below"].prefill_workers == 2
+
+
+def test_the_frontend_sampler_keeps_the_highest_reading_per_window():
+    heldout = _load()
+    sampler = heldout.Sampler(None)
+    sampler.rows = [{"t_s": 0.5, "loop_lag_s": 0.01, "inflight": 3},
+                    {"t_s": 4.5, "loop_lag_s": 0.2, "inflight": 1},
+                    {"t_s": 5.5, "loop_lag_s": 0.0, "inflight": 9}]
+    assert sampler.windows() == [
+        {"from_s": 0.0, "max_loop_lag_s": 0.2, "max_inflight": 3},
+        {"from_s": 5.0, "max_loop_lag_s": 0.0, "max_inflight": 9}]
