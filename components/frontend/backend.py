@@ -87,10 +87,34 @@ class StreamMeta:
         return max(0.0, (time.monotonic() - self.received_at) * 1000.0)
 
 
+async def silent_after_first(stream, stall_s: float, worker_id: int) -> AsyncIterator:
+    """``stream``'s items; after the first, each within ``stall_s`` seconds (0: no
+    limit), else WorkerUnreachable (``stalled``, output produced)."""
+    items = aiter(stream)
+    first = True
+    while True:
+        try:
+            if first or not stall_s:
+                item = await anext(items)
+            else:
+                async with asyncio.timeout(stall_s):
+                    item = await anext(items)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise WorkerUnreachable(worker_id, f"its stream was silent for {stall_s:g}s",
+                                    produced=True, stalled=True) from None
+        first = False
+        yield item
+
+
 async def stream_from_worker(client, call: WorkerCall, worker_id: int, context,
-                             meta_out: dict) -> AsyncIterator[dict]:
+                             meta_out: dict, stall_s: float = 0.0) -> AsyncIterator[dict]:
     """Chunks of ``call`` served by ``worker_id``; raises WorkerUnreachable when the
-    connection fails, the stream breaks, or it ends before any output.
+    connection fails, the stream breaks, ends before any output, or (``stall_s`` > 0)
+    stays silent for ``stall_s`` seconds after its first chunk: a worker whose host was
+    cut off from the network sends no reset, and its stream would otherwise hang until
+    the inter-token deadline fails the request.
 
     Sets ``meta_out["finished"]`` once a final chunk (finish reason, no error) passed.
     """
@@ -101,21 +125,24 @@ async def stream_from_worker(client, call: WorkerCall, worker_id: int, context,
     produced = drained = False
     kv = None
     try:
-        async for item in stream:
-            chunk = chunk_data(item)
-            if chunk.get(DRAINED):
-                drained = True
-                kv = chunk.get(KV_PARKED)
-                if chunk.get("token_ids"):  # made by the engine, not sent before the cut
-                    produced = True
-                    yield output_chunk(list(chunk["token_ids"]))
-                break
-            # The consumer may close us right after the last chunk: remember that the
-            # request finished so the release reports it as ok, not cancelled.
-            meta_out["finished"] = bool(chunk.get("finish_reason")) and not chunk.get("error")
-            meta_out["errored"] = bool(chunk.get("error"))
-            produced = True
-            yield chunk
+        async with contextlib.aclosing(silent_after_first(stream, stall_s, worker_id)) as items:
+            async for item in items:
+                chunk = chunk_data(item)
+                if chunk.get(DRAINED):
+                    drained = True
+                    kv = chunk.get(KV_PARKED)
+                    if chunk.get("token_ids"):  # made by the engine, not sent before the cut
+                        produced = True
+                        yield output_chunk(list(chunk["token_ids"]))
+                    break
+                # The consumer may close us right after the last chunk: remember that the
+                # request finished so the release reports it as ok, not cancelled.
+                meta_out["finished"] = bool(chunk.get("finish_reason")) and not chunk.get("error")
+                meta_out["errored"] = bool(chunk.get("error"))
+                produced = True
+                yield chunk
+    except WorkerUnreachable:
+        raise
     except Exception as exc:  # noqa: BLE001 - the stream broke (worker died)
         raise WorkerUnreachable(worker_id, exc, produced) from None
     if drained:
@@ -147,9 +174,11 @@ class DirectBackend:
 
     def __init__(self, worker_client, migration_limit: int = 1, down_ttl_s: float = 30.0,
                  metrics: BackendMetrics | None = None,
-                 adapter_workers: Callable[[str], set[int]] | None = None) -> None:
+                 adapter_workers: Callable[[str], set[int]] | None = None,
+                 stall_s: float = 0.0) -> None:
         self.client = worker_client
         self.migration_limit = migration_limit
+        self.stall_s = stall_s
         self.down_ttl_s = down_ttl_s
         self.metrics = metrics or BackendMetrics()
         self.adapter_workers = adapter_workers or (lambda name: set())
@@ -193,7 +222,8 @@ class DirectBackend:
             self._next += 1
             meta.worker_id = wid
             try:
-                async for chunk in stream_from_worker(self.client, call, wid, context, {}):
+                async for chunk in stream_from_worker(self.client, call, wid, context, {},
+                                                      self.stall_s):
                     resume.seen(chunk)
                     yield chunk
                 return
@@ -226,8 +256,9 @@ class RoutedBackend:
     def __init__(self, router_client, connect, route_timeout_s: float = 5.0,
                  migration_limit: int = 1, status_client=None,
                  metrics: BackendMetrics | None = None,
-                 status_interval_s: float = 0.25) -> None:
+                 status_interval_s: float = 0.25, stall_s: float = 0.0) -> None:
         self.router = router_client
+        self.stall_s = stall_s
         self.release_client = None
         self.status_client = status_client
         self.connect = connect
@@ -403,7 +434,7 @@ class RoutedBackend:
         try:
             client = await self.worker_client(reply.endpoint, reply.worker_id)
             async for chunk in stream_from_worker(client, call, reply.worker_id, context,
-                                                  state):
+                                                  state, self.stall_s):
                 yield chunk
             outcome = "ok"
         except GeneratorExit:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from splitserve.components.router.service_config import RouterComponentConfig
 from splitserve.contracts.config import ComponentConfig
@@ -45,6 +45,12 @@ class FrontendConfig(ComponentConfig):
     route_timeout_s: float = Field(5.0, gt=0, description="Deadline of the router call "
                                    "(with routing in process: of the placement, admission "
                                    "queue wait included).")
+    stall_migration_s: float = Field(
+        10.0, ge=0, description="A stream that has begun and then stays silent this long "
+        "is taken as its worker lost (a host cut off from the network sends no reset) "
+        "and moves to another worker, resuming after the tokens already streamed, within "
+        "migration_limit; 0: off (the inter-token timeout then fails the request). Must "
+        "be shorter than inter_token_timeout_s.")
     migration_limit: int = Field(1, ge=0, le=8, description="How many times a request whose "
                                  "worker failed moves to another worker (0: never); one that "
                                  "already streamed tokens resumes after them.")
@@ -118,6 +124,14 @@ class FrontendConfig(ComponentConfig):
     @classmethod
     def _known_reasoning_parser(cls, v: str | None) -> str | None:
         return check_reasoning_parser(v)
+
+    @model_validator(mode="after")
+    def _stall_before_timeout(self) -> FrontendConfig:
+        if self.stall_migration_s and self.stall_migration_s >= self.inter_token_timeout_s:
+            raise ValueError(f"stall_migration_s ({self.stall_migration_s:g}) must be shorter "
+                             f"than inter_token_timeout_s ({self.inter_token_timeout_s:g}), or "
+                             "0 (off): the request would fail before it could move")
+        return self
 
     def router_settings(self) -> RouterComponentConfig:
         """The settings of in-process routing: ``router`` as given, else the defaults."""

@@ -35,14 +35,15 @@ class InProcessBackend(RoutedBackend):
     """Frontend → RouterService (same process) → Worker (stream) → RouterService."""
 
     def __init__(self, service, worker_client, route_timeout_s: float = 5.0,
-                 migration_limit: int = 1, metrics: BackendMetrics | None = None) -> None:
+                 migration_limit: int = 1, metrics: BackendMetrics | None = None,
+                 stall_s: float = 0.0) -> None:
         endpoint = service.worker_endpoint
 
         async def connect(path: str):
             raise upstream_error(f"in-process routing names {endpoint}, not {path}")
 
         super().__init__(router_client=None, connect=connect, route_timeout_s=route_timeout_s,
-                         migration_limit=migration_limit, metrics=metrics)
+                         migration_limit=migration_limit, metrics=metrics, stall_s=stall_s)
         self.service = service
         # One client for discovery and streaming: a worker the service routes to is
         # known to it already, so requests never wait for discovery to catch up.

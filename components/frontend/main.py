@@ -154,14 +154,15 @@ async def _backend(ctx: ComponentContext, cfg: FrontendConfig, namespace: str,
         backend = RoutedBackend(await client("Router", "route"), connect,
                                 cfg.route_timeout_s, migration_limit=cfg.migration_limit,
                                 status_client=await client("Router", "status"),
-                                metrics=backend_metrics)
+                                metrics=backend_metrics, stall_s=cfg.stall_migration_s)
         backend.release_client = await client("Router", "release")
         watches.append(asyncio.create_task(backend.watch(ctx.stopping)))
         return backend
     target = next((n for n in links if n.endswith("Worker")), "Worker")
     return DirectBackend(await client(target, "generate"),
                          migration_limit=cfg.migration_limit, metrics=backend_metrics,
-                         adapter_workers=adapters.holders(namespace))
+                         adapter_workers=adapters.holders(namespace),
+                         stall_s=cfg.stall_migration_s)
 
 
 async def _pool_lane(ctx: ComponentContext, cfg: FrontendConfig, pool: str, common,
@@ -193,7 +194,8 @@ async def _in_process_backend(ctx: ComponentContext, cfg: FrontendConfig,
     routing.serving.append(asyncio.ensure_future(
         ctx.endpoint("Frontend", "explain").serve_endpoint(routing.service.explain)))
     backend = InProcessBackend(routing.service, routing.worker_client, cfg.route_timeout_s,
-                               migration_limit=cfg.migration_limit, metrics=backend_metrics)
+                               migration_limit=cfg.migration_limit, metrics=backend_metrics,
+                               stall_s=cfg.stall_migration_s)
     log.info("routing in process (no Router process); this replica keeps its own "
              "accounting")
     return backend, routing

@@ -42,10 +42,13 @@ class BackendMetrics:
                                        "whether output had been streamed already",
                                        ["stage"], registry=r)
 
-    def migrated(self, mid_stream: bool, drained: bool = False) -> None:
+    def migrated(self, mid_stream: bool, drained: bool = False,
+                 stalled: bool = False) -> None:
         """Count one move of a request to another worker."""
         if drained:
             self.migrations.labels("worker-drained").inc()
+        elif stalled:
+            self.migrations.labels("worker-stalled").inc()
         elif mid_stream:
             self.migrations.labels("worker-failed-mid-stream").inc()
         else:
@@ -61,11 +64,14 @@ class WorkerUnreachable(Exception):
     already gone to the client (so the request must not be resent)."""
 
     def __init__(self, worker_id: int, cause: object, produced: bool = False,
-                 drained: bool = False, kv_source: dict | None = None) -> None:
+                 drained: bool = False, kv_source: dict | None = None,
+                 stalled: bool = False) -> None:
         super().__init__(f"worker {worker_id:x} failed: {cause}")
         self.worker_id = worker_id
         self.produced = produced
         self.drained = drained
+        self.stalled = stalled
+        """Its stream went silent mid-answer (a worker cut off from the network)."""
         """The worker handed the request back at its drain deadline (a planned move)."""
         self.kv_source = kv_source
         """Where that worker parked the request's KV (live KV moves), if it did."""
@@ -128,5 +134,5 @@ def migrate(exc: WorkerUnreachable, resume: Resumable, call: WorkerCall, attempt
     if not move:
         return None
     resume.drained += exc.drained
-    metrics.migrated(resume.mid_stream, exc.drained)
+    metrics.migrated(resume.mid_stream, exc.drained, exc.stalled)
     return resume.continued(call, exc.kv_source) if resume.mid_stream else call

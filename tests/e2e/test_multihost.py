@@ -9,9 +9,10 @@ be reachable between namespaces of one machine).  Checked: greedy answers equal 
 single-host aggregated graph's, remote prefill was counted on both sides, and every
 listening socket of every host's processes is on that host's address (``ss -ltnp``),
 loopback only for each supervisor's control endpoint.  The deep tests kill the prefill
-host (decode prefills locally) and unplug the decode host's link (requests fail fast
+host (decode prefills locally), unplug the decode host's link (requests fail fast
 with a retryable error, the worker's registration expires, and it serves again once the
-link is back).  Every namespace and process is removed by the fixtures, by pid.
+link is back), and, with a second decode worker on host d, unplug the host serving
+answers mid-stream (they resume on the other host and equal undisturbed answers).  Every namespace and process is removed by the fixtures, by pid.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ GRAPH, CONFIG = "graphs.disagg:Frontend", "configs/disagg.yaml"
 # Every host is given the same config and overrides: one graph, split by --only.
 OVERRIDES = (FORCED, "--DecodeWorker.remote_prefill_timeout_s=4",
              "--DecodeWorker.env={UCX_TLS: tcp}", "--PrefillWorker.env={UCX_TLS: tcp}",
-             "--Common.restart.backoff_initial_s=0.2")
-PARTS = {"a": "Frontend,Router", "b": "DecodeWorker", "c": "PrefillWorker"}
+             "--Common.restart.backoff_initial_s=0.2",
+             # one decode replica per host: a fixed metrics port stays right in the ready
+             # file's rows after the supervisor restarts the replica (the link-down test)
+             "--DecodeWorker.metrics_port=9400")
+PARTS = {"a": "Frontend,Router", "b": "DecodeWorker", "c": "PrefillWorker", "d": "DecodeWorker"}
 PROMPTS = [QUESTIONS[0], QUESTIONS[4], SHARED + QUESTIONS[2]]
 
 
@@ -82,7 +86,7 @@ def _wait_http(url: str, timeout_s: float, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def hosts():
-    h = netns.Hosts(("a", "b", "c"))
+    h = netns.Hosts(("a", "b", "c", "d"))  # d: a second decode host, started by one test
     try:
         yield h.up()
     finally:
@@ -272,3 +276,66 @@ def _answers(url: str) -> bool:
     with contextlib.suppress(Exception):
         return "Paris" in ask(url, QUESTIONS[0], timeout=20)
     return False
+
+
+STORY = "Write a long story about a lighthouse keeper who finds a map in a bottle."
+
+
+def stream_text(url: str, prompt: str, max_tokens: int, first: cf.Future | None = None) -> str:
+    """A streamed greedy chat answer; sets ``first`` once its first text arrives."""
+    text = []
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                       timeout=120) as c:
+        for chunk in c.chat.completions.create(
+                model=MODEL, temperature=0, max_tokens=max_tokens, stream=True,
+                messages=[{"role": "user", "content": prompt}]):
+            if chunk.choices and chunk.choices[0].delta.content:
+                text.append(chunk.choices[0].delta.content)
+                if first is not None and not first.done():
+                    first.set_result(time.monotonic())
+    return "".join(text)
+
+
+@pytest.mark.deep
+def test_a_decode_host_unplugged_mid_answer_resumes_on_the_other(graph, hosts, infra, tmp_path,
+                                                                 agg_torch):
+    """Host d brings a second decode worker; the host serving answers is unplugged once
+    they stream: no reset reaches the frontend, so its stall limit (10 s, the default) takes
+    the silence for a lost worker and resumes each answer on the other host after the tokens
+    the client has; every answer equals an undisturbed one."""
+    parts, url = graph
+    prompts = [f"{STORY} Chapter {i}." for i in range(3)]
+    expected = [stream_text(agg_torch[1], p, 48) for p in prompts]
+    before = len(decode_instances(infra[0]))
+    parts["d"] = start_part(hosts, infra, tmp_path, "d")
+    unplugged = None
+    try:
+        parts["d"].wait_ready(240)
+        wait_until(lambda: len(decode_instances(infra[0])) >= 2 * before, 60, 0.5,
+                   "host d's decode worker registered")
+        wait_until(lambda: _answers(url), 60, 1.0, "the graph answering with two decode hosts")
+        with cf.ThreadPoolExecutor(len(prompts)) as pool:
+            firsts = [cf.Future() for _ in prompts]
+            futs = [pool.submit(stream_text, url, p, 48, f) for p, f in zip(prompts, firsts, strict=True)]
+            cf.wait(firsts, timeout=120, return_when=cf.ALL_COMPLETED)
+            running = {h: sum(counted(parts[h], "DecodeWorker",
+                                      "splitserve_worker_running_requests").values())
+                       for h in ("b", "d")}
+            unplugged = max(running, key=running.get)
+            assert running[unplugged] >= 1, running
+            hosts.link(unplugged, False)
+            t0 = time.monotonic()
+            got = [f.result(timeout=120) for f in futs]
+        resumed_after = time.monotonic() - t0
+        assert got == expected
+        moved = scrape(f"{url}/metrics").get("splitserve_frontend_migrations_total", {})
+        assert moved.get((("reason", "worker-stalled"),), 0) >= 1, moved
+        print(f"\nunplugged host {unplugged} (running {running}); every answer done "
+              f"{resumed_after:.1f}s later, migrations {moved}")
+    finally:
+        if unplugged:
+            hosts.link(unplugged, True)
+        with contextlib.suppress(Exception):
+            parts["d"].stop(timeout_s=30)
+        parts["d"].kill_all()
+        del parts["d"]

@@ -32,8 +32,11 @@ class Workers:
     """A worker client: instance ids from discovery; ``dead`` ones refuse connections,
     ``breaking`` ones send one token and then their stream breaks."""
 
-    def __init__(self, ids, dead=(), breaking=(), truncating=(), script=()) -> None:
+    def __init__(self, ids, dead=(), breaking=(), truncating=(), script=(), stalling=(),
+                 slow_first: float = 0.0) -> None:
         self.ids, self.dead, self.breaking = list(ids), set(dead), set(breaking)
+        self.stalling = set(stalling)  # one token, then silence (a host cut off)
+        self.slow_first = slow_first  # seconds before the first token
         self.truncating = set(truncating)  # end after one token, with no finish reason
         # what the n-th stream does, whichever worker serves it ("drain": hand the
         # request back after one token, "break", "ok"); past its end: by worker
@@ -54,7 +57,10 @@ class Workers:
     async def _stream(self, worker_id):
         n = len(self.sent) - 1
         step = self.script[n] if n < len(self.script) else None
+        await asyncio.sleep(self.slow_first)
         yield {"token_ids": [worker_id], "finish_reason": None}
+        if worker_id in self.stalling:
+            await asyncio.sleep(3600)
         if step == "break" or (step is None and worker_id in self.breaking):
             raise ConnectionResetError("stream reset")
         if worker_id in self.truncating:
@@ -151,10 +157,43 @@ def test_migration_limit_bounds_the_retries(limit):
     assert retries(backend) == limit
 
 
-def make_backend(make: str, workers: Workers, limit: int = 1):
+def make_backend(make: str, workers: Workers, limit: int = 1, stall_s: float = 0.0):
     if make == "routed":
-        return routed(workers, migration_limit=limit)[0]
-    return DirectBackend(workers, migration_limit=limit, metrics=BackendMetrics())
+        backend = routed(workers, migration_limit=limit)[0]
+        backend.stall_s = stall_s
+        return backend
+    return DirectBackend(workers, migration_limit=limit, metrics=BackendMetrics(),
+                         stall_s=stall_s)
+
+
+@pytest.mark.parametrize("make", ["routed", "direct"])
+def test_a_stream_gone_silent_mid_answer_resumes_on_another_worker(make):
+    """A worker whose host lost its network sends no reset: its stream just stops."""
+    workers = Workers([1, 2], stalling=[1])
+    backend = make_backend(make, workers, stall_s=0.05)
+    got = collect(backend, req=request(max_tokens=4))
+    assert [c["token_ids"] for c in got] == [[1], [2], [0]]
+    assert workers.requests[1]["token_ids"] == [1, 2, 3, 1]
+    assert migrations(backend, "worker-stalled") == 1
+    assert migrations(backend, "worker-failed-mid-stream") == 0
+
+
+@pytest.mark.parametrize("make", ["routed", "direct"])
+def test_a_slow_first_token_is_not_a_stall(make):
+    workers = Workers([1, 2], slow_first=0.2)
+    backend = make_backend(make, workers, stall_s=0.05)
+    got = collect(backend)
+    assert [c["token_ids"] for c in got] == [[workers.sent[0]], [0]]
+    assert migrations(backend, "worker-stalled") == 0
+
+
+def test_a_stall_limit_is_shorter_than_the_inter_token_timeout():
+    from splitserve.components.frontend.config import FrontendConfig
+
+    assert FrontendConfig().stall_migration_s == 10
+    FrontendConfig(stall_migration_s=0)
+    with pytest.raises(ValueError, match="stall_migration_s"):
+        FrontendConfig(stall_migration_s=30, inter_token_timeout_s=30)
 
 
 @pytest.mark.parametrize("make", ["routed", "direct"])

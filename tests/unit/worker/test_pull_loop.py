@@ -50,6 +50,11 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+def bound(jobs: int = 16, tokens: int = 16384) -> PrefillLoopSettings:
+    return PrefillLoopSettings(max_concurrent_jobs=jobs, max_inflight_tokens=tokens,
+                               drain_timeout_s=0.1)
+
+
 async def run_until(queue: Queue, settings: PrefillLoopSettings, step) -> None:
     stopping = asyncio.Event()
     loop = asyncio.create_task(pull_loop(None, None, queue, settings, 1, None, stopping))
@@ -62,9 +67,7 @@ async def run_until(queue: Queue, settings: PrefillLoopSettings, step) -> None:
 
 @pytest.mark.asyncio
 async def test_a_worker_stops_taking_jobs_once_its_tokens_in_flight_reach_the_bound(running):
-    queue = Queue([6000] * 8)
-    settings = PrefillLoopSettings(max_concurrent_jobs=16, max_inflight_tokens=16384,
-                                   drain_timeout_s=0.1)
+    queue, settings = Queue([6000] * 8), bound()
 
     async def step():
         await settle()
@@ -83,9 +86,7 @@ async def test_a_worker_stops_taking_jobs_once_its_tokens_in_flight_reach_the_bo
 
 @pytest.mark.asyncio
 async def test_a_job_larger_than_the_bound_still_runs(running):
-    queue = Queue([40000, 100])
-    settings = PrefillLoopSettings(max_concurrent_jobs=16, max_inflight_tokens=16384,
-                                   drain_timeout_s=0.1)
+    queue, settings = Queue([40000, 100]), bound()
 
     async def step():
         await settle()
@@ -100,9 +101,7 @@ async def test_a_job_larger_than_the_bound_still_runs(running):
 
 @pytest.mark.asyncio
 async def test_no_token_bound_pulls_up_to_the_job_count_at_once(running):
-    queue = Queue([6000] * 8)
-    settings = PrefillLoopSettings(max_concurrent_jobs=5, max_inflight_tokens=0,
-                                   drain_timeout_s=0.1)
+    queue, settings = Queue([6000] * 8), bound(jobs=5, tokens=0)
 
     async def step():
         await settle()
