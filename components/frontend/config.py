@@ -50,7 +50,8 @@ class FrontendConfig(ComponentConfig):
         "is taken as its worker lost (a host cut off from the network sends no reset) "
         "and moves to another worker, resuming after the tokens already streamed, within "
         "migration_limit; 0: off (the inter-token timeout then fails the request). Must "
-        "be shorter than inter_token_timeout_s.")
+        "be shorter than inter_token_timeout_s (left unset under a shorter one: half "
+        "of it).")
     migration_limit: int = Field(1, ge=0, le=8, description="How many times a request whose "
                                  "worker failed moves to another worker (0: never); one that "
                                  "already streamed tokens resumes after them.")
@@ -128,9 +129,13 @@ class FrontendConfig(ComponentConfig):
     @model_validator(mode="after")
     def _stall_before_timeout(self) -> FrontendConfig:
         if self.stall_migration_s and self.stall_migration_s >= self.inter_token_timeout_s:
-            raise ValueError(f"stall_migration_s ({self.stall_migration_s:g}) must be shorter "
-                             f"than inter_token_timeout_s ({self.inter_token_timeout_s:g}), or "
-                             "0 (off): the request would fail before it could move")
+            if "stall_migration_s" in self.model_fields_set:
+                raise ValueError(
+                    f"stall_migration_s ({self.stall_migration_s:g}) must be shorter than "
+                    f"inter_token_timeout_s ({self.inter_token_timeout_s:g}), or 0 (off): "
+                    "the request would fail before it could move")
+            # the default under a shorter inter-token timeout: half of it
+            self.__dict__["stall_migration_s"] = self.inter_token_timeout_s / 2
         return self
 
     def router_settings(self) -> RouterComponentConfig:

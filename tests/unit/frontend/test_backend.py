@@ -194,6 +194,10 @@ def test_a_stall_limit_is_shorter_than_the_inter_token_timeout():
     FrontendConfig(stall_migration_s=0)
     with pytest.raises(ValueError, match="stall_migration_s"):
         FrontendConfig(stall_migration_s=30, inter_token_timeout_s=30)
+    # unset under a shorter inter-token timeout: half of it, kept through a round trip
+    short = FrontendConfig(inter_token_timeout_s=8)
+    assert short.stall_migration_s == 4
+    assert FrontendConfig.model_validate(short.model_dump()).stall_migration_s == 4
 
 
 @pytest.mark.parametrize("make", ["routed", "direct"])
