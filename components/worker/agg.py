@@ -15,6 +15,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 
+from splitserve.contracts import tracing
 from splitserve.contracts.engine import Engine, TokenDelta
 from splitserve.contracts.wire import FinishReason, WorkerRequest, output_chunk
 from splitserve.contracts.kit.component import ComponentContext, serve_until_stopped
@@ -71,15 +72,21 @@ async def stream_chunks(deltas: AsyncIterator[TokenDelta], metrics: WorkerMetric
 
 
 def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | None = None,
-                 moves: KvMoves | None = None, latency: TokenLatency | None = None):
+                 moves: KvMoves | None = None, latency: TokenLatency | None = None,
+                 worker_id: int | None = None):
     """The `generate` endpoint handler: the request is checked (``engine.validate``)
     before anything is queued, then streamed; ``cut``: the component's drain cut
     (``ComponentContext.drain_cut``); ``moves``: live KV moves (a request with a
     ``kv_source`` continues from that KV; the cut parks requests); ``latency``: this
-    worker's TTFT and ITL by pool and model (None: not timed)."""
+    worker's TTFT and ITL by pool and model (None: not timed).  With tracing on, each
+    request is a ``generate`` span under the frontend's (Dynamo's context), with its
+    first-token time, output tokens and outcome."""
 
     async def generate(request: dict, context=None):
         clock = None
+        trace = tracing.start("generate", tracing.from_dynamo(context), {
+            "splitserve.worker_id": f"{worker_id:x}" if worker_id is not None else ""},
+            kind="server") if tracing.enabled() else tracing.NOOP
         try:
             wreq = WorkerRequest.model_validate(request)
             meta = wreq.meta()
@@ -91,16 +98,28 @@ def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | No
             if latency is not None:
                 clock = latency.clock(first_token=not resumed)
             if resumed:
-                deltas = moves.resume(rid, params, meta.kv_source)
+                deltas = moves.resume(rid, params, meta.kv_source, trace)
             else:
                 deltas = engine.generate(rid, params)
         except Exception as exc:  # noqa: BLE001 - bad request or engine gone
             metrics.requests.labels("rejected").inc()
+            trace.end({"splitserve.outcome": "rejected"}, error="rejected")
             yield output_chunk([], FinishReason.ERROR, error=f"request refused: {exc}")
             return
+        trace.set({"splitserve.request_id": rid,
+                   "splitserve.prompt_tokens": len(params.token_ids)})
         drain = DrainCut(cut, moves, rid, len(params.token_ids))
-        async for chunk in stream_chunks(deltas, metrics, context, drain, clock=clock):
-            yield chunk
+        produced, outcome = 0, FinishReason.CANCELLED.value
+        try:
+            async for chunk in stream_chunks(deltas, metrics, context, drain, clock=clock):
+                if chunk.get("token_ids") and not produced:
+                    trace.event("first_token")
+                produced += len(chunk.get("token_ids") or ())
+                outcome = chunk.get("finish_reason") or outcome
+                yield chunk
+        finally:
+            trace.end({"splitserve.output_tokens": produced, "splitserve.outcome": outcome},
+                      error=outcome if outcome == FinishReason.ERROR.value else None)
 
     return generate
 
@@ -124,7 +143,8 @@ async def run_aggregated(ctx: ComponentContext, cfg) -> None:
         inflight = h.engine.inflight if moves is None else moves.inflight(h.engine.inflight)
         latency = TokenLatency(h.metrics.registry, *worker_labels(ctx.run))
         serving = asyncio.ensure_future(serve_until_stopped(
-            ctx, h.endpoint, make_handler(h.engine, h.metrics, ctx.drain_cut, moves, latency),
+            ctx, h.endpoint, make_handler(h.engine, h.metrics, ctx.drain_cut, moves, latency,
+                                          h.worker_id),
             drain_timeout_s=cfg.drain_timeout_s, inflight=inflight))
         tasks.append(serving)
         await serve_or_die(serving, h.died)
