@@ -18,7 +18,10 @@ Configurations:
   (``--active-decode-blocks-threshold`` / ``--active-prefill-tokens-threshold-frac``) at
   several settings, and ``dynamo-kv-queue``: with its router queue
   (``--router-queue-threshold``).  The table compares against the best of all of them,
-  per case.
+  per case;
+- the disaggregated cases' own (``disagg_peer``): ``splitserve-disagg`` (this project's
+  disaggregated graph), ``splitserve-disagg-remote`` (the same, every prefill remote)
+  and ``dynamo-disagg`` (Dynamo's frontend over decode-mode and prefill-mode mockers).
 
 Cases (``--cases``; capacity: the fleet's rate at its knee, measured once with
 ``dynamo-kv`` and written in ``CASES``):
@@ -45,9 +48,12 @@ Cases (``--cases``; capacity: the fleet's rate at its knee, measured once with
 - ``groups-sustained``: the trace's ``groups`` shape (every prefix opened by 2 to 6
   requests within 3 s, then never again: ~53% of blocks repeat, nearly all requested
   before any worker computed them) at 2.7x for 60 s, TTFT target 2 s, no warm-up;
-  ``groups-knee``: the same at 1x for 40 s, to find the knee with ``--capacity-rps``.
+  ``groups-knee``: the same at 1x for 40 s, to find the knee with ``--capacity-rps``;
+- ``disagg-below`` / ``disagg-knee``: the long prompts on 2 decode + 2 prefill workers,
+  0.5x for 30 s / 1x for 40 s, no admission, run by the disaggregated configurations
+  only.
 
-    python benchmarks/heldout.py                           # every case, ~40 minutes
+    python benchmarks/heldout.py                           # every case and configuration, ~3 hours
     python benchmarks/heldout.py --cases long-burst --configs splitserve-default dynamo-kv
 
 Writes ``benchmarks/results/heldout.json`` and prints the markdown of
