@@ -70,9 +70,9 @@ class WorkerUnreachable(Exception):
         self.worker_id = worker_id
         self.produced = produced
         self.drained = drained
+        """The worker handed the request back at its drain deadline (a planned move)."""
         self.stalled = stalled
         """Its stream went silent mid-answer (a worker cut off from the network)."""
-        """The worker handed the request back at its drain deadline (a planned move)."""
         self.kv_source = kv_source
         """Where that worker parked the request's KV (live KV moves), if it did."""
 
