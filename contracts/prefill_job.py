@@ -146,7 +146,7 @@ class PrefillRequest(BaseModel):
         dest = self.destination
         if dest is None:
             return self
-        needed = len(self.token_ids) - self.num_cached_tokens
+        needed = self.tokens_to_prefill
         if len(dest.block_ids) * dest.block_size < needed:
             raise ValueError(f"{len(dest.block_ids)} blocks of {dest.block_size} tokens "
                              f"cannot hold the {needed} tokens to prefill")
@@ -156,6 +156,12 @@ class PrefillRequest(BaseModel):
             raise ValueError(f"destination.num_cached_tokens ({dest.num_cached_tokens}) "
                              f"differs from num_cached_tokens ({self.num_cached_tokens})")
         return self
+
+    @property
+    def tokens_to_prefill(self) -> int:
+        """The prompt less the prefix the decode worker found cached: what the job asks
+        its prefill worker to compute (at least 1: the model refuses less)."""
+        return len(self.token_ids) - self.num_cached_tokens
 
     def level(self, table: PriorityTable = DEFAULT_TABLE) -> int:
         """The level the prefill engine schedules this job at: its own, or its class

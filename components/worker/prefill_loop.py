@@ -207,7 +207,7 @@ def job_span(job) -> tracing.Span | tracing.NoopSpan:
     return tracing.start("prefill", parent, {
         "splitserve.request_id": req.request_id,
         "splitserve.prompt_tokens": len(req.token_ids),
-        "splitserve.prefill.tokens": len(req.token_ids) - req.num_cached_tokens},
+        "splitserve.prefill.tokens": req.tokens_to_prefill},
         kind="consumer", start_ns=now)
 
 
@@ -246,13 +246,6 @@ async def refuse(job, nc, worker_id: int, why: str, settings: PrefillLoopSetting
         log.debug("term of %s failed: %s", req.request_id, exc)
 
 
-def uncached_tokens(job) -> int:
-    """What a job asks its prefill worker to compute: its prompt less the prefix the
-    decode worker found cached (the prefill worker's own cache may hold more)."""
-    req = job.request
-    return max(1, len(req.token_ids) - req.num_cached_tokens)
-
-
 async def pull_loop(engine: Engine, nc, queue, settings: PrefillLoopSettings, worker_id: int,
                     metrics: PrefillMetrics, stopping: asyncio.Event) -> None:
     """Keep up to ``max_concurrent_jobs`` jobs, and while they hold fewer than
@@ -269,7 +262,7 @@ async def pull_loop(engine: Engine, nc, queue, settings: PrefillLoopSettings, wo
         for job in await queue.pull(batch=1 if budget else room, wait_s=0.5):
             t = asyncio.create_task(prefill_one(engine, nc, job, settings, worker_id,
                                                 metrics))
-            running[t] = uncached_tokens(job)
+            running[t] = job.request.tokens_to_prefill
             t.add_done_callback(lambda done: running.pop(done, None))
     if running:
         await asyncio.wait(running, timeout=settings.drain_timeout_s)
