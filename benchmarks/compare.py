@@ -151,14 +151,20 @@ class Proc:
         return ""
 
 
+def dynamo_env(workers: WorkersRun) -> dict[str, str]:
+    """The environment of a Dynamo process joining ``workers``' etcd and NATS, every
+    listener it opens on loopback."""
+    return {**os.environ, "ETCD_ENDPOINTS": workers.etcd, "NATS_SERVER": workers.nats,
+            "DYN_LOG": "error", "DYN_TCP_RPC_HOST": HOST, "DYN_HTTP_RPC_HOST": HOST,
+            "DYN_SYSTEM_HOST": HOST}
+
+
 def dynamo_frontend(workers: WorkersRun, mode: str, extra: list[str] | tuple[str, ...] = (),
                     log_name: str | None = None) -> tuple[Proc, str]:
     """Dynamo's frontend in ``mode`` over ``workers``' etcd and NATS, on a free loopback
     port; ``extra``: more of its flags (busy-worker thresholds, router queue)."""
     port = free_port()
-    env = {**os.environ, "ETCD_ENDPOINTS": workers.etcd, "NATS_SERVER": workers.nats,
-           "DYN_LOG": "error", "DYN_TCP_RPC_HOST": HOST, "DYN_HTTP_RPC_HOST": HOST,
-           "DYN_SYSTEM_HOST": HOST}
+    env = dynamo_env(workers)
     proc = Proc([sys.executable, "-m", "dynamo.frontend", "--http-host", HOST, "--http-port",
                  str(port), "--router-mode", mode, "--namespace", "dynamo",
                  "--discovery-backend", "etcd", "--request-plane", "tcp", "--event-plane", "nats",

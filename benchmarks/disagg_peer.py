@@ -25,26 +25,19 @@ tail can be split into where it went.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from pathlib import Path
 
-from compare import HOST, Proc, WorkersRun, dynamo_frontend
+from compare import Proc, WorkersRun, dynamo_env, dynamo_frontend
 
 from splitserve.bench.graphrun import GraphRun, descendants, scrape
 
-REPO = Path(__file__).resolve().parents[1]
 OURS_DISAGG = "splitserve-disagg"
 OURS_REMOTE = "splitserve-disagg-remote"
 DYNAMO_DISAGG = "dynamo-disagg"
 DISAGG = [OURS_DISAGG, OURS_REMOTE, DYNAMO_DISAGG]
 FORCED_REMOTE = "--DecodeWorker.disaggregated_router={enable: true, decider: forced, remote: true}"
 KV_BANDWIDTH_GBS = 10.0
-
-
-def fleet_args(block_size: int, blocks: int, speedup: float) -> dict[str, str]:
-    return {"block_size": str(block_size), "num_gpu_blocks": str(blocks),
-            "speedup_ratio": str(speedup)}
 
 
 @contextlib.contextmanager
@@ -88,11 +81,9 @@ def dynamo(decode: int, prefill: int, geometry: dict[str, str], startup_timeout_
             *(f"--Worker.engine_args.{k}={v}" for k, v in geometry.items())]
     with WorkersRun("graphs.agg_router:Worker", "configs/mocker_agg_router.yaml", sets,
                     startup_timeout_s=startup_timeout_s) as w:
-        env = {**os.environ, "ETCD_ENDPOINTS": w.etcd, "NATS_SERVER": w.nats,
-               "DYN_LOG": "error", "DYN_TCP_RPC_HOST": HOST, "DYN_HTTP_RPC_HOST": HOST,
-               "DYN_SYSTEM_HOST": HOST}
         argv = _prefill_argv(w)
-        procs = [Proc(argv, env, w.tmp / f"prefill-{i}.log") for i in range(prefill)]
+        procs = [Proc(argv, dynamo_env(w), w.tmp / f"prefill-{i}.log")
+                 for i in range(prefill)]
         fe = None
         try:
             fe, url = dynamo_frontend(w, "kv", (), log_name)

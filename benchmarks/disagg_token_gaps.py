@@ -20,8 +20,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import disagg_peer as dp  # noqa: E402
 import heldout as h  # noqa: E402
-
-MODEL = "SmolLM2-135M-Instruct"
+from compare import MODEL  # noqa: E402
 
 
 def token_times(url: str, prompt: str, max_tokens: int) -> list[float]:
