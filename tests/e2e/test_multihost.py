@@ -12,7 +12,8 @@ loopback only for each supervisor's control endpoint.  The deep tests kill the p
 host (decode prefills locally), unplug the decode host's link (requests fail fast
 with a retryable error, the worker's registration expires, and it serves again once the
 link is back), and, with a second decode worker on host d, unplug the host serving
-answers mid-stream (they resume on the other host and equal undisturbed answers).  Every namespace and process is removed by the fixtures, by pid.
+answers mid-stream (they resume on the other host and equal undisturbed answers).  Every
+namespace and process is removed by the fixtures, by pid.
 """
 
 from __future__ import annotations
