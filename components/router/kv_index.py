@@ -115,6 +115,9 @@ class TierBlockIndex:
         self._ranks: dict[tuple[int, int], _RankBlocks] = {}
         self.capacity: dict[int, dict[Tier, int]] = {}
         """Per worker, the blocks each of its lower tiers can hold (as it reports them)."""
+        self.restore_ms: dict[int, dict[Tier, float]] = {}
+        """Per worker, what restoring one block from each lower tier measurably takes
+        there, ms (as it reports it; a tier that has restored nothing yet is absent)."""
 
     def apply(self, worker_id: int, tier: Tier, event: Mapping[str, Any]) -> None:
         """Apply one inner event (``{event_id, data, dp_rank}``) of ``worker_id``'s
@@ -137,6 +140,7 @@ class TierBlockIndex:
         for rank in [r for r in self._ranks if r[0] == worker_id]:
             del self._ranks[rank]
         self.capacity.pop(worker_id, None)
+        self.restore_ms.pop(worker_id, None)
 
     def drop_tiers(self, worker_id: int, tiers: Sequence[Tier]) -> None:
         """Forget where ``worker_id``'s blocks sit in ``tiers`` (their events were lost);
@@ -223,7 +227,8 @@ class KvEventIndex:
 
     def apply_tier_message(self, data: bytes) -> int:
         """Apply one envelope from ``tier_subject`` (called per message, and by anything
-        that has one without NATS): a worker's lower-tier events and capacities.  A
+        that has one without NATS): a worker's lower-tier events, capacities and measured
+        restore costs (kept until it reports them again).  A
         sequence number that skips ahead drops that worker's lower tiers first (they
         would be stale), logged and counted in ``tier_gaps``; one that goes back (the
         publisher started over) is taken as a new stream.  Returns the events applied."""
@@ -242,6 +247,10 @@ class KvEventIndex:
         self._sequence[wid] = seq
         self.tiers.capacity[wid] = {t: int(n) for t, n in env.get("capacity", {}).items()
                                     if t in LOWER_TIERS}
+        costs = {t: float(ms) for t, ms in env.get("restore_ms_per_block", {}).items()
+                 if t in LOWER_TIERS and math.isfinite(float(ms)) and float(ms) >= 0}
+        if costs:
+            self.tiers.restore_ms[wid] = costs
         events = [ev for ev in msgspec.msgpack.decode(env["payload"])
                   if event_tier(ev) in LOWER_TIERS]  # the pool's come through Dynamo's
         for ev in events:

@@ -155,19 +155,22 @@ class QosGate:
         return resolve_class(call.priority, call.user, call.metadata, self.config)
 
     def _estimate(self, call: RouteCall, wid: int, cached_tokens: int, now: float,
-                  held_ms: float, class_name: str, holding: bool = False):
+                  held_ms: float, class_name: str, holding: bool = False,
+                  restore_ms: float = 0.0):
         """The prediction for ``call`` (of class ``class_name``) on worker ``wid``, which
-        holds ``cached_tokens`` of its prompt (only the rest is prefilled); with
-        ``holding``, the running answers' slack that only holding judges."""
+        holds ``cached_tokens`` of its prompt (only the rest is prefilled), copying some
+        back from its lower KV tiers in ``restore_ms``; with ``holding``, the running
+        answers' slack that only holding judges."""
         return self.predictor.predict(f"{wid:x}", len(call.token_ids) - cached_tokens,
                                       now, held_ms, output_tokens=call.max_tokens,
-                                      class_name=class_name, running_slack=holding)
+                                      class_name=class_name, running_slack=holding,
+                                      restore_ms=restore_ms)
 
     def _judge(self, call: RouteCall, class_name: str, worker: WorkerState | None,
                wid: int, cached_tokens: int, now: float, depth: int,
-               held_ms: float, holding: bool = False) -> Admission:
+               held_ms: float, holding: bool = False, restore_ms: float = 0.0) -> Admission:
         estimate = self._estimate(call, wid, cached_tokens, now, held_ms, class_name,
-                                  holding)
+                                  holding, restore_ms)
         load = LoadSignals(prefill_queue_depth=depth,
                            decode_kv_usage=worker.kv_usage if worker is not None else 0.0)
         verdict = admit(AdmissionRequest(request_id=call.request_id, class_name=class_name,
@@ -187,7 +190,8 @@ class QosGate:
               cached: Mapping[int, int], now: float, record: bool,
               chosen: int | None = None, candidates: Sequence[int] | None = None,
               held: int = 0, slots: int = 1, waited_ms: float = 0.0,
-              holding: bool = False) -> Admission:
+              holding: bool = False,
+              restore_ms: Mapping[int, float] | None = None) -> Admission:
         """The admission of one request (recorded in metrics and placed unless explaining).
 
         ``chosen``: the worker the routing policy picked (None: judge every candidate and
@@ -197,7 +201,9 @@ class QosGate:
         run at once under its cap; they leave the queue as placed requests finish, one
         slot per learned request duration; ``waited_ms``: how long it has been held
         already (``qos.hold``), counted in every TTFT prediction; ``holding``: the caller
-        holds a request turned away for its batch instead of refusing it (``admit``).
+        holds a request turned away for its batch instead of refusing it (``admit``);
+        ``restore_ms``: per worker, what copying the cached tokens it holds in its lower
+        KV tiers back takes there (measured by the worker; they count in ``cached``).
         """
         self.predictor.expire(now, self.inflight_ttl_s)
         class_name = self.resolve(call).name
@@ -208,9 +214,11 @@ class QosGate:
         held_ms = held / max(1, slots) * service if held and service else 0.0
         held_ms += max(0.0, waited_ms)
 
+        restores = restore_ms or {}
+
         def judge(wid: int) -> Admission:
             return self._judge(call, class_name, by_id.get(wid), wid, cached.get(wid, 0),
-                               now, depth, held_ms, holding)
+                               now, depth, held_ms, holding, restores.get(wid, 0.0))
 
         first = judge(chosen) if chosen is not None else None
         enforce = self.config.mode == "enforce"
@@ -223,8 +231,9 @@ class QosGate:
             mine = slo_usage(first.estimate, cls)
             better = min(
                 ((usage, wid) for wid in self._alternatives(ids, chosen, cached)
-                 if (usage := slo_usage(self._estimate(call, wid, cached.get(wid, 0), now,
-                                                       held_ms, cls.name), cls)) < mine),
+                 if (usage := slo_usage(self._estimate(
+                     call, wid, cached.get(wid, 0), now, held_ms, cls.name,
+                     restore_ms=restores.get(wid, 0.0)), cls)) < mine),
                 default=None)
             if better is not None:
                 moved = judge(better[1])

@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from splitserve.contracts.block_events import LOWER_TIERS
 from splitserve.contracts.metrics import PREFIX, latency_buckets
 from splitserve.contracts.wire import (
     ReleaseCall,
@@ -135,17 +136,37 @@ class RouterService:
             "tier_overlap_blocks": by_tier,
             "weighted_overlap_blocks": {w: x for w, x in weighted.items() if w in live}}), by_tier
 
-    def _cached_tokens(self, overlap: dict[int, int], snapshot) -> dict[int, int]:
-        """Prompt tokens admission counts as not to be prefilled, per worker: its device
-        prefix hit, or its tier-weighted hit when that is larger (a block restored from
-        host memory or disk is priced at the share of a recompute its tier's weight says
-        it saves, ``Router.host_cache_hit_weight`` / ``disk_cache_hit_weight``: neither
-        free nor a miss)."""
+    def _cached_tokens(self, overlap: dict[int, int], by_tier: dict[int, dict[str, int]]
+                       ) -> tuple[dict[int, int], dict[int, float]]:
+        """Prompt tokens admission counts as not to be prefilled, per worker, and the
+        time restoring the lower-tier ones takes there.  A prefix block a worker holds in
+        host memory or on disk is priced at the restore cost that worker measured for
+        that tier (``restore_ms_per_block`` in its tier events): not prefilled, but
+        copied back first.  Until a worker has measured a tier, the tier's weight stands
+        in (``Router.host_cache_hit_weight`` / ``disk_cache_hit_weight``: that share of
+        the block counts as cached).  Either way a lower-tier hit is neither free nor a
+        miss.  A device hit from Dynamo's tree larger than all this wins, restoring
+        nothing."""
         bs = self.cfg.block_size
         cached = {w: n * bs for w, n in overlap.items()}
-        for w, blocks in getattr(snapshot, "weighted_overlap_blocks", {}).items():
-            cached[w] = max(cached.get(w, 0), int(blocks * bs))
-        return cached
+        restore: dict[int, float] = {}
+        weights = self.cfg.tier_weights()
+        measured = getattr(getattr(self.indexer, "tiers", None), "restore_ms", {})
+        for w, counts in by_tier.items():
+            costs = measured.get(w, {})
+            blocks, ms = float(counts.get("device", 0)), 0.0
+            for tier in LOWER_TIERS:
+                n = counts.get(tier, 0)
+                if n and tier in costs:
+                    blocks += n
+                    ms += n * costs[tier]
+                elif n:
+                    blocks += n * weights[tier]
+            if blocks * bs > cached.get(w, 0):
+                cached[w] = int(blocks * bs)
+                if ms > 0:
+                    restore[w] = ms
+        return cached, restore
 
     def decide(self, call: RouteCall, admitted: Verdict | None = None,
                waited_ms: float = 0.0, holding: bool = False) -> tuple[RouteReply, Any]:
@@ -182,11 +203,11 @@ class RouterService:
         if decision.worker_id is None and call.lora is not None and not any(
                 call.lora in w.loras for w in snapshot.workers):
             decision = decision.model_copy(update={"reason": LORA_NOT_LOADED})
-        cached = self._cached_tokens(overlap, snapshot)
+        cached, restore = self._cached_tokens(overlap, by_tier)
         adm = self.qos.check(call, snapshot.workers, cached, now, record=False,
                              chosen=decision.worker_id,
                              candidates=decision.candidates if decision.worker_id else (),
-                             waited_ms=waited_ms, holding=holding)
+                             waited_ms=waited_ms, holding=holding, restore_ms=restore)
         if holding and not adm.verdict.admit and adm.verdict.reason in HOLD_REASONS:
             return RouteReply(worker_id=None, reason=HELD, class_name=adm.verdict.class_name,
                               qos=adm.verdict.model_dump(mode="json")), None

@@ -2,7 +2,8 @@
 eviction (device -> host -> disk -> dropped), its events published as a worker publishes
 them (the pool's through Dynamo's KvEventPublisher, the lower tiers' on this project's
 tier subject) over a real NATS, into the router's index: the index's per-tier view is
-what the engine holds per tier, block for block, and each tier's capacity arrives."""
+what the engine holds per tier, block for block, and each tier's capacity and measured
+restore cost arrive."""
 
 from __future__ import annotations
 
@@ -108,6 +109,7 @@ async def _run(core, nats_url: str) -> None:
         # Each prompt's prefix as a request sees it: the tier of every block the index
         # credits is the tier the engine holds it in (the pool's tree agrees on the pool).
         where = {h: t for t in ("disk", "host", "device") for h in want[t]}
+        lower: list[int] = []  # a prompt whose prefix starts in a lower tier
         for ids in prompts:
             engine_hashes = chain(ids)
             expected = {"device": 0, "host": 0, "disk": 0}
@@ -119,6 +121,24 @@ async def _run(core, nats_url: str) -> None:
             assert got.get(worker_id, {"device": 0, "host": 0, "disk": 0}) == expected
             assert index.overlap(compute_block_hash_for_seq(ids, BS)).get(worker_id, 0) \
                 == expected["device"]
+            if not lower and expected["device"] == 0 and expected["host"] + expected["disk"]:
+                lower = ids
+        # The prompt again: restored, not recomputed, and what a block's restore took
+        # there reaches the index (admission prices a lower-tier hit at it).
+        assert lower, "no prompt's prefix sits in a lower tier"
+        core.add_request(Request("again", tuple(lower), max_tokens=1))
+        while core.has_unfinished():
+            core.step()
+        costs = core.kv.restore_costs()
+        assert costs and all(ms > 0 for ms in costs.values()), costs
+        events = core.drain_kv_events()
+        publish_kv_events(publisher, events)
+        tiers.submit(events, costs)
+        for _ in range(150):
+            if index.tiers.restore_ms.get(worker_id) == costs:
+                break
+            await asyncio.sleep(0.2)
+        assert index.tiers.restore_ms.get(worker_id) == costs
         assert tiers.failures == 0 and tiers.published > 0
     finally:
         await cancel_and_wait(sender)

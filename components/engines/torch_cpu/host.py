@@ -74,7 +74,7 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
         def on_events(evs: list) -> None:
             publish_kv_events(publisher, evs)  # the pool's
             if tier_publisher is not None:
-                tier_publisher.submit(evs)  # the host and disk tiers'
+                tier_publisher.submit(evs, core.kv.restore_costs())  # the host and disk tiers'
     leaving: set[asyncio.Task] = set()
 
     def on_fatal(exc: BaseException) -> None:

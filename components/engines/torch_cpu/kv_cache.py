@@ -24,6 +24,7 @@ the device tier again, the tier keeping its copy.  Without tiers every event is 
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from .kv_tiers import TierChain, TierStats
 
 POOL_DTYPE = torch.float32
+RESTORE_SMOOTHING = 0.2
+"""Weight of the newest block restore in a tier's smoothed restore cost."""
 
 
 def block_nbytes(block_size: int, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
@@ -94,6 +97,10 @@ class KVCacheManager:
         self._origin: dict[int, BlockOrigin] = {}
         self.num_offloaded_blocks = 0  # cached blocks handed to the tiers on eviction
         self.num_restored_blocks = 0  # blocks copied back from the tiers into the pool
+        # Per tier, what copying one block back into the pool takes (reading it from
+        # the tier and the copy), ms, smoothed (``RESTORE_SMOOTHING``): the routers'
+        # admission prices a lower-tier prefix hit at it (``restore_costs``).
+        self._restore_ms: dict[Tier, float] = {}
         self.block_nbytes = self._pool[0].numel() * self._pool.element_size()
 
     # ---- public views -------------------------------------------------------------
@@ -127,6 +134,11 @@ class KVCacheManager:
     def tier_stats(self) -> dict[str, TierStats]:
         """Each offload tier's counters by tier name ({} without tiers)."""
         return self._tiers.stats() if self._tiers is not None else {}
+
+    def restore_costs(self) -> dict[Tier, float]:
+        """Per lower tier that has restored a block: the measured ms to copy one block
+        back into the pool (smoothed; a copy of the dict)."""
+        return dict(self._restore_ms)
 
     def tier_capacity_blocks(self) -> dict[Tier, int]:
         """How many blocks each offload tier can hold, by tier name ({} without tiers)."""
@@ -341,14 +353,20 @@ class KVCacheManager:
         None when no tier holds it or no block is free."""
         if self._tiers is None or not self._free:
             return None
-        data = self._tiers.get(h)
+        start = time.perf_counter()
+        found = self._tiers.fetch(h)
         self._pull_tier_events()  # a disk block that could not be read is gone
-        if data is None:
+        if found is None:
             return None
+        tier, data = found
         # Taking the block may evict another into the tiers; ``data`` stays valid (a tier
         # hands its blocks over, it never writes into them).
         block = self._fresh_block()
         self._pool[block].copy_(data)
+        took_ms = (time.perf_counter() - start) * 1000.0
+        last = self._restore_ms.get(tier)
+        self._restore_ms[tier] = took_ms if last is None else \
+            RESTORE_SMOOTHING * took_ms + (1.0 - RESTORE_SMOOTHING) * last
         self._publish(block, h, lora_name, parent, tokens)
         self.num_restored_blocks += 1
         return block

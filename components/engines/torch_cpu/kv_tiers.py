@@ -447,10 +447,15 @@ class TierChain:
 
     def get(self, key: int) -> torch.Tensor | None:
         """The block stored under ``key`` in the first tier that holds it (read-only)."""
+        found = self.fetch(key)
+        return None if found is None else found[1]
+
+    def fetch(self, key: int) -> tuple[Tier, torch.Tensor] | None:
+        """``get``, with the name of the tier that held the block."""
         for tier in self.tiers:
             data = tier.get(key)
             if data is not None:
-                return data
+                return tier.name, data
         return None
 
     def contains(self, key: int) -> bool:

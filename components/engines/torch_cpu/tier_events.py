@@ -5,8 +5,10 @@ as the pool's.  So a worker sends its pool's events through it, as before, and t
 ``host`` and ``disk`` tiers' events here, on a subject of this project's own
 (``tier_event_subject``), as envelopes of Dynamo's shape that every router's
 ``KvEventIndex`` reads.  Each envelope carries a sequence number that counts up by one
-per message, so a router that misses one sees the gap, and the tiers' capacity in
-blocks.
+per message, so a router that misses one sees the gap, the tiers' capacity in blocks,
+and what restoring one block from each tier measurably takes (``restore_ms_per_block``,
+which the routers' admission prices a lower-tier prefix hit at).  A change of that cost
+by more than ``RESTORE_COST_CHANGE`` is sent even without events.
 
 ``TierEnvelopes`` is the pure part (events in, bytes out); ``TierEventPublisher`` hands
 its bytes to NATS from the worker's event loop, in order, counting what it sent and
@@ -27,6 +29,9 @@ from splitserve.contracts.kv_events import KvEventEncoder
 
 log = logging.getLogger("splitserve.worker")
 
+RESTORE_COST_CHANGE = 0.1
+"""Relative change of a tier's restore cost that is worth an envelope of its own."""
+
 
 class TierEnvelopes:
     """One worker's lower-tier events as numbered envelopes; pure, no I/O."""
@@ -36,20 +41,33 @@ class TierEnvelopes:
         self.capacity = dict(capacity)
         self.encoder = KvEventEncoder(worker_id)
         self.sequence = 0  # of the next envelope
+        self.sent_costs: dict[Tier, float] = {}  # restore costs in the last envelope
 
-    def envelope(self, events: Iterable[KvEvent]) -> bytes | None:
+    def envelope(self, events: Iterable[KvEvent],
+                 restore_ms: Mapping[Tier, float] | None = None) -> bytes | None:
         """The envelope of ``events``' lower-tier ones (the pool's go through Dynamo's
-        publisher), or None when there are none."""
+        publisher) with the tiers' measured restore costs ``restore_ms`` (ms per block);
+        None when there are no such events and no cost changed by more than
+        ``RESTORE_COST_CHANGE``."""
         lower = [ev for ev in events if ev.tier in LOWER_TIERS]
-        if not lower:
+        costs = {t: float(ms) for t, ms in (restore_ms or {}).items() if t in LOWER_TIERS}
+        if not lower and not self._costs_moved(costs):
             return None
         payload = msgspec.msgpack.encode(self.encoder.encode(lower))
         data = msgspec.msgpack.encode({
             "publisher_id": self.worker_id, "sequence": self.sequence,
             "published_at": int(time.time() * 1000), "topic": TIER_EVENTS_TOPIC,
-            "payload": payload, "capacity": self.capacity})
+            "payload": payload, "capacity": self.capacity, "restore_ms_per_block": costs})
         self.sequence += 1
+        self.sent_costs = costs
         return data
+
+    def _costs_moved(self, costs: Mapping[Tier, float]) -> bool:
+        for tier, ms in costs.items():
+            sent = self.sent_costs.get(tier)
+            if sent is None or abs(ms - sent) > RESTORE_COST_CHANGE * max(sent, 1e-3):
+                return True
+        return False
 
 
 class TierEventPublisher:
@@ -62,10 +80,12 @@ class TierEventPublisher:
         self.failures = 0
         self._queue: asyncio.Queue[bytes] = asyncio.Queue()
 
-    def submit(self, events: list[KvEvent]) -> None:
-        """Queue the lower-tier events of ``events`` (called on the event loop, with every
-        batch the engine drains, after the pool's went to Dynamo's publisher)."""
-        data = self.envelopes.envelope(events)
+    def submit(self, events: list[KvEvent],
+               restore_ms: Mapping[Tier, float] | None = None) -> None:
+        """Queue the lower-tier events of ``events`` and the tiers' restore costs (called
+        on the event loop, with every batch the engine drains, after the pool's went to
+        Dynamo's publisher)."""
+        data = self.envelopes.envelope(events, restore_ms)
         if data is not None:
             self._queue.put_nowait(data)
 

@@ -341,14 +341,18 @@ class LatencyPredictor:
 
     def predict(self, worker: str, own_tokens: int, now: float,
                 held_ms: float = 0.0, output_tokens: int = 0,
-                class_name: str | None = None, running_slack: bool = False) -> Estimate:
+                class_name: str | None = None, running_slack: bool = False,
+                restore_ms: float = 0.0) -> Estimate:
         """Predict a request with ``own_tokens`` uncached prompt tokens placed on
         ``worker`` now; called by admission for each candidate worker.  ``held_ms``: the
         time it will wait before being placed (an admission queue ahead of it);
         ``output_tokens``: the answer's length it asks for (its ``max_tokens``), which sets
         how many other prompts its decode may meet (``tpot_spread_ms``);
         ``running_slack``: also find the running answers' least TPOT budget left
-        (``running_slack_ms``, a walk over them; only a holding caller reads it)."""
+        (``running_slack_ms``, a walk over them; only a holding caller reads it);
+        ``restore_ms``: what copying its prefix blocks back from the worker's lower KV
+        tiers takes there, as the worker measured it (those blocks are not in
+        ``own_tokens``): part of its own time to first token."""
         own = max(0, own_tokens)
         fixed, per_token, ttft_source = self.ttft_line(worker, now)
         base, slope, tpot_source = self.tpot_line(worker, now)
@@ -358,7 +362,8 @@ class LatencyPredictor:
         if ttft_source != "warmup" and own > EXTRAPOLATION * self._seen(worker, ttft_source):
             ttft_source = "warmup"  # a prompt beyond what the fit has seen: a guess
         lag = self.lag(worker, now, class_name) if ttft_source != "warmup" else 1.0
-        own_ms = fixed + own * per_token
+        restore = max(0.0, restore_ms)
+        own_ms = fixed + own * per_token + restore
         # Late first tokens scale the whole line (the queue and this prompt alike); only
         # the queue's part carries it, so the SLO limit (at least ``own_ms``) is not
         # raised by it.
@@ -377,7 +382,7 @@ class LatencyPredictor:
             stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
             ttft_lag=lag, tpot_seen_batch=self.tpot_seen(worker, tpot_source),
             running_slack_ms=self.running_slack_ms(worker, now) if running_slack else None,
-            tpot_spread_ms=spread)
+            tpot_spread_ms=spread, restore_ms=restore)
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,
               class_name: str, would_reject: bool = False, max_tokens: int = 0,
@@ -426,7 +431,7 @@ class LatencyPredictor:
                         "ahead_requests": ticket.ahead_requests,
                         "predicted_ms": ticket.estimate.est_ttft_ms,
                         "source": ticket.estimate.prefill_source, "measured_ms": ttft_ms})
-        self._learn_ttft(w, ticket.x_ttft, ttft_ms)
+        self._learn_ttft(w, ticket.x_ttft, max(0.0, ttft_ms - ticket.estimate.restore_ms))
 
     def decode_progress(self, request_id: str, tokens: int, now: float) -> None:
         """Called once per request, in process, after its first ``tokens`` output tokens
@@ -523,7 +528,7 @@ class LatencyPredictor:
         mean_batch = (w.area - ticket.area_at) / span if span > 0 else w.running + 1.0
         mean_batch = max(1.0, mean_batch)
         if reported is None:
-            self._learn_ttft(w, ticket.x_ttft, ttft_ms)
+            self._learn_ttft(w, ticket.x_ttft, max(0.0, ttft_ms - ticket.estimate.restore_ms))
         if tpot_ms is not None and math.isfinite(tpot_ms) and not decode_taught:
             clean = self._stall_free(start, w, now, tpot_ms)
             for holder in (w, self.pool):

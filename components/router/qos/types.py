@@ -106,6 +106,11 @@ class Estimate(FrozenModel):
                                   "TPOT from the prompts other requests bring to the worker "
                                   "during this one's decode (a short answer meets few, so "
                                   "its TPOT varies most); 0 when unknown.")
+    restore_ms: float = Field(default=0.0, ge=0, description="Part of ``unloaded_ttft_ms``: "
+                              "copying the prompt's prefix blocks back from the worker's "
+                              "lower KV tiers, at the restore cost the worker measured "
+                              "(those blocks are not in ``request_tokens``); the TTFT fit "
+                              "is taught without it.")
 
     @property
     def observed(self) -> bool:

@@ -120,3 +120,16 @@ def test_tier_envelopes_number_their_messages_and_leave_the_pool_out():
     assert first["publisher_id"] == 7 and first["capacity"] == {"host": 3}
     events = msgspec.msgpack.decode(first["payload"])
     assert [e["storage_tier"] for e in events] == ["host_pinned"]
+
+
+def test_tier_envelopes_carry_the_measured_restore_costs_and_send_a_change_alone():
+    env = TierEnvelopes(7, {"host": 3, "disk": 9})
+    host = BlockStored((1,), None, (1, 2, 3, 4), (4,), tier="host")
+    first = msgspec.msgpack.decode(env.envelope([host], {"host": 0.5, "device": 9.0}))
+    assert first["restore_ms_per_block"] == {"host": 0.5}  # lower tiers only
+    assert env.envelope([], {"host": 0.52}) is None  # within 10%: nothing to say
+    moved = msgspec.msgpack.decode(env.envelope([], {"host": 0.8}))
+    assert moved["restore_ms_per_block"] == {"host": 0.8} and moved["sequence"] == 1
+    assert msgspec.msgpack.decode(moved["payload"]) == []
+    assert env.envelope([], {"host": 0.8, "disk": 4.0}) is not None  # a tier's first cost
+    assert env.envelope([]) is None

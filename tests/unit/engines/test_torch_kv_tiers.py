@@ -351,3 +351,17 @@ def test_the_worker_sections_take_the_tiers_and_refuse_a_disk_size_without_a_dir
         TorchEngineArgs(disk_kv_cache_gib=1)
     with pytest.raises(ValidationError, match="host_kv_cache_gib"):
         TorchEngineArgs(host_kv_cache_gib=-1)
+
+
+@pytest.mark.parametrize("tiers", ["host", "disk"])
+def test_restoring_measures_the_cost_of_a_block_per_tier(tmp_path, tiers) -> None:
+    chain = make_tiers(tiers, str(tmp_path))
+    kv = make_kv(4, chain)
+    assert kv.restore_costs() == {}
+    evict_prompt(kv)
+    if tiers == "disk":
+        chain.tiers[0].flush()  # read back from its file, not the write queue
+    assert kv.open_sequence("c", PROMPT) == 8
+    costs = kv.restore_costs()
+    assert list(costs) == [tiers] and 0 < costs[tiers] < 1000.0
+    kv.close()

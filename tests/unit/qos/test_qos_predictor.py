@@ -141,6 +141,24 @@ def test_a_wait_in_an_admission_queue_adds_to_the_ttft():
     assert p.service_ms is not None and p.service_ms > 0
 
 
+def test_a_restore_from_a_lower_kv_tier_adds_its_measured_time_and_teaches_nothing():
+    p = LatencyPredictor()
+    t = teach(p)
+    est = p.predict("a", 500, t, restore_ms=40.0)
+    assert est.restore_ms == pytest.approx(40.0)
+    assert est.unloaded_ttft_ms == pytest.approx(50 + 500 * 0.1 + 40)
+    assert est.est_ttft_ms == pytest.approx(50 + 500 * 0.1 + 40)
+    # Its TTFT, restore included, lands on the line: the line is taught without it.
+    for i, own in enumerate((100, 1000, 2000) * 4):
+        rid = f"r{i}"
+        p.place(rid, "a", p.predict("a", own, t, restore_ms=40.0), t, class_name="default")
+        p.first_token(rid, t + (50 + own * 0.1 + 40) / 1000.0)
+        p.finish(rid, t + 1.0, ok=True, ttft_s=0.1, duration_s=0.9, output_tokens=11)
+        t += 10.0
+    fixed, per_token, _ = p.ttft_line("a", t)
+    assert (fixed, per_token) == (pytest.approx(50.0, abs=0.5), pytest.approx(0.1, abs=1e-3))
+
+
 def test_a_reported_first_token_leaves_the_work_ahead_and_teaches_at_once():
     p = LatencyPredictor()
     t = teach(p)

@@ -246,12 +246,73 @@ def test_admission_prices_a_lower_tier_hit_by_its_weight_neither_free_nor_a_miss
     svc, index = service()
     hold(index, A, "host", "host", "host", "host")  # 4 blocks in host memory
     hold(index, B, "disk", "disk")
-    svc._refresh_live()
-    snapshot = svc._with_tiers(svc.fleet.snapshot(0.0, {}, {}), svc.hash_blocks(PROMPT))[0]
-    cached = svc._cached_tokens({}, snapshot)
+    cached, restore = svc._cached_tokens({}, by_tier(svc))
     assert cached[A] == int(4 * BS * 0.75)  # a host block saves 3/4 of a recompute
     assert cached[B] == int(2 * BS * 0.25)
-    assert svc._cached_tokens({A: 4}, snapshot)[A] == 4 * BS  # a device hit stays whole
+    assert restore == {}  # nothing measured: the weights stand in
+    cached, restore = svc._cached_tokens({A: 4}, by_tier(svc))
+    assert cached[A] == 4 * BS and A not in restore  # a device hit stays whole
+
+
+def by_tier(svc: RouterService) -> dict[int, dict[str, int]]:
+    svc._refresh_live()
+    return svc._with_tiers(svc.fleet.snapshot(0.0, {}, {}), svc.hash_blocks(PROMPT))[1]
+
+
+def report_costs(index: KvEventIndex, worker: int, sequence: int, **costs: float) -> None:
+    """``worker``'s tier events say what restoring a block from each tier took there."""
+    env = TierEnvelopes(worker, {"host": 8, "disk": 8})
+    env.sequence = sequence
+    index.apply_tier_message(env.envelope([], costs))
+
+
+def test_admission_prices_a_lower_tier_hit_at_the_restore_cost_its_worker_measured():
+    svc, index = service()
+    hold(index, A, "device", "host", "host", "disk")
+    report_costs(index, A, 0, host=0.4, disk=3.0)
+    cached, restore = svc._cached_tokens({A: 1}, by_tier(svc))
+    # Every block it holds is not prefilled; the three below the pool are copied back.
+    assert cached[A] == 4 * BS
+    assert restore[A] == pytest.approx(2 * 0.4 + 3.0)
+
+
+def test_an_unmeasured_tier_is_still_priced_by_its_weight_beside_a_measured_one():
+    svc, index = service()
+    hold(index, A, "host", "host", "disk", "disk")
+    report_costs(index, A, 0, host=0.5)  # nothing restored from disk there yet
+    cached, restore = svc._cached_tokens({}, by_tier(svc))
+    assert cached[A] == int((2 + 2 * 0.25) * BS)
+    assert restore[A] == pytest.approx(1.0)
+
+
+def test_the_predicted_ttft_carries_the_measured_restore_time():
+    svc, index = service()
+    hold(index, A, "host", "host", "host", "host")
+    hold(index, B, "host", "host", "host", "host")
+    report_costs(index, A, 0, host=50.0)  # a slow host tier: 200 ms for the prefix
+    report_costs(index, B, 0, host=0.5)
+    call = RouteCall(request_id="q", token_ids=PROMPT, explain=True, record=False)
+    svc._refresh_live()
+    cached, restore = svc._cached_tokens({}, by_tier(svc))
+    a = svc.qos._estimate(call, A, cached[A], 0.0, 0.0, "default", restore_ms=restore[A])
+    b = svc.qos._estimate(call, B, cached[B], 0.0, 0.0, "default", restore_ms=restore[B])
+    assert a.restore_ms == pytest.approx(200.0) and b.restore_ms == pytest.approx(2.0)
+    assert a.request_tokens == b.request_tokens == 0  # neither prefills the prefix
+    assert a.est_ttft_ms - b.est_ttft_ms == pytest.approx(198.0)
+    assert a.unloaded_ttft_ms - b.unloaded_ttft_ms == pytest.approx(198.0)
+
+
+def test_a_workers_restore_costs_are_kept_until_reported_again_and_dropped_when_it_leaves():
+    _, index = service()
+    report_costs(index, A, 0, host=0.4)
+    index.apply_tier_message(TierEnvelopes(A, {"host": 8}).envelope(
+        [stored(0, 0, "host")]) or b"")  # an older publisher: no costs in its envelope
+    assert index.tiers.restore_ms[A] == {"host": 0.4}
+    report_costs(index, A, 1, host=float("nan"), disk=-1.0)  # not a cost: ignored
+    assert index.tiers.restore_ms[A] == {"host": 0.4}
+    index.sync_workers({A})
+    index.sync_workers(set())
+    assert A not in index.tiers.restore_ms
 
 
 def test_the_router_counts_the_blocks_it_credits_the_chosen_worker_per_tier():
