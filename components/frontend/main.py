@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -93,6 +94,8 @@ async def main(ctx: ComponentContext) -> None:
             ctx, cfg, pool, common, backend_metrics, watches, adapters)
     await _follow_adapters(adapters, [lane.namespace for lane in state.lanes()])
     ctx.report("ready", endpoint=url)
+    if cfg.preload_parsers:
+        watches.append(asyncio.create_task(_preload_formats(state.lanes())))
     log.info("serving %s at %s (links: %s)", ", ".join(lane.name for lane in state.lanes()),
              url, ", ".join(links))
     await ctx.stopping.wait()
@@ -206,8 +209,9 @@ def _choose_formats(lane: FrontendState | ModelLane, tool_call_parser: str | Non
     """A model's tool-call and reasoning formats: named in the config (the first
     model's), else from the model's chat template (``formats.resolve``); logged once.
     vLLM's parsers are imported now when a parser was named or the model thinks (then
-    every request needs one), else on the first request with tools (seconds, once:
-    ``formats.load``)."""
+    every request needs one), else right after start in the background
+    (``_preload_formats``, ``Frontend.preload_parsers``) or on the first request with
+    tools (seconds, once: ``formats.load``)."""
     codec = lane.codec
     chosen = formats.resolve(tool_call_parser, reasoning_parser,
                              codec.tok.chat_template, codec.template_has_tools)
@@ -224,6 +228,25 @@ def _choose_formats(lane: FrontendState | ModelLane, tool_call_parser: str | Non
             raise  # a parser the operator named must fit: fail the start
         log.warning("answers are not split into reasoning: %s", exc)
         lane.reasoning_parser = None
+
+
+async def _preload_formats(lanes: list) -> None:
+    """Import vLLM's parsers for each model with a tool-call format, in a thread, right
+    after the frontend is ready: a first request with tools would otherwise wait for
+    the import (seconds) and the requests behind it with it.  A request with tools that
+    arrives meanwhile waits in the tokenizer pool for the same import."""
+    for lane in lanes:
+        if lane.tool_call_parser is None:
+            continue
+        t0 = time.monotonic()
+        try:
+            await asyncio.to_thread(formats.load, lane.tool_call_parser,
+                                    lane.reasoning_parser, lane.codec.tok)
+        except ValueError as exc:  # requests with tools get 500 output_format_unavailable
+            log.warning("tool calls of %s cannot be read: %s", lane.name, exc)
+            continue
+        log.info("tool-call parser %s for %s ready in %.1fs", lane.tool_call_parser,
+                 lane.name, time.monotonic() - t0)
 
 
 def _load_codec(model_dir: str | None, model: str, context_length: int,
