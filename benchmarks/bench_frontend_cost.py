@@ -146,13 +146,15 @@ def one_round(url: str, pid: int, args, seed: int) -> dict:
             "loadavg_1m": round(os.getloadavg()[0], 2)}
 
 
-def profile(pid: int, seconds: float, out: Path, native: bool) -> subprocess.Popen | None:
+def profile(pid: int, seconds: float, out: Path, native: bool,
+            rate: int = 100) -> subprocess.Popen | None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
         print("py-spy is not installed: no profile", flush=True)
         return None
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
                              "--format", "raw", "--output", str(out), "--nonblocking",
+                             "--rate", str(rate),
                              "--threads", *(["--native"] if native else [])],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
@@ -194,7 +196,7 @@ def rounds(report: dict, url: str, pid: int, args) -> None:
         spy = None
         if args.profile and i == args.profile_round and report["side"] == "splitserve":
             spy = profile(pid, args.seconds, Path(args.profile).with_suffix(".raw"),
-                          args.native)
+                          args.native, args.profile_rate)
         r = one_round(url, pid, args, seed=1000 * i)
         if spy is not None:
             spy.wait(60)
@@ -226,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile-round", type=int, default=0, help="which round --profile "
                    "samples (round 0 includes first-use imports)")
     p.add_argument("--native", action="store_true", help="profile native frames too")
+    p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--tools", type=int, default=0, help="send chat requests with tools "
                    "(tool_choice auto) and this many output tokens, which the frontend's "
                    "tool-call parser reads, instead of one-token completions")
