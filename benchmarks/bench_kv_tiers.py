@@ -9,8 +9,9 @@ session 2 turn 1, ..., session 1 turn 2, ...); every turn re-sends the whole his
 through the pool.  The pool (``--num-blocks``) holds about one session: with tiers off
 a returning turn recomputes its history, with a host tier of ``--host-gib`` it restores
 it.  One request at a time (TTFT is then the engine's own work, not a queue), streamed,
-greedy, ``--answer`` tokens.  The same requests run on two fresh graphs
-(``graphs.agg_router:Frontend``, one torch worker): ``off`` and ``host``.
+greedy, ``--answer`` tokens.  The same requests run on fresh graphs
+(``graphs.agg_router:Frontend``, one torch worker), one per mode: ``off`` (no tiers),
+``host`` (a host tier) and ``disk`` (a disk tier alone, in a temporary directory).
 
 Per mode: TTFT p50 / p99 of returning turns and of first turns; the prompt tokens the
 engine did not compute (``usage.prompt_tokens_details.cached_tokens``); the worker's
@@ -18,8 +19,10 @@ host-tier hits, restored blocks, bytes read back and their read time
 (``splitserve_worker_kv_tier_*``); and the router's own prediction, the prefix blocks it
 credited the chosen worker with per tier (``splitserve_router_tier_hit_blocks_total``),
 beside the engine's actual hits per tier (host: the tier's hits; device: cached blocks
-less the restored ones).  Greedy answers of both modes are compared (restored KV must
-give what a recompute gives).
+less the restored ones); admission's TTFT prediction for each returning turn (the
+``x-splitserve-predicted-ttft-ms`` header) against its measured TTFT: a lower-tier hit
+is priced at the restore cost the worker measured.  Greedy answers of every mode are
+compared with ``off``'s (restored KV must give what a recompute gives).
 
     python benchmarks/bench_kv_tiers.py --out benchmarks/results/kv_tiers.json
 """
@@ -31,6 +34,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from splitserve.bench.graphrun import GraphRun  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
+PREDICTED_TTFT_HEADER = "x-splitserve-predicted-ttft-ms"  # admission's prediction
+MODES = ("off", "host", "disk")
 BLOCK = 16  # the torch engine's block size in configs/agg_router.yaml
 VOCAB = ("river stone cloud maple tiger ocean piano amber delta ember frost harbor lantern "
          "meadow canyon violet copper willow falcon garden marble thunder compass orchard "
@@ -63,6 +69,7 @@ def ask(url: str, messages: list[dict], answer: int) -> dict:
     t0 = time.perf_counter()
     ttft, text, usage = None, [], None
     with urllib.request.urlopen(req, timeout=600) as r:
+        predicted = r.headers.get(PREDICTED_TTFT_HEADER)
         for raw in r:
             line = raw.decode().strip()
             if not line.startswith("data:") or line == "data: [DONE]":
@@ -77,7 +84,8 @@ def ask(url: str, messages: list[dict], answer: int) -> dict:
                     text.append(piece)
     cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return {"ttft_s": ttft, "answer": "".join(text), "cached_tokens": cached,
-            "prompt_tokens": (usage or {}).get("prompt_tokens")}
+            "prompt_tokens": (usage or {}).get("prompt_tokens"),
+            "predicted_ttft_s": float(predicted) / 1000.0 if predicted else None}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -91,6 +99,10 @@ def run_mode(mode: str, args) -> dict:
     overrides = ["--Worker.replicas=1", f"--Worker.engine_args.num_blocks={args.num_blocks}"]
     if mode == "host":
         overrides.append(f"--Worker.engine_args.host_kv_cache_gib={args.host_gib}")
+    if mode == "disk":
+        disk_dir = tempfile.mkdtemp(prefix="kv-tiers-bench-")
+        overrides += [f"--Worker.engine_args.disk_kv_cache_dir={disk_dir}",
+                      f"--Worker.engine_args.disk_kv_cache_gib={args.disk_gib}"]
     rng = random.Random(args.seed)
     history: list[list[dict]] = [[] for _ in range(args.sessions)]
     rows = []
@@ -113,6 +125,7 @@ def run_mode(mode: str, args) -> dict:
 
         engine = {
             "host_hit_blocks": worker("splitserve_worker_kv_tier_hits_total", tier="host"),
+            "disk_hit_blocks": worker("splitserve_worker_kv_tier_hits_total", tier="disk"),
             "restored_blocks": worker("splitserve_worker_kv_tier_moved_blocks_total",
                                       direction="restored"),
             "offloaded_blocks": worker("splitserve_worker_kv_tier_moved_blocks_total",
@@ -121,14 +134,20 @@ def run_mode(mode: str, args) -> dict:
                                       tier="host"),
             "host_read_s": worker("splitserve_worker_kv_tier_read_seconds_sum", tier="host"),
             "host_write_s": worker("splitserve_worker_kv_tier_write_seconds_sum", tier="host"),
+            "disk_read_bytes": worker("splitserve_worker_kv_tier_read_bytes_total",
+                                      tier="disk"),
+            "disk_read_s": worker("splitserve_worker_kv_tier_read_seconds_sum", tier="disk"),
+            "disk_write_s": worker("splitserve_worker_kv_tier_write_seconds_sum", tier="disk"),
         }
         router = g.metric_by_labels("Router", "splitserve_router_tier_hit_blocks_total", "tier")
     returning = [r for r in rows if r["turn"] > 0]
     first = [r for r in rows if r["turn"] == 0]
     cached_blocks = sum(r["cached_tokens"] for r in returning) // BLOCK
     prompt_blocks = sum((r["prompt_tokens"] or 0) for r in returning) // BLOCK
-    actual = {"host": engine["host_hit_blocks"],
-              "device": max(0.0, cached_blocks - engine["host_hit_blocks"])}
+    lower = engine["host_hit_blocks"] + engine["disk_hit_blocks"]
+    actual = {"host": engine["host_hit_blocks"], "disk": engine["disk_hit_blocks"],
+              "device": max(0.0, cached_blocks - lower)}
+    judged = [r for r in returning if r["predicted_ttft_s"] and r["ttft_s"]]
     return {
         "mode": mode,
         "returning_ttft_p50_s": pct([r["ttft_s"] for r in returning], 0.5),
@@ -141,7 +160,15 @@ def run_mode(mode: str, args) -> dict:
                             for t, n in actual.items()},
         "router_hit_blocks": router,
         "router_hit_rate": {t: router.get(t, 0.0) / prompt_blocks if prompt_blocks else None
-                            for t in ("device", "host")},
+                            for t in ("device", "host", "disk")},
+        # Admission's TTFT prediction for returning turns against their measured TTFT
+        # (a lower-tier hit priced at the restore cost the worker measured).
+        "returning_predicted_ttft_p50_s": pct([r["predicted_ttft_s"] for r in judged], 0.5),
+        "returning_measured_over_predicted_p50": pct(
+            [r["ttft_s"] / r["predicted_ttft_s"] for r in judged], 0.5),
+        "returning_measured_over_predicted_range": [
+            min((r["ttft_s"] / r["predicted_ttft_s"] for r in judged), default=None),
+            max((r["ttft_s"] / r["predicted_ttft_s"] for r in judged), default=None)],
         "requests": rows,
     }
 
@@ -155,24 +182,32 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-blocks", type=int, default=64,
                    help="the device pool, in 16-token blocks")
     p.add_argument("--host-gib", type=float, default=0.5)
+    p.add_argument("--disk-gib", type=float, default=0.5, help="the disk tier of the "
+                   "`disk` mode (no host tier there), in a fresh temporary directory")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     report = {"command": "python benchmarks/bench_kv_tiers.py " + " ".join(argv or sys.argv[1:]),
               "args": vars(args), "cpus": os.cpu_count(), "modes": []}
-    for mode in ("off", "host"):
+    for mode in args.modes:
         report["modes"].append(run_mode(mode, args))
-    off, host = report["modes"]
-    same = [a["answer"] == b["answer"] for a, b in zip(off["requests"], host["requests"],
-                                                        strict=True)]
-    report["answers_equal"] = f"{sum(same)} of {len(same)}"
-    if off["returning_ttft_p50_s"] and host["returning_ttft_p50_s"]:
-        report["returning_ttft_p50_ratio"] = (off["returning_ttft_p50_s"]
-                                              / host["returning_ttft_p50_s"])
+    by_mode = {m["mode"]: m for m in report["modes"]}
+    off = by_mode.get("off")
+    for m in report["modes"]:
+        if off is None or m is off:
+            continue
+        same = [a["answer"] == b["answer"] for a, b in zip(off["requests"], m["requests"],
+                                                            strict=True)]
+        report[f"answers_equal_{m['mode']}"] = f"{sum(same)} of {len(same)}"
+        if off["returning_ttft_p50_s"] and m["returning_ttft_p50_s"]:
+            report[f"returning_ttft_p50_ratio_{m['mode']}"] = (
+                off["returning_ttft_p50_s"] / m["returning_ttft_p50_s"])
     for m in report["modes"]:
         print(json.dumps({k: v for k, v in m.items() if k != "requests"}), flush=True)
-    print(json.dumps({k: report[k] for k in ("answers_equal", "returning_ttft_p50_ratio")
-                      if k in report}), flush=True)
+    print(json.dumps({k: v for k, v in report.items()
+                      if k.startswith(("answers_equal", "returning_ttft_p50_ratio"))}),
+          flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 
