@@ -89,13 +89,17 @@ async def main(ctx: ComponentContext) -> None:
     log.info("tokenising with %s", state.codec.encoder)
     await asyncio.to_thread(_choose_formats, state, cfg.tool_call_parser,
                             cfg.reasoning_parser)
+    preload = (asyncio.create_task(_preload_formats([state.first_lane()]))
+               if cfg.preload_parsers else None)
     for pool, common in ctx.run.pools.items():
         state.pools[common.served_model_name] = await _pool_lane(
             ctx, cfg, pool, common, backend_metrics, watches, adapters)
     await _follow_adapters(adapters, [lane.namespace for lane in state.lanes()])
+    if preload is not None:
+        ctx.report("loading", endpoint=url, detail="importing the tool-call parsers")
+        await preload
+        await _preload_formats(list(state.pools.values()))
     ctx.report("ready", endpoint=url)
-    if cfg.preload_parsers:
-        watches.append(asyncio.create_task(_preload_formats(state.lanes())))
     log.info("serving %s at %s (links: %s)", ", ".join(lane.name for lane in state.lanes()),
              url, ", ".join(links))
     await ctx.stopping.wait()
@@ -209,7 +213,7 @@ def _choose_formats(lane: FrontendState | ModelLane, tool_call_parser: str | Non
     """A model's tool-call and reasoning formats: named in the config (the first
     model's), else from the model's chat template (``formats.resolve``); logged once.
     vLLM's parsers are imported now when a parser was named or the model thinks (then
-    every request needs one), else right after start in the background
+    every request needs one), else before the frontend reports ready
     (``_preload_formats``, ``Frontend.preload_parsers``) or on the first request with
     tools (seconds, once: ``formats.load``)."""
     codec = lane.codec
@@ -231,10 +235,10 @@ def _choose_formats(lane: FrontendState | ModelLane, tool_call_parser: str | Non
 
 
 async def _preload_formats(lanes: list) -> None:
-    """Import vLLM's parsers for each model with a tool-call format, in a thread, right
-    after the frontend is ready: a first request with tools would otherwise wait for
-    the import (seconds) and the requests behind it with it.  A request with tools that
-    arrives meanwhile waits in the tokenizer pool for the same import."""
+    """Import vLLM's parsers for each model with a tool-call format, in a thread, before
+    the frontend reports ready (beside the rest of its start, the workers' too): a first
+    request with tools would otherwise wait for the import (seconds), and while the
+    import holds the interpreter every other request's tokens would be late."""
     for lane in lanes:
         if lane.tool_call_parser is None:
             continue
@@ -244,6 +248,10 @@ async def _preload_formats(lanes: list) -> None:
                                     lane.reasoning_parser, lane.codec.tok)
         except ValueError as exc:  # requests with tools get 500 output_format_unavailable
             log.warning("tool calls of %s cannot be read: %s", lane.name, exc)
+            continue
+        except Exception as exc:  # noqa: BLE001 - serve on: a request with tools retries
+            log.warning("could not import the tool-call parser %s for %s (a request with "
+                        "tools will try again): %s", lane.tool_call_parser, lane.name, exc)
             continue
         log.info("tool-call parser %s for %s ready in %.1fs", lane.tool_call_parser,
                  lane.name, time.monotonic() - t0)

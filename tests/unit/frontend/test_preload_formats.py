@@ -47,3 +47,13 @@ def test_each_model_with_a_tool_format_is_loaded_once_and_a_failure_is_logged(
 def test_preloading_is_on_by_default_and_can_be_turned_off():
     assert FrontendConfig().preload_parsers is True
     assert FrontendConfig(preload_parsers=False).preload_parsers is False
+
+
+def test_a_failed_import_is_logged_and_the_start_goes_on(monkeypatch, caplog):
+    def load(tool, reasoning, tok):
+        raise ImportError("no module named vllm.parser")
+
+    monkeypatch.setattr(frontend_main.formats, "load", load)
+    with caplog.at_level(logging.WARNING, logger="splitserve.frontend"):
+        asyncio.run(frontend_main._preload_formats([lane("a", "hermes")]))
+    assert "could not import the tool-call parser hermes for a" in caplog.text
