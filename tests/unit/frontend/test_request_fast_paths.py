@@ -1,16 +1,22 @@
 """The per-request and per-token shortcuts give what the slow paths give: the surrogate
-scan is skipped only where no surrogate can be, and decoding through the Rust tokenizer
-equals transformers' decode."""
+scan is skipped only where no surrogate can be, decoding through the Rust tokenizer
+equals transformers' decode, and a prompt of token ids skips the tokenizer pool."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
+from splitserve.components.frontend.backlog import TokenizeBacklog
 from splitserve.components.frontend.errors import APIError
 from splitserve.components.frontend.openai_types import parse_json
+from splitserve.components.frontend.pipeline import INLINE_PREPARE_BYTES, parse_and_prepare
+from splitserve.components.frontend.request import Endpoint
 
 pytestmark = pytest.mark.unit
 
@@ -39,3 +45,47 @@ def test_decoding_through_the_rust_tokenizer_equals_transformers(codec):
         ids = [rng.randrange(codec.vocab_size) for _ in range(rng.randint(1, 12))]
         for skip in (True, False):
             assert codec.decode(ids, skip) == codec.tok.decode(ids, skip_special_tokens=skip)
+
+
+class _CountingPool(ThreadPoolExecutor):
+    """The tokenizer pool, counting what is handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.handed = 0
+
+    def submit(self, *args, **kwargs):
+        self.handed += 1
+        return super().submit(*args, **kwargs)
+
+
+def _state(pool: _CountingPool) -> SimpleNamespace:
+    codec = SimpleNamespace(vocab_size=49152, context_length=65536,
+                            surely_too_long=lambda chars: False,
+                            prompt_ids=lambda text: [1] * (len(text) // 4))
+    lane = SimpleNamespace(codec=codec, base_model=None, lora=None, tool_call_parser=None,
+                           reasoning_parser=None)
+    return SimpleNamespace(backlog=TokenizeBacklog(threads=1, max_wait_s=2.0,
+                                                   max_pending=8),
+                           prepare_pool=pool, engines={}, default_max_tokens=16,
+                           lane=lambda model: lane)
+
+
+@pytest.mark.parametrize(("prompt", "pooled"), [
+    (list(range(1000, 9000)), 0),   # 8,000 ids, ~46 KB: parsed and checked on the loop
+    ("word " * 5000, 1),            # ~25 KB of text: tokenised in the pool
+    (list(range(1000, 41000)), 1),  # 40,000 ids, ~240 KB: parsed in the pool
+], ids=["ids", "text", "ids-over-the-inline-limit"])
+def test_a_prompt_of_token_ids_is_not_handed_to_the_tokenizer_pool(prompt, pooled):
+    raw = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 4}).encode()
+    assert len(raw) > INLINE_PREPARE_BYTES
+    pool = _CountingPool()
+    try:
+        prepared = asyncio.run(parse_and_prepare(_state(pool), Endpoint.COMPLETION, raw,
+                                                 "default"))
+    finally:
+        pool.shutdown()
+    assert pool.handed == pooled
+    assert len(prepared.token_ids) == (len(prompt) if isinstance(prompt, list)
+                                       else len(prompt) // 4)
+    assert prepared.max_tokens == 4
