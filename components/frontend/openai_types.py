@@ -275,7 +275,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     # finds: without one there is nothing to find, and the walk over every string and
     # list item is skipped.  (json also reads UTF-16 and UTF-32 bodies, which
     # can carry a surrogate as is: those are always walked.)
-    walk = json.detect_encoding(raw) != "utf-8" or _SURROGATE_ESCAPE.search(raw)
+    walk = json.detect_encoding(raw) != "utf-8" or _may_hold_surrogate(raw)
     bad = _first_unencodable(data) if walk else None
     if bad is not None:
         raise bad_request("string holds a lone UTF-16 surrogate (invalid Unicode)",
@@ -286,6 +286,12 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 # Where a surrogate can come from in a UTF-8 body: a \uD800-\uDFFF escape, or the bytes
 # ED A0-BF (a surrogate encoded as UTF-8, which json decodes with "surrogatepass").
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _may_hold_surrogate(raw: bytes) -> bool:
+    """``_SURROGATE_ESCAPE`` in ``raw``; the two byte searches first (a body of token ids
+    has neither, and they take a sixth of the pattern's time)."""
+    return (b"\\u" in raw or b"\xed" in raw) and _SURROGATE_ESCAPE.search(raw) is not None
 
 
 def _first_unencodable(data: dict[str, Any]) -> str | None:
