@@ -95,9 +95,9 @@ INLINE_PREPARE_BYTES = 16 * 1024
 INLINE_IDS_BYTES = 128 * 1024
 """Bodies up to this size are parsed on the event loop, and prepared there too when their
 prompt is token ids: nothing to tokenise (an 8,000-id prompt, 54 KB, is parsed and checked
-in ~0.9 ms), and a hand-off to the pool would cost the request two thread wake-ups and
-the interpreter lock, which under a burst of such requests meant waiting out the event
-loop's switch interval again and again."""
+in ~0.9 ms), while a hand-off to the pool costs two thread wake-ups and the interpreter
+lock (groups of ten such prompts: 4.9-5.1 CPU-ms per request on the loop against 6.6-7.5
+through the pool; docs/results/heldout.md)."""
 
 
 async def parse_and_prepare(state: FrontendState, endpoint: Endpoint, raw: bytes,
