@@ -44,8 +44,11 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def url(graph_pool):
     # The README's main graph as it ships: tool_choice auto works without naming a parser
-    # (SmolLM2's template renders no tools, so the frontend chooses hermes).
-    return graph_pool.get("graphs.agg:Frontend", "configs/agg.yaml")[1]
+    # (SmolLM2's template renders no tools, so the frontend chooses hermes), and its
+    # parsers are imported before the frontend is ready (the default, which the test
+    # harness turns off elsewhere).
+    return graph_pool.get("graphs.agg:Frontend", "configs/agg.yaml",
+                          "--Frontend.preload_parsers=true")[1]
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,23 @@ class ServeRun(ServeProcess):
 
     def __init__(self, tmp: Path, graph: str, *args: str, env: dict | None = None,
                  cwd: Path | None = REPO) -> None:
-        super().__init__(tmp, graph, *args, env=env, cwd=cwd)
+        super().__init__(tmp, graph, *_test_args(graph, args), env=env, cwd=cwd)
         ServeRun.started.append(self)
+
+
+PRELOAD_OFF = "--Frontend.preload_parsers=false"
+
+
+def _test_args(graph: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """``args``, and this project's frontends started without importing vLLM's tool-call
+    parsers before ready (seconds of CPU per start, tens of seconds per end-to-end test
+    on 2 cores).  A test that sends tools has them imported by its first such request,
+    as every frontend did before the preload; a test that names ``preload_parsers``
+    keeps what it names (tests/e2e/test_real_clients.py keeps the default)."""
+    ours = graph.startswith(("graphs.", "splitserve.graphs.")) and graph.endswith(":Frontend")
+    if ours and not any("preload_parsers" in a for a in args):
+        return (*args, PRELOAD_OFF)
+    return args
 
 
 def http_get_json(url: str, timeout_s: float = 10, token: str | None = None
