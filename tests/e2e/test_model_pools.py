@@ -49,7 +49,10 @@ def test_each_model_answers_with_its_own_weights(pools, tiny_models):
     from transformers import AutoTokenizer
 
     _, url = pools
-    assert listed(url) == [FIRST, POOLED]
+    # The graph is ready once every replica is; the frontend lists a pool once its
+    # watch has seen that pool's workers, a moment later.
+    wait_until(lambda: listed(url) == [FIRST, POOLED], 30, interval_s=0.2,
+               what=f"/v1/models to list {FIRST} and {POOLED}")
     tok = AutoTokenizer.from_pretrained(tiny_models["qwen3"])  # both carry this tokenizer
     for model, family in ((FIRST, "qwen3"), (POOLED, "llama")):
         r = greedy(url, model)
