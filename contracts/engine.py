@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol, get_args, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from splitserve.contracts.block_events import KvEvent
+from splitserve.contracts.block_events import LOWER_TIERS, KvEvent, Tier
 from splitserve.contracts.priority import DEFAULT_LEVEL
 from splitserve.contracts.wire import FinishReason, TokenLogprobs
 
@@ -230,11 +230,19 @@ class EngineInfo:
     name: str
     kv_block_size: int
     capabilities: EngineCapabilities
+    lower_tiers: dict[Tier, int | None] = field(default_factory=dict)
+    """The KV tiers the engine keeps below its pool (``host``, ``disk``) and each one's
+    capacity in blocks (None: the engine does not tell).  Their events reach the routers
+    on the tier subject (``kit/tier_events.py``); empty: the pool only."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.capabilities, EngineCapabilities):
             raise TypeError(f"{self.name} engine: capabilities must be EngineCapabilities, "
                             f"got {type(self.capabilities).__name__}")
+        wrong = sorted(set(self.lower_tiers) - set(LOWER_TIERS))
+        if wrong:
+            raise ValueError(f"{self.name} engine: lower_tiers {wrong} are not tiers below "
+                             f"the pool ({', '.join(LOWER_TIERS)})")
 
 
 EngineParam = Literal[

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +65,74 @@ def stored_event(ev: Any, block_size: int, tier: Tier = "device") -> BlockStored
 def removed_event(ev: Any, tier: Tier = "device") -> BlockRemoved:
     """A ``BlockRemoved`` of vLLM's or SGLang's as this project's event."""
     return BlockRemoved(tuple(block_hash(h) for h in ev.block_hashes), tier=tier)
+
+
+class LowerTierLedger:
+    """How often each lower-tier block has been announced and not yet removed.
+
+    vLLM's offload tier stores KV in chunks of several blocks; a chunk that overlaps a
+    shared prefix announces the shared blocks again, once per chunk, and removes them as
+    often (its events module asks consumers to count).  The routers' tier index holds a
+    block once per tier, so ``admit`` passes a lower-tier store on only for blocks the
+    tier did not hold yet, and a removal only when a block's last announcement goes.
+    Pool (``device``) events pass untouched.
+    """
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[Tier, int], int] = {}
+
+    def admit(self, events: list[KvEvent]) -> list[KvEvent]:
+        out: list[KvEvent] = []
+        for ev in events:
+            if ev.tier == "device":
+                out.append(ev)
+            elif isinstance(ev, BlockStored):
+                out += self._stored(ev)
+            else:
+                gone = tuple(h for h in ev.block_hashes if self._drop(ev.tier, h))
+                if gone:
+                    out.append(BlockRemoved(gone, tier=ev.tier))
+        return out
+
+    def _stored(self, ev: BlockStored) -> list[BlockStored]:
+        """The runs of ``ev``'s blocks new to its tier, each chained to the block
+        before it."""
+        runs: list[BlockStored] = []
+        run: list[int] = []  # indexes of the current run of new blocks
+        for i, h in enumerate(ev.block_hashes):
+            key = (ev.tier, h)
+            self.held[key] = self.held.get(key, 0) + 1
+            if self.held[key] == 1:
+                run.append(i)
+            elif run:
+                runs.append(self._run(ev, run))
+                run = []
+        if run:
+            runs.append(self._run(ev, run))
+        return runs
+
+    @staticmethod
+    def _run(ev: BlockStored, run: list[int]) -> BlockStored:
+        first, last = run[0], run[-1]
+        offset = sum(ev.num_block_tokens[:first])
+        end = offset + sum(ev.num_block_tokens[first:last + 1])
+        parent = ev.parent_hash if first == 0 else ev.block_hashes[first - 1]
+        return dataclasses.replace(
+            ev, block_hashes=ev.block_hashes[first:last + 1], parent_hash=parent,
+            token_ids=ev.token_ids[offset:end],
+            num_block_tokens=ev.num_block_tokens[first:last + 1])
+
+    def _drop(self, tier: Tier, h: int) -> bool:
+        """Count one removal of ``h`` from ``tier``; True when the tier no longer holds
+        it (a removal of a block never announced is not passed on)."""
+        n = self.held.get((tier, h))
+        if n is None:
+            return False
+        if n <= 1:
+            del self.held[(tier, h)]
+            return True
+        self.held[(tier, h)] = n - 1
+        return False
 
 
 async def relay_batches(endpoint: str, convert: Callable[[bytes], list[KvEvent]],

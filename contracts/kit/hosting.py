@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -69,18 +70,48 @@ def publish_kv_events(publisher, events: list) -> None:
 
 
 async def relay_kv_events(engine, endpoint, stack: contextlib.AsyncExitStack,
-                          ready_timeout_s: float = 10.0) -> None:
-    """Start relaying ``engine``'s KV events to the routers through Dynamo's publisher;
-    returns once the relay listens (called before ``engine.start()``: the engine's own
-    publisher connects to it)."""
+                          ready_timeout_s: float = 10.0, tier_subject: str | None = None,
+                          ) -> None:
+    """Start relaying ``engine``'s KV events to the routers: its pool's through Dynamo's
+    publisher, and, when the engine keeps tiers below its pool (``info.lower_tiers``)
+    and ``tier_subject`` is given, theirs on that subject (``tier_events``); returns
+    once the relay listens (called before ``engine.start()``: the engine's own publisher
+    connects to it)."""
     from dynamo.llm import KvEventPublisher
 
     publisher = KvEventPublisher(endpoint, kv_block_size=engine.info.kv_block_size)
+    stack.callback(publisher.shutdown)  # after the relays below have stopped
+    tiers = None
+    if engine.info.lower_tiers and tier_subject is not None:
+        tiers = await start_tier_events(os.environ["NATS_SERVER"], endpoint.connection_id(),
+                                        engine.info.lower_tiers, tier_subject, stack)
+
+    def sink(evs: list) -> None:
+        publish_kv_events(publisher, evs)
+        if tiers is not None:
+            tiers.submit(evs)
+
     ready = asyncio.Event()
-    relay = asyncio.create_task(engine.run_kv_events(
-        lambda evs: publish_kv_events(publisher, evs), ready))
+    relay = asyncio.create_task(engine.run_kv_events(sink, ready))
     stack.push_async_callback(cancel_and_wait, relay)
     await asyncio.wait_for(ready.wait(), ready_timeout_s)
+
+
+async def start_tier_events(nats_url: str, worker_id: int, capacity, subject: str,
+                            stack: contextlib.AsyncExitStack):
+    """Connect to NATS and publish ``worker_id``'s lower-tier envelopes on ``subject``
+    until ``stack`` closes; ``capacity``: blocks per lower tier the engine keeps (None:
+    not known).  Returns the ``TierEventPublisher`` (``submit`` each event batch)."""
+    from .connect import close_nats, connect_nats
+    from .tier_events import TierEnvelopes, TierEventPublisher
+
+    nc = await connect_nats(nats_url, name="splitserve-worker-kv-tiers",
+                            max_reconnect_attempts=-1)
+    stack.push_async_callback(close_nats, nc, "KV tier event")
+    publisher = TierEventPublisher(TierEnvelopes(worker_id, capacity), subject)
+    sender = asyncio.create_task(publisher.run(nc))
+    stack.push_async_callback(cancel_and_wait, sender)
+    return publisher
 
 
 async def host_in_process(ctx: ComponentContext, cfg, role: Role,
@@ -96,7 +127,10 @@ async def host_in_process(ctx: ComponentContext, cfg, role: Role,
     worker_id = endpoint.connection_id()
     stack.push_async_callback(eng.shutdown, 0.0)
     if role in PUBLISHES_KV:
-        await relay_kv_events(eng, endpoint, stack)
+        from splitserve.contracts.block_events import tier_event_subject
+
+        await relay_kv_events(eng, endpoint, stack, tier_subject=tier_event_subject(
+            ctx.namespace, ctx.run.component))
     await eng.start()
     metrics = WorkerMetrics()
     ctx.serve_metrics(metrics.registry)

@@ -62,7 +62,7 @@ async def _run(core, nats_url: str) -> None:
     from dynamo.llm import KvEventPublisher, compute_block_hash_for_seq
 
     from splitserve.components.engines.torch_cpu.request import Request
-    from splitserve.components.engines.torch_cpu.tier_events import (
+    from splitserve.contracts.kit.tier_events import (
         TierEnvelopes,
         TierEventPublisher,
     )

@@ -286,6 +286,14 @@ class SglangEngineArgs(StrictModel):
         """Whether this engine publishes KV events (both switches on)."""
         return self.kv_events and self.enable_prefix_caching
 
+    def lower_tiers(self) -> dict[str, int | None]:
+        """The tiers below the pool whose events reach the routers: HiCache's host tier
+        when the engine publishes KV events (SGLang announces no storage-tier blocks;
+        the host tier's size in blocks is SGLang's to tell)."""
+        if self.enable_hierarchical_cache and self.kv_events_enabled():
+            return {"host": None}
+        return {}
+
 
 def decode_problems(args: SglangEngineArgs) -> list[str]:
     """What a decode-mode SGLang engine with ``args`` cannot do, one message per field

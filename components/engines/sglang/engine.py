@@ -116,7 +116,8 @@ class SglangEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutKvPush, Wit
             capabilities=EngineCapabilities(
                 local_prefill=role != "decode", pushes_kv=False,
                 handoff_before_prefill=role == "prefill", prefix_lookup=False,
-                moves_kv=False, reports_failure=False, serves_lora=args.enable_lora))
+                moves_kv=False, reports_failure=False, serves_lora=args.enable_lora),
+            lower_tiers=args.lower_tiers())
         # Only engines whose radix cache runs publish KV events: a prefill engine's would
         # reach no router, and SGLang turns a decode engine's radix cache off in PD mode
         # unless asked (config.decode_radix_cache).

@@ -7,6 +7,12 @@ a loopback port and SGLang's publisher connects to it (a concrete host makes it 
 so nothing listens beyond 127.0.0.1 and no early event is missed when the relay is up
 before the engine starts.  The events then take the same path as the torch and vLLM
 engines' events: the worker's publisher, NATS, the routers' radix trees.
+
+With HiCache, SGLang also announces what its host tier holds (``medium`` CPU_PINNED,
+the same hashes and tokens as the GPU's pages): those events keep their tier (``host``;
+``DISK`` would be ``disk``) and reach the routers on the tier subject.  SGLang's
+external pools (``EXTERNAL``, e.g. Mooncake's) are not a tier of this worker's and are
+dropped.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from splitserve.components.engines.zmq_relay import (
     relay_batches,
     removed_event,
     stored_event,
+    tier_of,
 )
 
 log = logging.getLogger("splitserve.sglang")
@@ -35,10 +42,10 @@ def convert_batch(raw: bytes, page_size: int) -> list[KvEvent]:
     """Decode one msgpack ``KVEventBatch`` into BlockStored / BlockRemoved events.
 
     Each SGLang block is one page of ``page_size`` tokens; ``AllBlocksCleared`` has no
-    counterpart in the project's events and is dropped.  Events about other storage
-    tiers (``medium`` set to something other than the GPU) are dropped too: the router
-    scores what the GPU holds.  A stored block's ``lora_name`` (the adapter whose KV it
-    holds) goes on the event, so the router keys its hashes by adapter.
+    counterpart in the project's events and is dropped.  Each event keeps its tier (the
+    GPU's, the host's, the disk's; an external pool's events are dropped).  A stored
+    block's ``lora_name`` (the adapter whose KV it holds) goes on the event, so the
+    router keys its hashes by adapter.
     """
     from sglang.srt.disaggregation.kv_events import BlockRemoved as SBlockRemoved
     from sglang.srt.disaggregation.kv_events import BlockStored as SBlockStored
@@ -47,7 +54,8 @@ def convert_batch(raw: bytes, page_size: int) -> list[KvEvent]:
     batch = msgspec.msgpack.decode(raw, type=KVEventBatch)
     events: list[KvEvent] = []
     for ev in batch.events:
-        if getattr(ev, "medium", None) not in (None, "GPU"):
+        tier = tier_of(ev)
+        if tier is None:  # an external pool's blocks: nothing this worker restores
             continue
         if isinstance(ev, SBlockStored):
             bs = ev.block_size or page_size
@@ -56,9 +64,10 @@ def convert_batch(raw: bytes, page_size: int) -> list[KvEvent]:
                 log.warning("skipping a BlockStored of %d tokens for %d blocks of %d "
                             "(page size %d)", len(ev.token_ids), n, bs, page_size)
                 continue
-            events.append(dataclasses.replace(stored_event(ev, bs), lora_name=ev.lora_name))
+            events.append(dataclasses.replace(stored_event(ev, bs, tier),
+                                              lora_name=ev.lora_name))
         elif isinstance(ev, SBlockRemoved):
-            events.append(removed_event(ev))
+            events.append(removed_event(ev, tier))
     return events
 
 

@@ -21,6 +21,7 @@ from splitserve.contracts.kit.hosting import (
     Role,
     never,
     publish_kv_events,
+    start_tier_events,
 )
 from splitserve.contracts.kit.worker_metrics import WorkerMetrics
 from splitserve.contracts.kit.component import ComponentContext
@@ -115,19 +116,10 @@ async def _start_tier_events(ctx: ComponentContext, core, worker_id: int,
     if not capacity:
         return None
     from splitserve.contracts.block_events import tier_event_subject
-    from splitserve.contracts.kit.connect import close_nats, connect_nats
-    from splitserve.contracts.kit.hosting import cancel_and_wait
 
-    from .tier_events import TierEnvelopes, TierEventPublisher
-
-    nc = await connect_nats(os.environ["NATS_SERVER"], name="splitserve-worker-kv-tiers",
-                            max_reconnect_attempts=-1)
-    stack.push_async_callback(close_nats, nc, "KV tier event")
-    publisher = TierEventPublisher(TierEnvelopes(worker_id, capacity),
-                                   tier_event_subject(ctx.namespace, ctx.run.component))
-    sender = asyncio.create_task(publisher.run(nc))
-    stack.push_async_callback(cancel_and_wait, sender)
-    return publisher
+    return await start_tier_events(os.environ["NATS_SERVER"], worker_id, capacity,
+                                   tier_event_subject(ctx.namespace, ctx.run.component),
+                                   stack)
 
 
 async def _start_agent(ctx: ComponentContext, cfg, role: Role, core, worker_id: int,

@@ -125,6 +125,14 @@ class TrtllmEngineArgs(StrictModel):
         """Whether this engine publishes KV events (both switches on)."""
         return self.kv_events and self.enable_block_reuse
 
+    def lower_tiers(self) -> dict[str, int | None]:
+        """The tiers below the pool whose events reach the routers: TensorRT-LLM's host
+        pool (``host_cache_gib``) when the engine publishes KV events; its size in
+        blocks is TensorRT-LLM's to tell."""
+        if self.host_cache_gib > 0 and self.kv_events_enabled():
+            return {"host": None}
+        return {}
+
 
 def llm_kwargs(args: TrtllmEngineArgs, role: Role, *, local_prefill: bool = False) -> dict[str, Any]:
     """Keyword arguments of ``tensorrt_llm.LLM`` for one engine; called once at start

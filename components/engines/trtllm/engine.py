@@ -51,7 +51,7 @@ from splitserve.contracts.wire import FinishReason
 from splitserve.contracts.kit.model_dir import weights_dir
 
 from .config import Role, TrtllmEngineArgs, check_version, llm_kwargs
-from .events import convert_event, load_from_stats
+from .events import PoolLevels, convert_event, load_from_stats
 from .requests import (
     DeltaCursor,
     RequestType,
@@ -146,7 +146,8 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
                                capabilities=EngineCapabilities(
                                    local_prefill=role != "prefill", pushes_kv=False,
                                    handoff_before_prefill=False, prefix_lookup=False,
-                                   moves_kv=False, reports_failure=True))
+                                   moves_kv=False, reports_failure=True),
+                               lower_tiers=args.lower_tiers())
         self._active: dict[str, _Live] = {}
         self._machine_id = default_machine_id() if machine_id is None else machine_id
         self._deferred: set[asyncio.Task] = set()
@@ -358,12 +359,13 @@ class TrtllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, With
             return
         await self._first_output.wait()
         failed = _unreadable("KV events")
-        partial: set[int] = set()  # partial blocks never announced, whose removal is not
+        partial: set[int] = set()  # partial blocks never announced: their removals dropped
+        pools = PoolLevels() if self.info.lower_tiers else None  # moves to the host pool
         while True:
             batch = []
             try:
                 async for event in self.llm.get_kv_cache_events_async(timeout=0.5):
-                    batch += convert_event(event, self.args.tokens_per_block, partial)
+                    batch += convert_event(event, self.args.tokens_per_block, partial, pools)
             except Exception as exc:  # noqa: BLE001 - the relay outlives one bad poll
                 failed(exc)
                 await asyncio.sleep(0.5)

@@ -22,6 +22,10 @@ from splitserve.contracts.sections import (
     router_block_size,
 )
 
+SELF_DESCRIBING = "self_describing_kv_events"
+"""The offloading connector's switch for events that carry tokens and parents
+(``vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py``)."""
+
 # The project's NixlConnector (vLLM loads it by this path in its worker process) and the
 # kv_connector_extra_config keys it reads; importing that module needs vLLM.
 CONNECTOR_MODULE = "splitserve.components.engines.vllm.nixl_connector"
@@ -167,8 +171,8 @@ class VllmEngineArgs(StrictModel):
     def _offloading_usable(self) -> VllmEngineArgs:
         """Offloading off, its backend must stay at the default (it would change
         nothing).  With it on, vLLM publishes the offload tier's blocks among its KV
-        events (``medium`` 'CPU'): the relay keeps their tier and only the device's reach
-        the routers (``kv_relay.convert_batch``)."""
+        events (``medium`` 'CPU'): the relay keeps their tier, and they reach the routers
+        on the tier subject (``kv_relay``, ``lower_tiers``)."""
         if self.kv_offloading_gib == 0 and self.kv_offloading_backend != type(
                 self).model_fields["kv_offloading_backend"].default:
             raise ValueError("kv_offloading_backend: set without kv_offloading_gib > 0, "
@@ -178,6 +182,16 @@ class VllmEngineArgs(StrictModel):
     def kv_events_enabled(self) -> bool:
         """Whether this engine publishes KV events (both switches on)."""
         return self.kv_events and self.enable_prefix_caching
+
+    def lower_tiers(self) -> dict[str, int | None]:
+        """The tiers below the pool whose events reach the routers: vLLM's native
+        offload tier (``host``; its capacity in blocks is vLLM's to tell, not this
+        adapter's) when it publishes KV events.  LMCache's store is outside the engine
+        (its events name no tier this project tracks)."""
+        if (self.kv_offloading_gib > 0 and self.kv_offloading_backend == "native"
+                and self.kv_events_enabled()):
+            return {"host": None}
+        return {}
 
 
 def disaggregated_problems(args: VllmEngineArgs) -> list[str]:
@@ -336,6 +350,13 @@ def to_engine_args(args: VllmEngineArgs, model_dir: str, served_name: str,
     if args.kv_offloading_gib > 0:
         kw["kv_offloading_size"] = args.kv_offloading_gib
         kw["kv_offloading_backend"] = args.kv_offloading_backend
+        if kv_events_endpoint is not None and args.lower_tiers():
+            # vLLM turns the size into its OffloadingConnector and merges its own keys
+            # into this config.  Self-describing events carry each offloaded block's
+            # tokens and parent, which the routers' tier index keys blocks by; without
+            # them vLLM's offload tier announces bare hashes (kv_relay drops them).
+            kw["kv_transfer_config"] = KVTransferConfig(
+                kv_connector_extra_config={SELF_DESCRIBING: True})
     kw.update(args.extra_engine_args)
     return AsyncEngineArgs(**kw)
 

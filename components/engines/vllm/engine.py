@@ -123,7 +123,8 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
                                    local_prefill=True, pushes_kv=False,
                                    handoff_before_prefill=False, prefix_lookup=False,
                                    moves_kv=False, reports_failure=True,
-                                   serves_lora=args.enable_lora))
+                                   serves_lora=args.enable_lora),
+                               lower_tiers=args.lower_tiers())
         self.kv_endpoint = (f"tcp://127.0.0.1:{kv_relay.free_loopback_port()}"
                             if args.kv_events_enabled() else None)
         self._stats = _Stats()

@@ -4,6 +4,13 @@ vLLM's engine core publishes each step's ``KVEventBatch`` as a ZMQ multipart mes
 ``(topic, 8-byte sequence, msgpack batch)`` to a loopback TCP socket; the worker turns
 every ``BlockStored`` / ``BlockRemoved`` into the same events the torch engine emits and
 hands them to the publisher that feeds the routers' radix trees.
+
+vLLM's native offload tier (``kv_offloading_gib``) publishes its blocks on the same
+stream with ``medium`` CPU: they keep that tier (``host``) and reach the routers on the
+tier subject.  With self-describing events (switched on in ``to_engine_args``) each
+offloaded chunk carries its blocks' tokens and parent; a chunk whose metadata vLLM no
+longer had comes as a bare hash with no tokens, which the routers cannot key, and is
+dropped here (counted).  Re-announced blocks are counted by ``LowerTierLedger``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import msgspec
 
 from splitserve.contracts.block_events import KvEvent
 from splitserve.components.engines.zmq_relay import (
+    LowerTierLedger,
     block_hash,
     free_loopback_port,
     relay_batches,
@@ -29,6 +37,10 @@ __all__ = ["block_hash", "convert_batch", "free_loopback_port", "relay"]
 
 log = logging.getLogger("splitserve.vllm")
 
+bare_offload_stores = 0
+"""Offload-tier stores that came without tokens (no self-describing metadata) and were
+dropped, in this process."""
+
 
 def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
     """Decode one msgpack ``KVEventBatch`` into BlockStored / BlockRemoved events.
@@ -37,9 +49,11 @@ def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
     blocks age out of the router's tree through removal events instead).  A stored
     block's ``lora_name`` (the adapter its KV was computed with; vLLM's ``lora_id`` is
     deprecated) goes on the event, so the router keys its hashes by adapter.  Events of
-    vLLM's offload tier (``medium`` CPU) carry that tier, so the worker publishes only the
-    device's to the routers (``publish_kv_events``).
+    vLLM's offload tier (``medium`` CPU) carry that tier: the worker sends the device's
+    through Dynamo's publisher and the offload tier's on the tier subject.  An offload
+    store without tokens is dropped (see the module's docstring).
     """
+    global bare_offload_stores
     from vllm.distributed.kv_events import BlockRemoved as VBlockRemoved
     from vllm.distributed.kv_events import BlockStored as VBlockStored
     from vllm.distributed.kv_events import KVEventBatch
@@ -51,6 +65,9 @@ def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
         if tier is None:  # an external store's blocks: nothing a worker restores itself
             continue
         if isinstance(ev, VBlockStored):
+            if tier != "device" and not ev.token_ids:
+                bare_offload_stores += 1
+                continue
             bs = ev.block_size or block_size
             n = len(ev.block_hashes)
             if len(ev.token_ids) != n * bs:
@@ -73,4 +90,6 @@ async def relay(endpoint: str, block_size: int, sink: Callable[[list[KvEvent]], 
     before the engine: then no early event is missed and nothing listens beyond
     127.0.0.1.
     """
-    await relay_batches(endpoint, lambda raw: convert_batch(raw, block_size), sink, log, ready)
+    ledger = LowerTierLedger()
+    await relay_batches(endpoint, lambda raw: ledger.admit(convert_batch(raw, block_size)),
+                        sink, log, ready)

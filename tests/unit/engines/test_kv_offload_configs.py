@@ -24,6 +24,7 @@ from splitserve.components.engines.sglang.config import (
 )
 from splitserve.components.engines.trtllm.config import TrtllmEngineArgs, llm_kwargs
 from splitserve.components.engines.vllm.config import (
+    SELF_DESCRIBING,
     MAPPED,
     VllmEngineArgs,
     disaggregated_problems,
@@ -43,7 +44,8 @@ NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_consumer", "kv_buffer_de
 
 
 def offloading(**kw) -> VllmEngineArgs:
-    """A vLLM config offloading 2.5 GiB (its KV events off, which offloading needs)."""
+    """A vLLM config offloading 2.5 GiB (KV events off unless a test turns them on: most
+    build vLLM's config without an event endpoint)."""
     return VllmEngineArgs(**{"kv_offloading_gib": 2.5, "kv_events": False, **kw})
 
 
@@ -93,30 +95,66 @@ def test_vllm_config_turns_the_gib_into_its_offloading_connector(smollm2_dir,
     assert kt.kv_connector_extra_config["cpu_bytes_to_use"] == 2.5 * GIB
 
 
-@needs_vllm
-def test_vllm_cpu_platform_refuses_the_native_tier():
-    """What the docs say of the CPU build: vLLM's native tier builds its config there
-    but refuses to create the worker side, so the engine fails at start."""
-    from vllm.platforms import current_platform
+def offload_config(extra: dict, events: bool = False):
+    """vLLM's ``OffloadingConfig`` for one rank with ``extra`` as the connector's extra
+    config (what its offloading specs are built from)."""
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
         OffloadingModelConfig,
         OffloadingParallelConfig,
     )
-    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-    if not current_platform.is_cpu():
-        pytest.skip("checks vLLM's CPU build")
-    spec = CPUOffloadingSpec(OffloadingConfig(
-        groups=(), worker_kv_bytes_per_block=0, enable_kv_cache_events=False,
-        extra_config={"cpu_bytes_to_use": GIB}, engine_id="e",
+    return OffloadingConfig(
+        groups=(), worker_kv_bytes_per_block=0, enable_kv_cache_events=events,
+        extra_config=extra, engine_id="e",
         model=OffloadingModelConfig(name="m", dtype="float32"),
         cache=OffloadingCacheConfig(tokens_per_hash=128, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
             rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
             data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-            is_parallelism_agnostic=True)))
+            is_parallelism_agnostic=True))
+
+
+@needs_vllm
+def test_vllm_offload_events_are_self_describing_when_kv_events_are_on(smollm2_dir,
+                                                                       restored_environ):
+    """With KV events on, the offloading connector vLLM builds from the size also gets
+    the switch for events that carry each offloaded block's tokens and parent (the
+    routers' tier index keys blocks by them), read where vLLM's offloading spec reads it;
+    the engine then declares its host tier."""
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    args = offloading(max_model_len=1024, kv_events=True)
+    ea = to_engine_args(args, str(smollm2_dir), "served",
+                        kv_events_endpoint="tcp://127.0.0.1:5999")
+    kt = ea.create_engine_config().kv_transfer_config
+    assert (kt.kv_connector, kt.kv_role) == ("OffloadingConnector", "kv_both")
+    assert kt.kv_connector_extra_config == {SELF_DESCRIBING: True,
+                                            "cpu_bytes_to_use": 2.5 * GIB}
+
+    spec = CPUOffloadingSpec(offload_config(kt.kv_connector_extra_config, events=True))
+    assert spec.kv_events_config.self_describing_kv_events is True
+    assert args.lower_tiers() == {"host": None}
+    # KV events off: no tier to announce, vLLM's config untouched.
+    quiet = offloading(max_model_len=1024, kv_events=False)
+    assert quiet.lower_tiers() == {}
+    kt = to_engine_args(quiet, str(smollm2_dir), "served").create_engine_config() \
+        .kv_transfer_config
+    assert SELF_DESCRIBING not in kt.kv_connector_extra_config
+    assert offloading(kv_offloading_backend="lmcache").lower_tiers() == {}
+
+
+@needs_vllm
+def test_vllm_cpu_platform_refuses_the_native_tier():
+    """What the docs say of the CPU build: vLLM's native tier builds its config there
+    but refuses to create the worker side, so the engine fails at start."""
+    from vllm.platforms import current_platform
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    if not current_platform.is_cpu():
+        pytest.skip("checks vLLM's CPU build")
+    spec = CPUOffloadingSpec(offload_config({"cpu_bytes_to_use": GIB}))
     with pytest.raises(Exception, match="only supported on CUDA-alike and XPU"):
         spec.get_worker(None)
 

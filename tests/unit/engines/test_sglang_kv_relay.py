@@ -36,14 +36,20 @@ def test_stored_removed_and_other_tiers():
         SStored(block_hashes=[3], parent_block_hash=2, token_ids=[1, 2], block_size=PAGE,
                 lora_id=None),                                     # partial: skipped
         SStored(block_hashes=[4], parent_block_hash=2, token_ids=list(range(4)),
-                block_size=PAGE, lora_id=None, medium="CPU_PINNED"),  # host tier: skipped
+                block_size=PAGE, lora_id=None, medium="CPU_PINNED"),  # HiCache's host tier
+        SStored(block_hashes=[5], parent_block_hash=2, token_ids=list(range(4)),
+                block_size=PAGE, lora_id=None, medium="EXTERNAL"),    # not this worker's
         SRemoved(block_hashes=[1]),
+        SRemoved(block_hashes=[4], medium="CPU_PINNED"),
         AllBlocksCleared(),
     ])
-    stored, removed = convert_batch(msgspec.msgpack.encode(batch), PAGE)
+    stored, host, removed, host_removed = convert_batch(msgspec.msgpack.encode(batch), PAGE)
     assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
     assert stored.block_hashes == (1, 2) and stored.num_block_tokens == (PAGE, PAGE)
+    assert stored.tier == removed.tier == "device"
+    assert (host.block_hashes, host.parent_hash, host.tier) == ((4,), 2, "host")
     assert removed.block_hashes == (1,)
+    assert (host_removed.block_hashes, host_removed.tier) == ((4,), "host")
 
 
 def test_load_from_kv_metrics_fields_of_the_installed_sglang():

@@ -87,10 +87,10 @@ async def test_relay_receives_from_vllms_publisher_on_loopback():
     assert got and isinstance(got[0], BlockStored)
 
 
-def test_the_offload_tiers_blocks_keep_their_tier_and_stay_off_the_routers():
+def test_the_offload_tiers_blocks_keep_their_tier_and_stay_off_dynamos_publisher():
     """vLLM's native offloading publishes its host tier's blocks (``medium`` CPU) among the
     device's: they keep their tier, an external store's are dropped, and only the
-    device's reach Dynamo's publisher."""
+    device's reach Dynamo's publisher (the host tier's go on the tier subject)."""
     from vllm.distributed.kv_events import BlockRemoved as VRemoved
     from vllm.distributed.kv_events import BlockStored as VStored
     from vllm.distributed.kv_events import KVEventBatch

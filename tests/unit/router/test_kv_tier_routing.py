@@ -11,7 +11,7 @@ from dynamo.llm import compute_block_hash_for_seq
 from typer.testing import CliRunner
 
 from splitserve.cli.main import app
-from splitserve.components.engines.torch_cpu.tier_events import TierEnvelopes
+from splitserve.contracts.kit.tier_events import TierEnvelopes
 from splitserve.components.router import Decision, format_decision
 from splitserve.components.router.kv_index import KvEventIndex
 from splitserve.components.router.service import RouterService

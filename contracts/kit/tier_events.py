@@ -1,4 +1,5 @@
-"""Publishing the torch engine's lower KV tiers' events to the routers.
+"""Publishing an engine's lower KV tiers' events to the routers (every engine's: the
+torch engine's own tiers, and vLLM's, SGLang's and TensorRT-LLM's through their relays).
 
 Dynamo 1.6.1's ``KvEventPublisher`` has no tier argument: whatever it publishes reads
 as the pool's.  So a worker sends its pool's events through it, as before, and the
@@ -7,7 +8,9 @@ as the pool's.  So a worker sends its pool's events through it, as before, and t
 ``KvEventIndex`` reads.  Each envelope carries a sequence number that counts up by one
 per message, so a router that misses one sees the gap, the tiers' capacity in blocks,
 and what restoring one block from each tier measurably takes (``restore_ms_per_block``,
-which the routers' admission prices a lower-tier prefix hit at).  A change of that cost
+which the routers' admission prices a lower-tier prefix hit at; only engines that
+measure it send it, the others' hits are priced by the tier weights).  A tier whose
+capacity the engine does not tell is left out of ``capacity``.  A change of that cost
 by more than ``RESTORE_COST_CHANGE`` is sent even without events.
 
 ``TierEnvelopes`` is the pure part (events in, bytes out); ``TierEventPublisher`` hands
@@ -36,9 +39,9 @@ RESTORE_COST_CHANGE = 0.1
 class TierEnvelopes:
     """One worker's lower-tier events as numbered envelopes; pure, no I/O."""
 
-    def __init__(self, worker_id: int, capacity: Mapping[Tier, int]) -> None:
+    def __init__(self, worker_id: int, capacity: Mapping[Tier, int | None]) -> None:
         self.worker_id = worker_id
-        self.capacity = dict(capacity)
+        self.capacity = {t: int(n) for t, n in capacity.items() if n is not None}
         self.encoder = KvEventEncoder(worker_id)
         self.sequence = 0  # of the next envelope
         self.sent_costs: dict[Tier, float] = {}  # restore costs in the last envelope
