@@ -25,6 +25,21 @@ is priced at the restore cost the worker measured.  Greedy answers of every mode
 compared with ``off``'s (restored KV must give what a recompute gives).
 
     python benchmarks/bench_kv_tiers.py --out benchmarks/results/kv_tiers.json
+
+``--trace FILE`` replays the Mooncake conversation trace instead (its prefixes repeat as
+conversations return).  On these CPUs the trace cannot be replayed whole or in real
+time, so the benchmark keeps its prefix structure and order and drops the rest: a
+conversation is the rows of the first ``--trace-window-s`` seconds that share their two
+leading 512-token blocks (at least two such rows); it keeps the first
+``--conversations`` conversations (by their first row) with all their rows, in arrival
+order.  Each trace block
+becomes ``512 / --token-scale`` tokens of ids drawn from its hash id (equal ids, equal
+tokens), prompts are cut at ``--max-prompt`` tokens and sent as token ids to
+``/v1/completions``, one at a time, ``--answer`` tokens each.  A row is *returning* when
+an earlier kept row shares at least two leading blocks with it.
+
+    python benchmarks/bench_kv_tiers.py --trace ../shared/traces/mooncake_fast25_conversation_trace.jsonl \
+        --num-blocks 256 --host-gib 1 --disk-gib 1 --out benchmarks/results/kv_tiers_mooncake.json
 """
 
 from __future__ import annotations
@@ -88,6 +103,90 @@ def ask(url: str, messages: list[dict], answer: int) -> dict:
             "predicted_ttft_s": float(predicted) / 1000.0 if predicted else None}
 
 
+def ask_ids(url: str, prompt: list[int], answer: int) -> dict:
+    """One streamed greedy completion of token ids: TTFT, the answer and the usage."""
+    import urllib.request
+
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": answer,
+                       "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                 headers={"content-type": "application/json"})
+    t0 = time.perf_counter()
+    ttft, text, usage = None, [], None
+    with urllib.request.urlopen(req, timeout=600) as r:
+        predicted = r.headers.get(PREDICTED_TTFT_HEADER)
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                if choice.get("text"):
+                    ttft = ttft or time.perf_counter() - t0
+                    text.append(choice["text"])
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return {"ttft_s": ttft, "answer": "".join(text), "cached_tokens": cached,
+            "prompt_tokens": (usage or {}).get("prompt_tokens"),
+            "predicted_ttft_s": float(predicted) / 1000.0 if predicted else None}
+
+
+def trace_requests(args) -> list[dict]:
+    """The kept rows of the Mooncake trace (see the module docstring), in arrival order:
+    ``prompt`` (token ids), ``returning`` and the row's index in the trace."""
+    from splitserve.bench.replay import BlockTokens, TokenScaling, load_mooncake
+
+    rows = [r for r in load_mooncake(args.trace) if r.t_s <= args.trace_window_s]
+    prefixes: dict[tuple[int, ...], int] = {}  # a 2-block prefix -> rows starting with it
+    for r in rows:
+        key = tuple((r.hash_ids or [])[:2])
+        if len(key) == 2:
+            prefixes[key] = prefixes.get(key, 0) + 1
+    scaling = TokenScaling(token_scale=args.token_scale, context=args.max_prompt + args.answer)
+    blocks = BlockTokens(scaling.block_tokens, seed=args.seed)
+    kept, seen = [], set()
+    for i, r in enumerate(rows):
+        key = tuple((r.hash_ids or [])[:2])
+        if len(key) < 2 or prefixes[key] < 2:
+            continue
+        if key not in seen and len(seen) >= args.conversations:
+            continue
+        plen, _, _ = scaling.lengths(r.input_length, args.answer)
+        plen = min(plen, args.max_prompt)
+        kept.append({"trace_row": i, "prompt": blocks.prompt(list(r.hash_ids), plen),
+                     "returning": key in seen})
+        seen.add(key)
+    return kept
+
+
+def play_trace(url: str, args, mode: str) -> list[dict]:
+    rows = []
+    for n, req in enumerate(trace_requests(args)):
+        r = ask_ids(url, req["prompt"], args.answer)
+        rows.append({"trace_row": req["trace_row"], "turn": int(req["returning"]), **r})
+        print(f"[{mode}] request {n} (trace row {req['trace_row']}, "
+              f"{'returning' if req['returning'] else 'first'}): ttft {r['ttft_s']:.3f} s, "
+              f"prompt {r['prompt_tokens']}, cached {r['cached_tokens']}", flush=True)
+    return rows
+
+
+def play_sessions(url: str, args, mode: str) -> list[dict]:
+    rng = random.Random(args.seed)
+    history: list[list[dict]] = [[] for _ in range(args.sessions)]
+    rows = []
+    for turn in range(args.turns):
+        for s in range(args.sessions):
+            history[s].append({"role": "user", "content": question(rng, args.words, s, turn)})
+            r = ask(url, history[s], args.answer)
+            history[s].append({"role": "assistant", "content": r["answer"]})
+            rows.append({"session": s, "turn": turn, **r})
+            print(f"[{mode}] session {s} turn {turn}: ttft {r['ttft_s']:.3f} s, "
+                  f"prompt {r['prompt_tokens']}, cached {r['cached_tokens']}", flush=True)
+    return rows
+
+
 def pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -103,21 +202,10 @@ def run_mode(mode: str, args) -> dict:
         disk_dir = tempfile.mkdtemp(prefix="kv-tiers-bench-")
         overrides += [f"--Worker.engine_args.disk_kv_cache_dir={disk_dir}",
                       f"--Worker.engine_args.disk_kv_cache_gib={args.disk_gib}"]
-    rng = random.Random(args.seed)
-    history: list[list[dict]] = [[] for _ in range(args.sessions)]
-    rows = []
     with GraphRun("graphs.agg_router:Frontend", "configs/agg_router.yaml", overrides,
                   startup_timeout_s=300) as g:
         ask(g.url, [{"role": "user", "content": "Hello."}], 2)  # first-use costs out
-        for turn in range(args.turns):
-            for s in range(args.sessions):
-                history[s].append({"role": "user",
-                                   "content": question(rng, args.words, s, turn)})
-                r = ask(g.url, history[s], args.answer)
-                history[s].append({"role": "assistant", "content": r["answer"]})
-                rows.append({"session": s, "turn": turn, **r})
-                print(f"[{mode}] session {s} turn {turn}: ttft {r['ttft_s']:.3f} s, "
-                      f"prompt {r['prompt_tokens']}, cached {r['cached_tokens']}", flush=True)
+        rows = (play_trace if args.trace else play_sessions)(g.url, args, mode)
         time.sleep(1.0)  # the last tier events reach the router
 
         def worker(name: str, **labels: str) -> float:
@@ -186,6 +274,13 @@ def main(argv: list[str] | None = None) -> None:
                    "`disk` mode (no host tier there), in a fresh temporary directory")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--trace", default=None, help="a Mooncake JSONL trace to replay instead "
+                   "of the sessions (see above)")
+    p.add_argument("--trace-window-s", type=float, default=900.0)
+    p.add_argument("--conversations", type=int, default=40)
+    p.add_argument("--token-scale", type=int, default=32,
+                   help="a 512-token trace block becomes 512 / this many tokens")
+    p.add_argument("--max-prompt", type=int, default=1024)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     report = {"command": "python benchmarks/bench_kv_tiers.py " + " ".join(argv or sys.argv[1:]),
