@@ -83,6 +83,15 @@ def tier_event_subject(namespace: str, component: str) -> str:
     return f"splitserve.{namespace}.{component.lower()}.kv-tier-events"
 
 
+def kv_announce_subject(namespace: str, component: str) -> str:
+    """NATS subject on which a router asks the workers of ``component`` to announce
+    their whole KV cache again (JSON ``{"worker_id": ID}``, or ``null`` for every
+    worker): a router that starts after the workers, or that lost a worker's tier
+    events, would otherwise see only what changes from then on.  The workers answer on
+    their usual event streams, in order with their other events."""
+    return f"splitserve.{namespace}.{component.lower()}.kv-announce"
+
+
 def hash_block(parent_hash: int | None, token_ids: Sequence[int],
                lora_name: str | None = None) -> int:
     """Return the signed 64-bit hash of one full block.

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from splitserve.contracts.metrics import PREFIX
@@ -89,6 +89,17 @@ class TierFeedMetrics(Collector):
                                    "worker's lower-tier KV event sequence (messages lost)")
         gaps.add_metric([], self.indexer.tier_gaps)
         yield gaps
+        asked = CounterMetricFamily(f"{PREFIX}_router_kv_announce_requests", "Requests for "
+                                    "workers to announce their KV caches again (at start, "
+                                    "and after a gap in a worker's tier events)")
+        asked.add_metric([], self.indexer.announce_requests)
+        yield asked
+        indexed = GaugeMetricFamily(f"{PREFIX}_router_kv_indexed_blocks", "KV blocks the "
+                                    "router's index holds, per tier, over every worker",
+                                    labels=["tier"])
+        for tier, n in self.indexer.tiers.block_counts().items():
+            indexed.add_metric([tier], n)
+        yield indexed
 
 
 def block_hasher(block_size: int) -> Callable[[list[int], str | None], list[int]]:

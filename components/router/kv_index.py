@@ -16,8 +16,14 @@ The pool's events come through Dynamo's publisher on its ``kv-events`` subject; 
 lower tiers' (``host``, ``disk``) on this project's ``tier_event_subject``, one stream
 per worker with a sequence number and each tier's capacity (``apply_tier_message``).  A
 message missed on that stream (a gap in the sequence) drops the worker's lower-tier
-blocks from the index, logged and counted (``tier_gaps``): they are credited again as
-the worker reports them, never credited from a stale view.
+blocks from the index, logged and counted (``tier_gaps``), and asks that worker to
+announce its cache again: they are credited again as the worker reports them, never
+credited from a stale view.
+
+A router that starts after the workers asks every worker to announce its whole cache
+(``kv_announce_subject``): the workers that can (the torch engine's) re-announce every
+block they hold, in each tier, on their usual streams.  Re-announced blocks a router
+already holds change nothing there.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from splitserve.contracts.block_events import (
     TIER_EVENTS_TOPIC,
     TIERS,
     Tier,
+    kv_announce_subject,
     tier_event_subject,
 )
 from splitserve.contracts.kit.connect import close_nats
@@ -159,6 +166,17 @@ class TierBlockIndex:
         cap = self.capacity.get(worker_id, {})
         return {tier: (len(held[tier]), cap.get(tier)) for tier in TIERS}
 
+    def block_counts(self) -> dict[Tier, int]:
+        """Blocks indexed per tier, over every worker (a block in two tiers counts in
+        both)."""
+        counts = dict.fromkeys(TIERS, 0)
+        for blocks in self._ranks.values():
+            for mask in blocks.tiers.values():
+                for tier in TIERS:
+                    if mask & _BIT[tier]:
+                        counts[tier] += 1
+        return counts
+
     def held(self, worker_id: int) -> dict[Tier, set[int]]:
         """The block hashes (unsigned, as on the wire) ``worker_id`` holds, per tier."""
         out: dict[Tier, set[int]] = {tier: set() for tier in TIERS}
@@ -190,6 +208,10 @@ class KvEventIndex:
         self.tiers = TierBlockIndex()
         self.subject = event_subject(namespace, component.lower(), KV_EVENTS)
         self.tier_subject = tier_event_subject(namespace, component)
+        self.announce_subject = kv_announce_subject(namespace, component)
+        self.announce_requests = 0
+        """Requests sent for workers to announce their caches again."""
+        self._gapped: set[int] = set()  # workers whose tier stream had a gap, to ask
         self.known: set[int] = set()
         self.applied = 0
         self.errors = 0
@@ -208,6 +230,20 @@ class KvEventIndex:
                                       max_reconnect_attempts=-1)
         await self._nc.subscribe(self.subject, cb=self._on_msg)
         await self._nc.subscribe(self.tier_subject, cb=self._on_tier_msg)
+        await self._nc.flush()  # subscribed before the workers answer
+        await self.request_announce(None)
+
+    async def request_announce(self, worker_id: int | None) -> None:
+        """Ask ``worker_id`` (None: every worker) to announce its whole KV cache again;
+        a failure is logged (the index then learns from new events only)."""
+        import json
+
+        try:
+            await self._nc.publish(self.announce_subject,
+                                   json.dumps({"worker_id": worker_id}).encode())
+            self.announce_requests += 1
+        except Exception as exc:  # noqa: BLE001 - the index still follows new events
+            log.warning("could not ask workers to announce their KV caches: %s", exc)
 
     async def _on_msg(self, msg) -> None:
         try:
@@ -224,6 +260,8 @@ class KvEventIndex:
         except Exception as exc:  # noqa: BLE001 - one bad message must not stop the index
             self.errors += 1
             log.warning("could not apply KV tier event: %s", exc)
+        while self._gapped:
+            await self.request_announce(self._gapped.pop())
 
     def apply_tier_message(self, data: bytes) -> int:
         """Apply one envelope from ``tier_subject`` (called per message, and by anything
@@ -240,6 +278,7 @@ class KvEventIndex:
         if last is not None and seq != last + 1:
             if seq > last + 1:
                 self.tier_gaps += 1
+                self._gapped.add(wid)
                 log.warning("worker %x: %d KV tier event message(s) lost; its host and "
                             "disk blocks are dropped from the index until reported again",
                             wid, seq - last - 1)

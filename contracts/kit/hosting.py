@@ -97,6 +97,31 @@ async def relay_kv_events(engine, endpoint, stack: contextlib.AsyncExitStack,
     await asyncio.wait_for(ready.wait(), ready_timeout_s)
 
 
+async def serve_announce_requests(nats_url: str, subject: str, worker_id: int,
+                                  announce: Callable[[], None],
+                                  stack: contextlib.AsyncExitStack) -> None:
+    """Call ``announce`` (the engine re-announces its KV cache on its event streams)
+    whenever a router asks on ``subject`` (``kv_announce_subject``) for this worker or
+    for every worker, until ``stack`` closes."""
+    import json
+
+    from .connect import close_nats, connect_nats
+
+    async def on_request(msg) -> None:
+        try:
+            wanted = json.loads(msg.data or b"{}").get("worker_id")
+        except (ValueError, AttributeError):
+            log.warning("ignoring a malformed KV announce request on %s", subject)
+            return
+        if wanted is None or int(wanted) == worker_id:
+            announce()
+
+    nc = await connect_nats(nats_url, name="splitserve-worker-kv-announce",
+                            max_reconnect_attempts=-1)
+    stack.push_async_callback(close_nats, nc, "KV announce")
+    await nc.subscribe(subject, cb=on_request)
+
+
 async def start_tier_events(nats_url: str, worker_id: int, capacity, subject: str,
                             stack: contextlib.AsyncExitStack):
     """Connect to NATS and publish ``worker_id``'s lower-tier envelopes on ``subject``

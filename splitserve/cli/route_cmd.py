@@ -75,8 +75,8 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
         answer_s = max(ANSWER_S, timeout_s)
         try:
             async with asyncio.timeout(answer_s):
-                async for item in await client.round_robin(call.model_dump(mode="json")):
-                    reply = RouteReply.model_validate(chunk_data(item)).model_dump()
+                reply = await _ask_any(client, call.model_dump(mode="json"), RouteReply,
+                                       chunk_data)
                 if reply is not None:
                     reply["offload"] = await _offload(rt, reply, token_ids, priority, lora)
         except TimeoutError:
@@ -87,6 +87,22 @@ async def _explain(etcd: str, nats: str | None, namespace: str, token_ids: list[
         return reply
     finally:
         rt.shutdown()
+
+
+async def _ask_any(client, payload: dict, reply_type, chunk_data) -> dict | None:
+    """The reply of the first registered instance that answers: one that died is still
+    registered until its lease runs out (a router that restarted leaves its old instance
+    behind for seconds), so a refused connection moves on to the next."""
+    failed: list[str] = []
+    for iid in sorted(client.instance_ids()):
+        try:
+            reply = None
+            async for item in await client.direct(payload, iid):
+                reply = reply_type.model_validate(chunk_data(item)).model_dump()
+            return reply
+        except Exception as exc:  # noqa: BLE001 - gone instance: try the next one
+            failed.append(f"{iid:x}: {exc}")
+    raise NoAnswer("no registered router answered (" + "; ".join(failed) + ")")
 
 
 def _served_models(sups: list[dict]) -> dict[str, dict]:

@@ -2,7 +2,8 @@
 the whole graph: a tiny pool pushes a conversation's prefix down to the host tier (and,
 with more traffic, on to the disk tier); the router's `route explain` sees it there, live;
 the conversation's return restores it (the worker's tier counters show the restore) and
-its greedy answer equals the answer computed the first time, from nothing."""
+its greedy answer equals the answer computed the first time, from nothing.  A Router
+that restarts asks the worker to announce its cache and sees every tier as before."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import time
 import openai
 import pytest
 
-from tests.e2e.helpers import metric
+from tests.e2e.helpers import kill_replica, metric, ready
+from tests.integration.serve_helpers import wait_until
 from tests.graphs import route_explain, start_graph
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -37,7 +39,8 @@ def test_a_returning_conversation_is_restored_from_host_then_from_disk(tmp_path,
         "--Worker.replicas=1", "--Worker.engine_args.num_blocks=8",
         f"--Worker.engine_args.host_kv_cache_gib={8 * BLOCK / 2**30}",
         f"--Worker.engine_args.disk_kv_cache_dir={tmp_path / 'kv'}",
-        f"--Worker.engine_args.disk_kv_cache_gib={96 * BLOCK / 2**30}", timeout_s=240)
+        f"--Worker.engine_args.disk_kv_cache_gib={96 * BLOCK / 2**30}",
+        "--Common.restart.backoff_initial_s=0.1", timeout_s=240)
     try:
         c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         worker_metrics = next(r["metrics"] for r in run.replicas("Worker"))
@@ -84,5 +87,22 @@ def test_a_returning_conversation_is_restored_from_host_then_from_disk(tmp_path,
                       tier="disk") >= seen["disk"]
         assert metric(worker_metrics, "splitserve_worker_kv_tier_event_messages_total",
                       outcome="failed") == 0
+        # -- a Router that starts after the worker: the worker announces its cache again,
+        # so the new Router indexes what the old one did, tier by tier.
+        def indexed(rep: dict) -> dict[str, float]:
+            return {t: metric(rep["metrics"], "splitserve_router_kv_indexed_blocks", tier=t)
+                    for t in ("device", "host", "disk")}
+        old = next(iter(ready(run, "Router")))
+        before = indexed(old)
+        assert before["host"] > 0 and before["disk"] > 0, before
+        probe = hits_seen_by_router(WORDS[1])
+        assert probe["host"] + probe["disk"] > 0, probe
+        kill_replica(run, old)
+        wait_until(lambda: [r for r in ready(run, "Router") if r["pid"] != old["pid"]], 120,
+                   interval_s=0.2, what="a new Router ready")
+        new = next(r for r in ready(run, "Router") if r["pid"] != old["pid"])
+        wait_until(lambda: indexed(new) == before, 30, interval_s=0.2,
+                   what=f"the new Router's index {before}")
+        assert hits_seen_by_router(WORDS[1]) == probe  # and so are its decisions
     finally:
         assert run.stop() == 0, run.output()[-3000:]

@@ -140,12 +140,59 @@ async def _run(core, nats_url: str) -> None:
             await asyncio.sleep(0.2)
         assert index.tiers.restore_ms.get(worker_id) == costs
         assert tiers.failures == 0 and tiers.published > 0
+        await _late_router_sees_the_same(core, nats_url, worker_id, publisher, tiers, index)
     finally:
         await cancel_and_wait(sender)
         await close_nats(nc, "test")
         await index.close()
         publisher.shutdown()
         runtime.shutdown()
+
+
+async def _late_router_sees_the_same(core, nats_url, worker_id, publisher, tiers,
+                                     index) -> None:
+    """A router that starts now asks the workers to announce their caches; the worker
+    (``serve_announce_requests``, as a torch worker runs it) announces every block in
+    every tier on its usual streams, and the late router's view equals the engine's and
+    the first router's, which the repeated stores leave unchanged."""
+    import contextlib
+
+    from dynamo.llm import compute_block_hash_for_seq
+
+    from splitserve.components.router.kv_index import KvEventIndex
+    from splitserve.contracts.block_events import kv_announce_subject
+    from splitserve.contracts.kit.hosting import publish_kv_events, serve_announce_requests
+
+    def announce() -> None:  # what EngineRunner.announce_cache delivers
+        events = core.drain_kv_events() + core.kv.announced_events()
+        publish_kv_events(publisher, events)
+        tiers.submit(events)
+
+    want = unsigned(core.kv.held_blocks())
+    before = index.overlap(compute_block_hash_for_seq(list(range(1, 3 * BS + 2)), BS))
+    late = KvEventIndex(NS, "Worker")
+    async with contextlib.AsyncExitStack() as stack:
+        await serve_announce_requests(nats_url, kv_announce_subject(NS, "Worker"), worker_id,
+                                      announce, stack)
+        await asyncio.sleep(0.3)  # the worker listens before the router asks
+        await late.start(nats_url)
+        try:
+            for _ in range(150):
+                if unsigned(late.tiers.held(worker_id)) == want:
+                    break
+                await asyncio.sleep(0.2)
+            assert unsigned(late.tiers.held(worker_id)) == want
+            assert late.announce_requests == 1 and late.errors == 0
+            assert unsigned(index.tiers.held(worker_id)) == want  # unchanged by repeats
+            for i in range(1, 13):
+                seq = compute_block_hash_for_seq([100 * i + t for t in range(1, 3 * BS + 2)],
+                                                 BS)
+                assert late.overlap_by_tier(seq) == index.overlap_by_tier(seq)
+                assert late.overlap(seq) == index.overlap(seq)
+            assert index.overlap(compute_block_hash_for_seq(list(range(1, 3 * BS + 2)), BS)) \
+                == before
+        finally:
+            await late.close()
 
 
 def chain(ids: list[int]) -> list[int]:

@@ -21,6 +21,7 @@ from splitserve.contracts.kit.hosting import (
     Role,
     never,
     publish_kv_events,
+    serve_announce_requests,
     start_tier_events,
 )
 from splitserve.contracts.kit.worker_metrics import WorkerMetrics
@@ -85,6 +86,12 @@ async def host_torch(ctx: ComponentContext, cfg, role: Role,
     runner = EngineRunner(core, asyncio.get_running_loop(), on_kv_events=on_events,
                           on_fatal=on_fatal)
     runner.start()
+    if role in PUBLISHES_KV:
+        from splitserve.contracts.block_events import kv_announce_subject
+
+        await serve_announce_requests(
+            os.environ["NATS_SERVER"], kv_announce_subject(ctx.namespace, ctx.run.component),
+            endpoint.connection_id(), runner.announce_cache, stack)
     stack.callback(core.close)  # after the runner stopped: the disk tier's writer and files
     stack.callback(runner.stop)
     worker_id = endpoint.connection_id()

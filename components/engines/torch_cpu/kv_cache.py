@@ -93,7 +93,7 @@ class KVCacheManager:
         self._events: list[KvEvent] = []
         self._tiers = tiers
         # Hashed block id -> its parent's hash and tokens, for its BlockStored in a tier
-        # (kept with tiers only).
+        # and for announcing it again (``announced_events``).
         self._origin: dict[int, BlockOrigin] = {}
         self.num_offloaded_blocks = 0  # cached blocks handed to the tiers on eviction
         self.num_restored_blocks = 0  # blocks copied back from the tiers into the pool
@@ -160,6 +160,34 @@ class KVCacheManager:
         engine stops."""
         if self._tiers is not None:
             self._tiers.close()
+
+    def announced_events(self) -> list[KvEvent]:
+        """A ``BlockStored`` for every cached block: the pool's (each after the block
+        before it, where the pool holds that one), then each tier's.  What a router that
+        started late, or lost a tier's events, needs to see this engine's cache; stores
+        of blocks a router already holds change nothing there."""
+        events: list[KvEvent] = []
+        done: set[int] = set()
+        for h in list(self._cached):
+            chain: list[int] = []
+            cur: int | None = h
+            while cur is not None and cur in self._cached and cur not in done:
+                done.add(cur)
+                chain.append(cur)
+                origin = self._origin.get(self._cached[cur])
+                cur = origin.parent_hash if origin is not None else None
+            for x in reversed(chain):
+                block = self._cached[x]
+                origin = self._origin.get(block)
+                if origin is None:
+                    continue
+                events.append(BlockStored(
+                    block_hashes=(x,), parent_hash=origin.parent_hash,
+                    token_ids=origin.token_ids, num_block_tokens=(len(origin.token_ids),),
+                    lora_name=self._adapter.get(block)))
+        if self._tiers is not None:
+            events += self._tiers.announced_events()
+        return events
 
     def drain_events(self) -> list[KvEvent]:
         """Return the KV events since the last call, oldest first, and forget them."""
@@ -321,10 +349,11 @@ class KVCacheManager:
             self._hash[block] = None
             del self._cached[old]
             lora_name = self._adapter.pop(block, None)
+            origin = self._origin.pop(block, None)
             self._events.append(BlockRemoved(block_hashes=(old,)))
             if self._tiers is not None:
                 # Copied now: the block is about to be overwritten.
-                self._tiers.put(old, self._pool[block], lora_name, self._origin.pop(block))
+                self._tiers.put(old, self._pool[block], lora_name, origin)
                 self.num_offloaded_blocks += 1
                 self._pull_tier_events()
         self._ref[block] = 1
@@ -338,8 +367,7 @@ class KVCacheManager:
         self._cached[h] = block
         if lora_name is not None:
             self._adapter[block] = lora_name
-        if self._tiers is not None:
-            self._origin[block] = BlockOrigin(parent, tuple(tokens))
+        self._origin[block] = BlockOrigin(parent, tuple(tokens))
 
     def _pull_tier_events(self) -> None:
         """Append the tiers' events since the last pull (after each tier operation)."""

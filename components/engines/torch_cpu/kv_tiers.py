@@ -137,6 +137,11 @@ class KvTier(Protocol):
         """Every key held now, least recently used first."""
         ...
 
+    def announced(self) -> list[TierChange]:
+        """A store for every block the tier holds that was announced (its origin
+        known), least recently used first: what a router that starts late needs."""
+        ...
+
     def drain_changes(self) -> list[TierChange]:
         """The blocks gained and lost since the last call, oldest first."""
         ...
@@ -208,6 +213,10 @@ class HostTier:
     def keys(self) -> list[int]:
         return list(self._blocks)
 
+    def announced(self) -> list[TierChange]:
+        return [TierChange(True, b.key, b.lora_name, b.origin)
+                for b in self._blocks.values() if b.origin is not None]
+
     def drain_changes(self) -> list[TierChange]:
         changes, self._changes = self._changes, []
         return changes
@@ -230,6 +239,7 @@ class _DiskEntry:
     dtype: torch.dtype
     lora_name: str | None
     pending: torch.Tensor | None  # the copy to write; None once the file is complete
+    origin: BlockOrigin | None = None  # for announcing it again (``announced``)
 
 
 def _as_bytes(data: torch.Tensor):
@@ -278,7 +288,7 @@ class DiskTier:
         start = time.perf_counter()
         owned = data.clone() if copy else data.contiguous()
         entry = _DiskEntry(os.path.join(self.directory, f"{key & (2**64 - 1):016x}.kv"),
-                           nbytes, owned.shape, owned.dtype, lora_name, owned)
+                           nbytes, owned.shape, owned.dtype, lora_name, owned, origin)
         with self._lock:
             self.stats.write_seconds += time.perf_counter() - start  # the copy; the file's
             self.stats.bytes_used += nbytes  # write is observed by the writer
@@ -327,6 +337,11 @@ class DiskTier:
     def keys(self) -> list[int]:
         with self._lock:
             return list(self._index)
+
+    def announced(self) -> list[TierChange]:
+        with self._lock:
+            return [TierChange(True, k, e.lora_name, e.origin)
+                    for k, e in self._index.items() if e.origin is not None]
 
     def drain_changes(self) -> list[TierChange]:
         with self._lock:
@@ -427,6 +442,26 @@ def _shut_down(jobs: queue.Queue, writer: threading.Thread, lock: threading.Lock
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def _events(tier: Tier, changes: list[TierChange]) -> list[KvEvent]:
+    """One tier's changes as KV events, in order (consecutive removals in one event; a
+    block stored without an origin is kept but never announced)."""
+    events: list[KvEvent] = []
+    for change in changes:
+        if not change.stored:
+            last = events[-1] if events else None
+            if isinstance(last, BlockRemoved):
+                events[-1] = BlockRemoved(last.block_hashes + (change.key,), tier=tier)
+            else:
+                events.append(BlockRemoved((change.key,), tier=tier))
+        elif change.origin is not None:
+            tokens = change.origin.token_ids
+            events.append(BlockStored(
+                block_hashes=(change.key,), parent_hash=change.origin.parent_hash,
+                token_ids=tokens, num_block_tokens=(len(tokens),),
+                lora_name=change.lora_name, tier=tier))
+    return events
+
+
 class TierChain:
     """Tiers from the fastest down: evictions of one are written to the next."""
 
@@ -465,27 +500,17 @@ class TierChain:
         """The keys each tier holds now, by tier name."""
         return {t.name: set(t.keys()) for t in self.tiers}
 
+    def announced_events(self) -> list[KvEvent]:
+        """A ``BlockStored`` for every announced block each tier holds now (a router
+        that starts late learns the tiers from them; stores are idempotent for the
+        routers that already knew)."""
+        return [ev for tier in self.tiers for ev in _events(tier.name, tier.announced())]
+
     def drain_events(self) -> list[KvEvent]:
         """KV events of the blocks each tier gained and lost since the last call, each
         tier's in order; called after every chain operation and when the pool's events
         are drained (a disk write that fails is logged by the writer thread)."""
-        events: list[KvEvent] = []
-        for tier in self.tiers:
-            for change in tier.drain_changes():
-                if not change.stored:
-                    last = events[-1] if events else None
-                    if isinstance(last, BlockRemoved) and last.tier == tier.name:
-                        events[-1] = BlockRemoved(last.block_hashes + (change.key,),
-                                                  tier=tier.name)
-                    else:
-                        events.append(BlockRemoved((change.key,), tier=tier.name))
-                elif change.origin is not None:
-                    tokens = change.origin.token_ids
-                    events.append(BlockStored(
-                        block_hashes=(change.key,), parent_hash=change.origin.parent_hash,
-                        token_ids=tokens, num_block_tokens=(len(tokens),),
-                        lora_name=change.lora_name, tier=tier.name))
-        return events
+        return [ev for tier in self.tiers for ev in _events(tier.name, tier.drain_changes())]
 
     def discard_adapter(self, lora_name: str) -> None:
         for tier in self.tiers:

@@ -42,6 +42,7 @@ class EngineRunner:
         self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self.error: BaseException | None = None
         self.last_stats: Any = None
+        self._announce_queued = False
 
     def start(self) -> None:
         self.thread.start()
@@ -82,6 +83,13 @@ class EngineRunner:
         self.commands.put(("call", (fn, args, fut)))
         return fut
 
+    def announce_cache(self) -> None:
+        """Announce every cached block again (``KVCacheManager.announced_events``), in
+        order with the engine's other KV events: a router that started late asked."""
+        if self.error is None and not self._announce_queued:
+            self._announce_queued = True  # one queued announcement answers every request
+            self.commands.put(("announce", None))
+
     def abort(self, request_id: str) -> None:
         """Stop a request (client gone, stop string hit, shutdown)."""
         if self.streams.pop(request_id, None) is not None:
@@ -103,6 +111,13 @@ class EngineRunner:
                 self.loop.call_soon_threadsafe(_settle, fut, None, exc)
             else:
                 self.loop.call_soon_threadsafe(_settle, fut, result, None)
+            return True
+        if op == "announce":
+            self._announce_queued = False
+            # Pending events first, so the announcement follows what happened before it.
+            events = self.core.drain_kv_events() + self.core.kv.announced_events()
+            if events:
+                self.loop.call_soon_threadsafe(self._deliver, [], events)
             return True
         try:
             if op == "add":

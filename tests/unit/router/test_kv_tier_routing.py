@@ -228,6 +228,8 @@ def test_the_feed_metrics_count_messages_and_gaps():
     text = generate_latest(registry).decode()
     assert "splitserve_router_kv_tier_event_messages_total 2.0" in text
     assert "splitserve_router_kv_tier_event_gaps_total 1.0" in text
+    assert index._gapped == {A}  # asked to announce again on the next message's return
+    assert "splitserve_router_kv_announce_requests_total 0.0" in text
 
 
 def test_route_explain_cli_is_unchanged_by_the_decisions_new_field():
