@@ -40,6 +40,14 @@ an earlier kept row shares at least two leading blocks with it.
 
     python benchmarks/bench_kv_tiers.py --trace ../shared/traces/mooncake_fast25_conversation_trace.jsonl \
         --num-blocks 256 --host-gib 1 --disk-gib 1 --out benchmarks/results/kv_tiers_mooncake.json
+
+``--frontends splitserve dynamo`` runs every mode twice over the same torch workers
+(``--workers`` of them): behind this project's frontend and Router, and behind Dynamo's
+frontend in kv mode (the workers register a Dynamo model card,
+``Worker.dynamo_model_card``).  Dynamo's router reads the workers' pool events but no
+tier's (its Python publisher has none), so with more than one worker it places a
+returning conversation without knowing which worker keeps its prefix in a lower tier;
+its side reports no router prediction and no admission prediction.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare.py: Dynamo's side
 
 from splitserve.bench.graphrun import GraphRun  # noqa: E402
 
@@ -194,40 +203,91 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def run_mode(mode: str, args) -> dict:
-    overrides = ["--Worker.replicas=1", f"--Worker.engine_args.num_blocks={args.num_blocks}"]
+def run_mode(mode: str, args, frontend: str = "splitserve") -> dict:
+    overrides = [f"--Worker.replicas={args.workers}",
+                 f"--Worker.engine_args.num_blocks={args.num_blocks}"]
     if mode == "host":
         overrides.append(f"--Worker.engine_args.host_kv_cache_gib={args.host_gib}")
     if mode == "disk":
         disk_dir = tempfile.mkdtemp(prefix="kv-tiers-bench-")
         overrides += [f"--Worker.engine_args.disk_kv_cache_dir={disk_dir}",
                       f"--Worker.engine_args.disk_kv_cache_gib={args.disk_gib}"]
+    if frontend == "dynamo":
+        return run_dynamo_mode(mode, args, overrides)
     with GraphRun("graphs.agg_router:Frontend", "configs/agg_router.yaml", overrides,
                   startup_timeout_s=300) as g:
         ask(g.url, [{"role": "user", "content": "Hello."}], 2)  # first-use costs out
         rows = (play_trace if args.trace else play_sessions)(g.url, args, mode)
         time.sleep(1.0)  # the last tier events reach the router
 
-        def worker(name: str, **labels: str) -> float:
-            return g.metric_total("Worker", name, **labels)
-
-        engine = {
-            "host_hit_blocks": worker("splitserve_worker_kv_tier_hits_total", tier="host"),
-            "disk_hit_blocks": worker("splitserve_worker_kv_tier_hits_total", tier="disk"),
-            "restored_blocks": worker("splitserve_worker_kv_tier_moved_blocks_total",
-                                      direction="restored"),
-            "offloaded_blocks": worker("splitserve_worker_kv_tier_moved_blocks_total",
-                                       direction="offloaded"),
-            "host_read_bytes": worker("splitserve_worker_kv_tier_read_bytes_total",
-                                      tier="host"),
-            "host_read_s": worker("splitserve_worker_kv_tier_read_seconds_sum", tier="host"),
-            "host_write_s": worker("splitserve_worker_kv_tier_write_seconds_sum", tier="host"),
-            "disk_read_bytes": worker("splitserve_worker_kv_tier_read_bytes_total",
-                                      tier="disk"),
-            "disk_read_s": worker("splitserve_worker_kv_tier_read_seconds_sum", tier="disk"),
-            "disk_write_s": worker("splitserve_worker_kv_tier_write_seconds_sum", tier="disk"),
-        }
+        engine = engine_counters(g)
         router = g.metric_by_labels("Router", "splitserve_router_tier_hit_blocks_total", "tier")
+    return summary(mode, "splitserve", rows, engine, router)
+
+
+def engine_counters(g) -> dict:
+    """The workers' tier counters, summed over the replicas."""
+
+    def worker(name: str, **labels: str) -> float:
+        return g.metric_total("Worker", name, **labels)
+
+    return {
+        "host_hit_blocks": worker("splitserve_worker_kv_tier_hits_total", tier="host"),
+        "disk_hit_blocks": worker("splitserve_worker_kv_tier_hits_total", tier="disk"),
+        "restored_blocks": worker("splitserve_worker_kv_tier_moved_blocks_total",
+                                  direction="restored"),
+        "offloaded_blocks": worker("splitserve_worker_kv_tier_moved_blocks_total",
+                                   direction="offloaded"),
+        "host_read_bytes": worker("splitserve_worker_kv_tier_read_bytes_total", tier="host"),
+        "host_read_s": worker("splitserve_worker_kv_tier_read_seconds_sum", tier="host"),
+        "host_write_s": worker("splitserve_worker_kv_tier_write_seconds_sum", tier="host"),
+        "disk_read_bytes": worker("splitserve_worker_kv_tier_read_bytes_total", tier="disk"),
+        "disk_read_s": worker("splitserve_worker_kv_tier_read_seconds_sum", tier="disk"),
+        "disk_write_s": worker("splitserve_worker_kv_tier_write_seconds_sum", tier="disk"),
+    }
+
+
+def run_dynamo_mode(mode: str, args, overrides: list[str]) -> dict:
+    """The same workers (this project's torch workers, tiers as ``mode`` says) behind
+    Dynamo's frontend in kv mode: they register a Dynamo model card
+    (``Worker.dynamo_model_card``), its router reads their pool's KV events (Dynamo's
+    publisher) and, having no tier in them, none of their tiers'."""
+    from compare import WorkersRun, dynamo_frontend
+
+    with WorkersRun("graphs.agg_router:Worker", "configs/agg_router.yaml",
+                    [*overrides, "--Worker.dynamo_model_card=true"],
+                    startup_timeout_s=300) as w:
+        fe, url = dynamo_frontend(w, "kv", log_name=f"frontend-kv-{mode}.log")
+        try:
+            wait_for_models(url, fe)
+            ask(url, [{"role": "user", "content": "Hello."}], 2)  # first-use costs out
+            rows = (play_trace if args.trace else play_sessions)(url, args, f"dynamo {mode}")
+            time.sleep(1.0)
+            engine = engine_counters(w)
+        finally:
+            fe.stop()
+    return summary(mode, "dynamo", rows, engine, None)
+
+
+def wait_for_models(url: str, fe, timeout_s: float = 120) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not fe.alive():
+            raise RuntimeError(f"Dynamo's frontend exited:\n{fe.tail()}")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as r:
+                if json.loads(r.read()).get("data"):
+                    return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"Dynamo's frontend listed no model within {timeout_s:.0f}s")
+
+
+def summary(mode: str, frontend: str, rows: list[dict], engine: dict,
+            router: dict | None) -> dict:
     returning = [r for r in rows if r["turn"] > 0]
     first = [r for r in rows if r["turn"] == 0]
     cached_blocks = sum(r["cached_tokens"] for r in returning) // BLOCK
@@ -238,6 +298,7 @@ def run_mode(mode: str, args) -> dict:
     judged = [r for r in returning if r["predicted_ttft_s"] and r["ttft_s"]]
     return {
         "mode": mode,
+        "frontend": frontend,
         "returning_ttft_p50_s": pct([r["ttft_s"] for r in returning], 0.5),
         "returning_ttft_p99_s": pct([r["ttft_s"] for r in returning], 0.99),
         "first_ttft_p50_s": pct([r["ttft_s"] for r in first], 0.5),
@@ -247,8 +308,9 @@ def run_mode(mode: str, args) -> dict:
         "engine_hit_rate": {t: n / prompt_blocks if prompt_blocks else None
                             for t, n in actual.items()},
         "router_hit_blocks": router,
-        "router_hit_rate": {t: router.get(t, 0.0) / prompt_blocks if prompt_blocks else None
-                            for t in ("device", "host", "disk")},
+        "router_hit_rate": None if router is None else {
+            t: router.get(t, 0.0) / prompt_blocks if prompt_blocks else None
+            for t in ("device", "host", "disk")},
         # Admission's TTFT prediction for returning turns against their measured TTFT
         # (a lower-tier hit priced at the restore cost the worker measured).
         "returning_predicted_ttft_p50_s": pct([r["predicted_ttft_s"] for r in judged], 0.5),
@@ -273,6 +335,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--disk-gib", type=float, default=0.5, help="the disk tier of the "
                    "`disk` mode (no host tier there), in a fresh temporary directory")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--frontends", nargs="+", default=["splitserve"],
+                   choices=["splitserve", "dynamo"], help="whose frontend and router in "
+                   "front of the same torch workers: this project's, and/or Dynamo's in kv "
+                   "mode (the workers then register a Dynamo model card)")
+    p.add_argument("--workers", type=int, default=1)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--trace", default=None, help="a Mooncake JSONL trace to replay instead "
                    "of the sessions (see above)")
@@ -285,18 +352,20 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     report = {"command": "python benchmarks/bench_kv_tiers.py " + " ".join(argv or sys.argv[1:]),
               "args": vars(args), "cpus": os.cpu_count(), "modes": []}
-    for mode in args.modes:
-        report["modes"].append(run_mode(mode, args))
-    by_mode = {m["mode"]: m for m in report["modes"]}
-    off = by_mode.get("off")
+    for frontend in args.frontends:
+        for mode in args.modes:
+            report["modes"].append(run_mode(mode, args, frontend))
+    by_mode = {(m["frontend"], m["mode"]): m for m in report["modes"]}
     for m in report["modes"]:
+        off = by_mode.get((m["frontend"], "off"))
         if off is None or m is off:
             continue
+        tag = m["mode"] if m["frontend"] == "splitserve" else f"{m['mode']}_dynamo"
         same = [a["answer"] == b["answer"] for a, b in zip(off["requests"], m["requests"],
                                                             strict=True)]
-        report[f"answers_equal_{m['mode']}"] = f"{sum(same)} of {len(same)}"
+        report[f"answers_equal_{tag}"] = f"{sum(same)} of {len(same)}"
         if off["returning_ttft_p50_s"] and m["returning_ttft_p50_s"]:
-            report[f"returning_ttft_p50_ratio_{m['mode']}"] = (
+            report[f"returning_ttft_p50_ratio_{tag}"] = (
                 off["returning_ttft_p50_s"] / m["returning_ttft_p50_s"])
     for m in report["modes"]:
         print(json.dumps({k: v for k, v in m.items() if k != "requests"}), flush=True)

@@ -65,6 +65,13 @@ class WorkerCommon(ComponentConfig, Draining):
         "etcd and loads them like adapters loaded at run time (docs/lora.md); clients "
         "send the name as the OpenAI `model`.  Needs an engine that serves LoRA; "
         "`dynamo lora unload` refuses them (remove them here instead).")
+    dynamo_model_card: bool = Field(
+        False, description="Also register a Dynamo model card for each aggregated replica "
+        "(Dynamo's `register_llm`: token input, chat and completions, the model's "
+        "directory and served name, the engine's KV block size), so Dynamo's own frontend "
+        "discovers these workers and drives them: to put Dynamo's frontend in front of "
+        "this project's engines (a comparison, a migration).  Their generate endpoint "
+        "already takes Dynamo's preprocessed requests.  Aggregated Workers only.")
 
     @field_validator("loras")
     @classmethod
@@ -102,6 +109,14 @@ class DecodeTimings(StrictModel):
 class EngineDecodeSection(WorkerCommon, DecodeTimings):
     """Common fields of a decode worker (which runs the offload decider)."""
 
+    @field_validator("dynamo_model_card")
+    @classmethod
+    def _no_card(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("dynamo_model_card: aggregated Workers only (a decode worker "
+                             "needs this project's disaggregated router in front of it)")
+        return v
+
     disaggregated_router: dict[str, Any] = Field(
         default_factory=lambda: {"enable": True},
         description="The offload policy (`enable`, `decider`: score | threshold | forced, "
@@ -133,6 +148,14 @@ class EnginePrefillSection(WorkerCommon, PrefillTimings):
     """Common fields of a prefill worker (which runs the prefill loop)."""
 
     prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)
+
+    @field_validator("dynamo_model_card")
+    @classmethod
+    def _no_card(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("dynamo_model_card: aggregated Workers only (a prefill worker "
+                             "takes jobs from the prefill queue, not requests)")
+        return v
 
     @model_validator(mode="after")
     def _no_adapters(self) -> EnginePrefillSection:

@@ -124,6 +124,23 @@ def make_handler(engine: Engine, metrics: WorkerMetrics, cut: asyncio.Event | No
     return generate
 
 
+async def register_model_card(ctx: ComponentContext, h) -> None:
+    """Register a Dynamo model card for this replica (``dynamo_model_card``): Dynamo's
+    frontend then discovers it, tokenises with the model's own files and sends its
+    preprocessed requests, which the generate endpoint takes as they are."""
+    from dynamo.llm import ModelInput, ModelType, WorkerType, register_llm
+
+    from splitserve.contracts import model_files
+
+    common = ctx.run.common
+    path = model_files.model_dir(common.model)
+    await register_llm(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, h.endpoint,
+                       str(path), common.served_model_name,
+                       kv_cache_block_size=h.engine.info.kv_block_size,
+                       worker_type=WorkerType.Aggregated)
+    log.info("registered a Dynamo model card for %s (%s)", common.served_model_name, path)
+
+
 async def run_aggregated(ctx: ComponentContext, cfg) -> None:
     """Component main of a Worker replica; exits non-zero when its engine dies."""
     entry = registry.spec(cfg.engine)
@@ -147,6 +164,8 @@ async def run_aggregated(ctx: ComponentContext, cfg) -> None:
                                           h.worker_id),
             drain_timeout_s=cfg.drain_timeout_s, inflight=inflight))
         tasks.append(serving)
+        if getattr(cfg, "dynamo_model_card", False):
+            await register_model_card(ctx, h)
         await serve_or_die(serving, h.died)
         if moves is not None:
             await moves.wait_exported(cfg.kv_move_hold_s)
