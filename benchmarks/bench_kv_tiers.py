@@ -83,43 +83,22 @@ def question(rng: random.Random, words: int, session: int, turn: int) -> str:
 
 def ask(url: str, messages: list[dict], answer: int) -> dict:
     """One streamed greedy chat request: TTFT, the answer and the usage."""
-    import urllib.request
-
-    body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": answer,
-                       "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
-                                 headers={"content-type": "application/json"})
-    t0 = time.perf_counter()
-    ttft, text, usage = None, [], None
-    with urllib.request.urlopen(req, timeout=600) as r:
-        predicted = r.headers.get(PREDICTED_TTFT_HEADER)
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices", []):
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    ttft = ttft or time.perf_counter() - t0
-                    text.append(piece)
-    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return {"ttft_s": ttft, "answer": "".join(text), "cached_tokens": cached,
-            "prompt_tokens": (usage or {}).get("prompt_tokens"),
-            "predicted_ttft_s": float(predicted) / 1000.0 if predicted else None}
+    return _streamed(f"{url}/v1/chat/completions", {"messages": messages}, answer,
+                     lambda choice: (choice.get("delta") or {}).get("content"))
 
 
 def ask_ids(url: str, prompt: list[int], answer: int) -> dict:
     """One streamed greedy completion of token ids: TTFT, the answer and the usage."""
+    return _streamed(f"{url}/v1/completions", {"prompt": prompt}, answer,
+                     lambda choice: choice.get("text"))
+
+
+def _streamed(endpoint: str, fields: dict, answer: int, piece_of) -> dict:
     import urllib.request
 
-    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": answer,
-                       "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
-    req = urllib.request.Request(f"{url}/v1/completions", data=body,
+    body = json.dumps({"model": MODEL, **fields, "max_tokens": answer, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    req = urllib.request.Request(endpoint, data=body,
                                  headers={"content-type": "application/json"})
     t0 = time.perf_counter()
     ttft, text, usage = None, [], None
@@ -133,9 +112,10 @@ def ask_ids(url: str, prompt: list[int], answer: int) -> dict:
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices", []):
-                if choice.get("text"):
+                piece = piece_of(choice)
+                if piece:
                     ttft = ttft or time.perf_counter() - t0
-                    text.append(choice["text"])
+                    text.append(piece)
     cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return {"ttft_s": ttft, "answer": "".join(text), "cached_tokens": cached,
             "prompt_tokens": (usage or {}).get("prompt_tokens"),
@@ -206,6 +186,8 @@ def pct(values: list[float], q: float) -> float | None:
 def run_mode(mode: str, args, frontend: str = "splitserve") -> dict:
     overrides = [f"--Worker.replicas={args.workers}",
                  f"--Worker.engine_args.num_blocks={args.num_blocks}"]
+    if args.threads:
+        overrides.append(f"--Worker.engine_args.threads={args.threads}")
     if mode == "host":
         overrides.append(f"--Worker.engine_args.host_kv_cache_gib={args.host_gib}")
     if mode == "disk":
@@ -340,6 +322,9 @@ def main(argv: list[str] | None = None) -> None:
                    "front of the same torch workers: this project's, and/or Dynamo's in kv "
                    "mode (the workers then register a Dynamo model card)")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: "
+                   "the cores shared out; requests here come one at a time, so each worker "
+                   "may take every core)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--trace", default=None, help="a Mooncake JSONL trace to replay instead "
                    "of the sessions (see above)")

@@ -92,6 +92,13 @@ class WorkerCommon(ComponentConfig, Draining):
         return [*super().preflight(), *out]
 
 
+def aggregated_only(card: bool, why: str) -> bool:
+    """Refuse ``dynamo_model_card`` on a worker that is not an aggregated one."""
+    if card:
+        raise ValueError(f"dynamo_model_card: aggregated Workers only ({why})")
+    return card
+
+
 class DecodeTimings(StrictModel):
     """How a decode worker waits for remote prefill.  Declared once: the decode section
     (YAML) and the decode coordinator's settings both inherit these fields."""
@@ -112,10 +119,8 @@ class EngineDecodeSection(WorkerCommon, DecodeTimings):
     @field_validator("dynamo_model_card")
     @classmethod
     def _no_card(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("dynamo_model_card: aggregated Workers only (a decode worker "
-                             "needs this project's disaggregated router in front of it)")
-        return v
+        return aggregated_only(v, "a decode worker needs this project's disaggregated "
+                               "router in front of it")
 
     disaggregated_router: dict[str, Any] = Field(
         default_factory=lambda: {"enable": True},
@@ -152,10 +157,8 @@ class EnginePrefillSection(WorkerCommon, PrefillTimings):
     @field_validator("dynamo_model_card")
     @classmethod
     def _no_card(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("dynamo_model_card: aggregated Workers only (a prefill worker "
-                             "takes jobs from the prefill queue, not requests)")
-        return v
+        return aggregated_only(v, "a prefill worker takes jobs from the prefill queue, "
+                               "not requests")
 
     @model_validator(mode="after")
     def _no_adapters(self) -> EnginePrefillSection:
