@@ -164,7 +164,7 @@ async def run_aggregated(ctx: ComponentContext, cfg) -> None:
                                           h.worker_id),
             drain_timeout_s=cfg.drain_timeout_s, inflight=inflight))
         tasks.append(serving)
-        if getattr(cfg, "dynamo_model_card", False):
+        if cfg.dynamo_model_card:
             await register_model_card(ctx, h)
         await serve_or_die(serving, h.died)
         if moves is not None:

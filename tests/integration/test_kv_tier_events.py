@@ -164,7 +164,7 @@ async def _late_router_sees_the_same(core, nats_url, worker_id, publisher, tiers
     from splitserve.contracts.kit.hosting import publish_kv_events, serve_announce_requests
 
     def announce() -> None:  # what EngineRunner.announce_cache delivers
-        events = core.drain_kv_events() + core.kv.announced_events()
+        events = core.announce_kv_events()
         publish_kv_events(publisher, events)
         tiers.submit(events)
 

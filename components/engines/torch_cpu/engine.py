@@ -134,6 +134,12 @@ class EngineCore:
         """Return (and forget) the BlockStored / BlockRemoved events since the last call."""
         return self.kv.drain_events()
 
+    def announce_kv_events(self) -> list[KvEvent]:
+        """The events a router that started late needs: those not drained yet, then a
+        store for every cached block (``KVCacheManager.announced_events``), so the
+        announcement follows what happened before it."""
+        return self.drain_kv_events() + self.kv.announced_events()
+
     def stats(self) -> EngineStats:
         """Snapshot of load, KV usage and cumulative counters."""
         s = self.scheduler

@@ -84,7 +84,7 @@ class EngineRunner:
         return fut
 
     def announce_cache(self) -> None:
-        """Announce every cached block again (``KVCacheManager.announced_events``), in
+        """Announce every cached block again (``EngineCore.announce_kv_events``), in
         order with the engine's other KV events: a router that started late asked."""
         if self.error is None and not self._announce_queued:
             self._announce_queued = True  # one queued announcement answers every request
@@ -114,8 +114,7 @@ class EngineRunner:
             return True
         if op == "announce":
             self._announce_queued = False
-            # Pending events first, so the announcement follows what happened before it.
-            events = self.core.drain_kv_events() + self.core.kv.announced_events()
+            events = self.core.announce_kv_events()
             if events:
                 self.loop.call_soon_threadsafe(self._deliver, [], events)
             return True

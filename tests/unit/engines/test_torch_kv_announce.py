@@ -70,21 +70,36 @@ def test_the_announcement_equals_every_event_so_far(kv):
 
 
 class Core:
-    """What the runner calls for an announcement: pending events, then the cache."""
+    """What the runner calls for an announcement (``EngineCore.announce_kv_events``'s
+    order: pending events, then the cache)."""
 
     def __init__(self) -> None:
-        self.kv = self
         self.pending = [BlockRemoved((1,))]
 
-    def drain_kv_events(self):
+    def announce_kv_events(self):
         out, self.pending = self.pending, []
-        return out
-
-    def announced_events(self):
-        return [BlockStored((2,), None, (0, 1, 2, 3), (4,))]
+        return out + [BlockStored((2,), None, (0, 1, 2, 3), (4,))]
 
     def has_unfinished(self) -> bool:
         return False
+
+
+def test_the_engines_announcement_puts_pending_events_first(tiny_models):
+    from splitserve.components.engines.torch_cpu import EngineConfig, EngineCore, load_model
+    from splitserve.components.engines.torch_cpu.request import Request
+
+    model = load_model(str(tiny_models["llama"]))
+    core = EngineCore(model.weights, model.config, EngineConfig(block_size=BS, num_blocks=8))
+    core.add_request(Request("a", tuple(range(1, 3 * BS + 1)), max_tokens=1))
+    while core.has_unfinished():
+        core.step()
+    # The step's events were not drained yet when a router asked.
+    events = core.announce_kv_events()
+    cache = core.kv.announced_events()
+    assert events[-len(cache):] == cache
+    pending = events[:-len(cache)]
+    assert pending and isinstance(pending[0], BlockStored)
+    assert core.drain_kv_events() == []  # delivered with the announcement, not twice
 
 
 def test_the_runner_delivers_one_announcement_after_the_pending_events():
