@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 
 from splitserve.contracts import tracing
+from splitserve.contracts.kit.deadline import MovingDeadline
 from splitserve.contracts.kit.waiting import poll_until
 from splitserve.contracts.wire import (
     DRAINED,
@@ -92,20 +93,23 @@ async def silent_after_first(stream, stall_s: float, worker_id: int) -> AsyncIte
     limit), else WorkerUnreachable (``stalled``, output produced)."""
     items = aiter(stream)
     first = True
-    while True:
-        try:
-            if first or not stall_s:
-                item = await anext(items)
-            else:
-                async with asyncio.timeout(stall_s):
+    deadline = MovingDeadline()  # one timer per stream, not one per chunk
+    try:
+        while True:
+            try:
+                if first or not stall_s:
                     item = await anext(items)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise WorkerUnreachable(worker_id, f"its stream was silent for {stall_s:g}s",
-                                    produced=True, stalled=True) from None
-        first = False
-        yield item
+                else:
+                    item = await deadline.within(anext(items), stall_s)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise WorkerUnreachable(worker_id, f"its stream was silent for {stall_s:g}s",
+                                        produced=True, stalled=True) from None
+            first = False
+            yield item
+    finally:
+        deadline.close()
 
 
 async def stream_from_worker(client, call: WorkerCall, worker_id: int, context,

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from splitserve.contracts import tracing
+from splitserve.contracts.kit.deadline import MovingDeadline
 from splitserve.contracts.wire import FinishReason, chunk_logprobs, chunk_prompt_logprobs
 
 from . import formats
@@ -160,16 +161,15 @@ def choice_metas(p: Prepared, priority: str | None, received_at: float | None = 
             for i in range(p.n)]
 
 
-async def next_chunk(state: FrontendState, chunks: AsyncIterator[dict], meta: StreamMeta
-                     ) -> dict:
-    """The worker's next chunk within the first-token or inter-token deadline; raises the
-    HTTP error the client gets for a stalled stream, a refusal or a worker error."""
+async def next_chunk(state: FrontendState, chunks: AsyncIterator[dict], meta: StreamMeta,
+                     deadline: MovingDeadline) -> dict:
+    """The worker's next chunk within the first-token or inter-token deadline (the
+    stream's ``deadline``: one timer per stream, not one per chunk); raises the HTTP
+    error the client gets for a stalled stream, a refusal or a worker error."""
     timeout = (state.first_token_timeout_s if meta.first_token_at is None
                else state.inter_token_timeout_s)
     try:
-        # asyncio.timeout, not wait_for: wait_for wraps every chunk's await in a new task.
-        async with asyncio.timeout(timeout):
-            chunk = await anext(chunks)
+        chunk = await deadline.within(anext(chunks), timeout)
     except StopAsyncIteration:
         raise upstream_error("worker stream ended without a finish reason") from None
     except TimeoutError:
@@ -187,19 +187,31 @@ async def next_chunk(state: FrontendState, chunks: AsyncIterator[dict], meta: St
     return chunk
 
 
-def account_tokens(state: FrontendState, meta: StreamMeta, n: int, started: float,
-                   last: float, model: str, base_model: str = "") -> float:
-    """Record ``n`` new output tokens of ``model`` (TTFT for the first, ITL after),
-    served by ``base_model``'s workers; returns now."""
-    now = time.monotonic()
-    labels = (model, base_model or model)
-    if meta.first_token_at is None:
-        meta.first_token_at = now
-        state.metrics.ttft.labels(*labels).observe(now - started)
-    else:
-        state.metrics.itl.labels(*labels).observe((now - last) / n)
-    meta.output_tokens += n
-    return now
+class TokenTimer:
+    """One choice's TTFT and ITL observations, its metric children looked up once (a
+    ``labels`` lookup per streamed chunk costs more than the observation)."""
+
+    __slots__ = ("_itl", "_labels", "_metrics", "last", "started")
+
+    def __init__(self, state: FrontendState, started: float, model: str,
+                 base_model: str = "") -> None:
+        self._metrics = state.metrics
+        self._labels = (model, base_model or model)
+        self._itl = None
+        self.started = self.last = started
+
+    def tokens(self, meta: StreamMeta, n: int) -> None:
+        """Record ``n`` new output tokens (TTFT for the first, ITL after)."""
+        now = time.monotonic()
+        if meta.first_token_at is None:
+            meta.first_token_at = now
+            self._metrics.ttft.labels(*self._labels).observe(now - self.started)
+        else:
+            if self._itl is None:
+                self._itl = self._metrics.itl.labels(*self._labels)
+            self._itl.observe((now - self.last) / n)
+        meta.output_tokens += n
+        self.last = now
 
 
 async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
@@ -219,17 +231,17 @@ async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
     context = state.context_factory(meta.request_id) if state.context_factory else None
     meta.trace = trace = tracing.stream_span(meta, context)
     chunks = lane.backend.stream(call, meta, context).__aiter__()
-    last = started
+    timer = TokenTimer(state, started, lane.name, lane.base_model)
     finish: str | None = None
+    deadline = MovingDeadline()
     try:
         while finish is None:
-            chunk = await next_chunk(state, chunks, meta)
+            chunk = await next_chunk(state, chunks, meta, deadline)
             ids = chunk.get("token_ids") or []
             if ids and trace and meta.first_token_at is None:
                 trace.record("first_token", trace.start_ns, tracing.now_ns())
             if ids:
-                last = account_tokens(state, meta, len(ids), started, last, lane.name,
-                                      lane.base_model)
+                timer.tokens(meta, len(ids))
             usage = chunk.get("completion_usage")
             if usage:
                 meta.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
@@ -243,6 +255,7 @@ async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
             yield Event(index, text, finish, list(ids), chunk_logprobs(chunk),
                         chunk_prompt_logprobs(chunk))
     finally:
+        deadline.close()
         if finish is None or detok.stopped:
             if context is not None:
                 context.stop_generating()
