@@ -108,6 +108,13 @@ class FrontendConfig(ComponentConfig):
         "interpreter.  It lengthens the frontend's start by the import (about 5 s on 2 "
         "cores) and adds about 0.5 GB to its memory from the start; false: both on the "
         "first request with tools instead.")
+    runtime_threads: int | None = Field(
+        1, ge=1, le=256, description="Worker threads of Dynamo's runtime in the frontend "
+        "process (`DYN_RUNTIME_NUM_WORKER_THREADS`, which wins when the environment or "
+        "this section's `env` sets it).  Every streamed chunk is handed from one of these "
+        "threads to the event loop; with one, the hand-offs stop waking a second thread "
+        "(docs/results/frontend_cost.md: about a quarter less CPU per request on "
+        "128-token answers).  null: Dynamo's default, one per core.")
     lora_load_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="How long `POST /v1/load_lora_adapter` (and "
         "`dynamo lora load`) waits for a worker to report the adapter loaded before it "

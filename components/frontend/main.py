@@ -267,5 +267,11 @@ def _load_codec(model_dir: str | None, model: str, context_length: int,
                               encoder)
 
 
+def runtime_env(run_cfg) -> dict[str, str]:
+    """Dynamo's runtime settings from the section (``Frontend.runtime_threads``)."""
+    threads = FrontendConfig.model_validate(run_cfg.config).runtime_threads
+    return {} if threads is None else {"DYN_RUNTIME_NUM_WORKER_THREADS": str(threads)}
+
+
 if __name__ == "__main__":
-    run(main)
+    run(main, runtime_env=runtime_env)

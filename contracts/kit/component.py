@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -219,8 +219,12 @@ async def _amain(main: Callable[[ComponentContext], Awaitable[None]],
         await asyncio.sleep(0.1)
 
 
-def run(main: Callable[[ComponentContext], Awaitable[None]], argv: list[str] | None = None) -> None:
+def run(main: Callable[[ComponentContext], Awaitable[None]], argv: list[str] | None = None,
+        runtime_env: Callable[[ComponentRunConfig], Mapping[str, str]] | None = None) -> None:
     """Entry point of a component process.
+
+    ``runtime_env``: variables the component wants before Dynamo's runtime starts (from
+    its own section), each set only where the environment does not name it already.
 
     Called from a process's ``__main__`` (``argv`` None: the command line), it does not
     return: once the component has stopped (drained, deregistered, its runtime shut
@@ -232,6 +236,8 @@ def run(main: Callable[[ComponentContext], Awaitable[None]], argv: list[str] | N
     """
     exit_process = argv is None
     run_cfg = load_run_config(argv)
+    for key, value in (runtime_env(run_cfg) if runtime_env else {}).items():
+        os.environ.setdefault(key, value)
     configure_logging(run_cfg.component, run_cfg.replica, run_cfg.common.log_level)
     tracing.setup(run_cfg.component)  # off unless the OTEL_* variables ask for it
     # A replica that overruns its stop deadline gets this signal before SIGKILL: the
