@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+from collections import Counter as Tally
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily
 
 from splitserve.contracts.metrics import PREFIX
+
+KV_EVENT_DROPS: Tally[str] = Tally()
+"""Engine KV events this process's relay could not pass on, by reason (an engine's
+relay counts them; one engine per worker process): ``offload-without-tokens`` (an
+offload-tier store with no tokens to key it), ``external-tier`` (a medium this project
+does not track), ``token-count-mismatch`` (a store whose tokens do not fill its
+blocks)."""
+
+
+class _KvEventDrops:
+    """``splitserve_worker_kv_events_dropped_total{reason}`` from ``KV_EVENT_DROPS``."""
+
+    def collect(self):
+        family = CounterMetricFamily(
+            f"{PREFIX}_worker_kv_events_dropped", "Engine KV events the worker's relay "
+            "could not pass on to the routers, by reason", labels=["reason"])
+        for reason, n in sorted(KV_EVENT_DROPS.items()):
+            family.add_metric([reason], n)
+        yield family
 
 
 class WorkerMetrics:
@@ -27,6 +49,7 @@ class WorkerMetrics:
             f"{PREFIX}_worker_load_report_failures_total",
             "Load reports that could not be sampled or published (routers then see "
             "this worker's load late)", registry=r)
+        r.register(_KvEventDrops())
 
     def update(self, running: int, waiting: int, kv_used: int, kv_total: int) -> None:
         self.running.set(running)

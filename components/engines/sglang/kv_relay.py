@@ -25,6 +25,7 @@ from collections.abc import Callable
 import msgspec
 
 from splitserve.contracts.block_events import KvEvent
+from splitserve.contracts.kit.worker_metrics import KV_EVENT_DROPS
 from splitserve.components.engines.zmq_relay import (
     free_loopback_port,
     relay_batches,
@@ -56,6 +57,7 @@ def convert_batch(raw: bytes, page_size: int) -> list[KvEvent]:
     for ev in batch.events:
         tier = tier_of(ev)
         if tier is None:  # an external pool's blocks: nothing this worker restores
+            KV_EVENT_DROPS["external-tier"] += 1
             continue
         if isinstance(ev, SBlockStored):
             bs = ev.block_size or page_size
@@ -63,6 +65,7 @@ def convert_batch(raw: bytes, page_size: int) -> list[KvEvent]:
             if bs != page_size or len(ev.token_ids) != n * bs:
                 log.warning("skipping a BlockStored of %d tokens for %d blocks of %d "
                             "(page size %d)", len(ev.token_ids), n, bs, page_size)
+                KV_EVENT_DROPS["token-count-mismatch"] += 1
                 continue
             events.append(dataclasses.replace(stored_event(ev, bs, tier),
                                               lora_name=ev.lora_name))

@@ -10,7 +10,7 @@ stream with ``medium`` CPU: they keep that tier (``host``) and reach the routers
 tier subject.  With self-describing events (switched on in ``to_engine_args``) each
 offloaded chunk carries its blocks' tokens and parent; a chunk whose metadata vLLM no
 longer had comes as a bare hash with no tokens, which the routers cannot key, and is
-dropped here (counted).  Re-announced blocks are counted by ``LowerTierLedger``.
+dropped here (counted in ``splitserve_worker_kv_events_dropped_total``).  Re-announced blocks are counted by ``LowerTierLedger``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Callable
 import msgspec
 
 from splitserve.contracts.block_events import KvEvent
+from splitserve.contracts.kit.worker_metrics import KV_EVENT_DROPS
 from splitserve.components.engines.zmq_relay import (
     LowerTierLedger,
     block_hash,
@@ -37,11 +38,6 @@ __all__ = ["block_hash", "convert_batch", "free_loopback_port", "relay"]
 
 log = logging.getLogger("splitserve.vllm")
 
-bare_offload_stores = 0
-"""Offload-tier stores that came without tokens (no self-describing metadata) and were
-dropped, in this process."""
-
-
 def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
     """Decode one msgpack ``KVEventBatch`` into BlockStored / BlockRemoved events.
 
@@ -53,7 +49,6 @@ def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
     through Dynamo's publisher and the offload tier's on the tier subject.  An offload
     store without tokens is dropped (see the module's docstring).
     """
-    global bare_offload_stores
     from vllm.distributed.kv_events import BlockRemoved as VBlockRemoved
     from vllm.distributed.kv_events import BlockStored as VBlockStored
     from vllm.distributed.kv_events import KVEventBatch
@@ -63,16 +58,18 @@ def convert_batch(raw: bytes, block_size: int) -> list[KvEvent]:
     for ev in batch.events:
         tier = tier_of(ev)
         if tier is None:  # an external store's blocks: nothing a worker restores itself
+            KV_EVENT_DROPS["external-tier"] += 1
             continue
         if isinstance(ev, VBlockStored):
             if tier != "device" and not ev.token_ids:
-                bare_offload_stores += 1
+                KV_EVENT_DROPS["offload-without-tokens"] += 1
                 continue
             bs = ev.block_size or block_size
             n = len(ev.block_hashes)
             if len(ev.token_ids) != n * bs:
                 log.warning("skipping a BlockStored of %d tokens for %d blocks of %d",
                             len(ev.token_ids), n, bs)
+                KV_EVENT_DROPS["token-count-mismatch"] += 1
                 continue
             events.append(dataclasses.replace(stored_event(ev, bs, tier),
                                               lora_name=ev.lora_name))

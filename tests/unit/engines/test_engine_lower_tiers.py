@@ -9,6 +9,7 @@ import time
 
 import msgspec
 import pytest
+from prometheus_client import generate_latest
 
 from splitserve.components.engines.sglang.config import SglangEngineArgs
 from splitserve.components.engines.trtllm.config import TrtllmEngineArgs
@@ -17,6 +18,7 @@ from splitserve.components.engines.vllm.config import VllmEngineArgs
 from splitserve.components.engines.zmq_relay import LowerTierLedger
 from splitserve.contracts.block_events import BlockRemoved, BlockStored
 from splitserve.contracts.engine import EngineCapabilities, EngineInfo
+from splitserve.contracts.kit.worker_metrics import KV_EVENT_DROPS, WorkerMetrics
 from tests.installed import needs_vllm
 
 pytestmark = pytest.mark.unit
@@ -92,10 +94,13 @@ def test_vllm_offload_chunks_reach_the_index_once_and_bare_hashes_are_dropped(ca
         chunk([11, 12], None, 0), chunk([12, 13], 11, BS), placeholder,
         VRemoved(block_hashes=[11, 12], medium=MEDIUM_CPU)])
     ledger = LowerTierLedger()
-    before = kv_relay.bare_offload_stores
+    before = KV_EVENT_DROPS["offload-without-tokens"]
     with caplog.at_level(logging.WARNING, logger="splitserve.vllm"):
         events = ledger.admit(kv_relay.convert_batch(msgspec.msgpack.encode(batch), BS))
-    assert kv_relay.bare_offload_stores == before + 1
+    assert KV_EVENT_DROPS["offload-without-tokens"] == before + 1
+    text = generate_latest(WorkerMetrics().registry).decode()
+    assert (f'splitserve_worker_kv_events_dropped_total{{reason="offload-without-tokens"}} '
+            f'{before + 1:.1f}') in text
     assert not [r for r in caplog.records if r.name == "splitserve.vllm"]
     assert [(type(e).__name__, e.block_hashes, e.tier) for e in events] == [
         ("BlockStored", (11, 12), "host"), ("BlockStored", (13,), "host"),

@@ -43,7 +43,12 @@ def test_stored_removed_and_other_tiers():
         SRemoved(block_hashes=[4], medium="CPU_PINNED"),
         AllBlocksCleared(),
     ])
+    from splitserve.contracts.kit.worker_metrics import KV_EVENT_DROPS
+
+    before = dict(KV_EVENT_DROPS)
     stored, host, removed, host_removed = convert_batch(msgspec.msgpack.encode(batch), PAGE)
+    assert KV_EVENT_DROPS["external-tier"] == before.get("external-tier", 0) + 1
+    assert KV_EVENT_DROPS["token-count-mismatch"] == before.get("token-count-mismatch", 0) + 1
     assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
     assert stored.block_hashes == (1, 2) and stored.num_block_tokens == (PAGE, PAGE)
     assert stored.tier == removed.tier == "device"
