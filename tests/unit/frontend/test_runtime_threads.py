@@ -3,19 +3,15 @@ the runtime starts, and never over what the environment says."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from splitserve.components.frontend import main as frontend_main
 from splitserve.contracts.config import ConfigError
 from splitserve.contracts.kit import component
-from splitserve.serve.graph import load_graph
-from splitserve.serve.plan import build_plan
+from tests.run_configs import run_config_file
 
-ROOT = Path(__file__).resolve().parents[3]
 GRAPH = "graphs.agg:Frontend"
 VAR = "DYN_RUNTIME_NUM_WORKER_THREADS"
 
@@ -34,14 +30,7 @@ def restore_environment():
 
 
 def frontend_run_config(tmp_path: Path, overrides: list[str]) -> Path:
-    path = ROOT / "configs" / "mocker_agg_inproc.yaml"
-    g = load_graph(GRAPH)
-    plan = build_plan(g, GRAPH, yaml.safe_load(path.read_text()), str(path), overrides,
-                      g.defined)
-    cfg = plan.run_config(plan.component("Frontend"), 0, tmp_path / "s")
-    out = tmp_path / "frontend.json"
-    out.write_text(json.dumps(cfg.model_dump(mode="json")))
-    return out
+    return run_config_file(tmp_path, GRAPH, "mocker_agg_inproc.yaml", "Frontend", overrides)
 
 
 def environment_seen_by_the_component(monkeypatch, config: Path) -> str | None:

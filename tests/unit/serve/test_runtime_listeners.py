@@ -4,21 +4,17 @@ already in the environment wins."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from splitserve.contracts.kit import component
-from splitserve.serve.graph import load_graph
 from splitserve.contracts.kit.listeners import DYNAMO_HOST_VARS, missing_listener_env
-from splitserve.serve.plan import build_plan
+from tests.run_configs import run_config_file
 
 pytestmark = pytest.mark.unit
 
 GRAPH = "graphs.disagg:Frontend"
-ROOT_DIR = Path(__file__).resolve().parents[3]
 VARS = (*DYNAMO_HOST_VARS, "UCX_NET_DEVICES")
 
 
@@ -65,14 +61,7 @@ def model_stand_in(tiny_models):
 
 def config_file(tmp_path: Path) -> Path:
     """A prefill worker's resolved config, as a manifest mounts it (bind host loopback)."""
-    path = ROOT_DIR / "configs" / "trtllm_disagg.yaml"
-    g = load_graph(GRAPH)
-    plan = build_plan(g, GRAPH, yaml.safe_load(path.read_text()), str(path), STAND_IN,
-                      g.defined)
-    cfg = plan.run_config(plan.component("PrefillWorker"), 0, tmp_path / "status.json")
-    out = tmp_path / "PrefillWorker.json"
-    out.write_text(json.dumps(cfg.model_dump(mode="json")))
-    return out
+    return run_config_file(tmp_path, GRAPH, "trtllm_disagg.yaml", "PrefillWorker", STAND_IN)
 
 
 def start(tmp_path: Path, *flags: str) -> None:
