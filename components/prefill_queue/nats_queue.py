@@ -61,7 +61,8 @@ class PrefillQueue:
         self._js = nc.jetstream(timeout=self.config.request_timeout_s)
         self._owns_connection = owns_connection
         self._wall_clock = wall_clock
-        self._inboxes: list[Subscription] = []
+        self._consumer_open = False
+        self._pulling: Subscription | None = None  # the inbox of the pull request waiting
         self._bell_sub: Subscription | None = None
         self._bell = asyncio.Event()
         self._pull_lock = asyncio.Lock()
@@ -176,40 +177,58 @@ class PrefillQueue:
             # Stay on a level until it is empty or the batch is full: dropped (expired or
             # unreadable) messages must not let a lower level jump ahead of this one.
             while len(jobs) < batch:
-                msgs = await self._next(level, batch - len(jobs))
-                if not msgs:
-                    break
+                msgs, answered = await self._next(level, batch - len(jobs))
                 for msg in msgs:
                     job = await self._admit(msg, level)
                     if job is not None:
                         jobs.append(job)
+                if not answered:
+                    # The server did not answer in time: this level may hold work that a
+                    # lower level must not overtake; the next scan asks again.
+                    return jobs
+                if not msgs:
+                    break
         return jobs
 
-    async def _next(self, level: int, n: int) -> list[Msg]:
-        # A no-wait pull request is answered at once: up to n messages, then a status
-        # ("404 No Messages") if fewer were available.  Unlike a lingering request it
-        # leaves nothing behind on the server that could capture a later message.
-        sub = self._inboxes[level]
-        request = json.dumps({"batch": n, "no_wait": True}).encode()
-        await self._nc.publish(
-            f"$JS.API.CONSUMER.MSG.NEXT.{self.names.stream}.{self.names.consumers[level]}",
-            request, reply=sub.subject)
-        msgs: list[Msg] = []
-        while len(msgs) < n:
-            try:
-                msg = await sub.next_msg(timeout=self.config.request_timeout_s)
-            except nats.errors.TimeoutError:
-                log.warning("no answer to a pull request on %s level %d",
-                            self.names.stream, level)
-                break
-            except nats.errors.Error:
-                if self._closed:  # close() unsubscribed the inbox under this pull
-                    break
-                raise
-            if msg.headers and msg.headers.get("Status"):
-                break  # end of this answer (404 / 408), or an error status
-            msgs.append(msg)
-        return msgs
+    async def _next(self, level: int, n: int) -> tuple[list[Msg], bool]:
+        """Up to ``n`` messages of ``level`` and whether the server answered in time.
+
+        A no-wait pull request is answered at once: up to n messages, then a status
+        ("404 No Messages") if fewer were available.  Unlike a lingering request it leaves
+        nothing behind on the server that could capture a later message.  Each request
+        has an inbox of its own, dropped once answered, so the late answer of an earlier
+        one (the server or this process stalled past ``request_timeout_s``) is never read
+        as this one's; a message of such an answer reaches nobody and is redelivered after
+        ``ack_wait_s``.
+        """
+        sub = self._pulling = await self._nc.subscribe(self._nc.new_inbox())
+        try:
+            request = json.dumps({"batch": n, "no_wait": True}).encode()
+            await self._nc.publish(
+                f"$JS.API.CONSUMER.MSG.NEXT.{self.names.stream}."
+                f"{self.names.consumers[level]}", request, reply=sub.subject)
+            msgs: list[Msg] = []
+            while len(msgs) < n:
+                try:
+                    msg = await sub.next_msg(timeout=self.config.request_timeout_s)
+                except nats.errors.TimeoutError:
+                    self.stats.pull_timeouts += 1
+                    log.warning("no answer to a pull request on %s level %d within %.1fs",
+                                self.names.stream, level, self.config.request_timeout_s)
+                    return msgs, False
+                except nats.errors.Error:
+                    if self._closed:  # close() unsubscribed the inbox under this pull
+                        break
+                    raise
+                if msg.headers and msg.headers.get("Status"):
+                    break  # end of this answer (404 / 408), or an error status
+                msgs.append(msg)
+            return msgs, True
+        finally:
+            self._pulling = None
+            if not self._closed:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
 
     async def _admit(self, msg: Msg, level: int) -> PrefillJob | None:
         count = msg.metadata.num_delivered
@@ -235,7 +254,7 @@ class PrefillQueue:
         return None
 
     async def _open_consumer_side(self) -> None:
-        if self._inboxes:
+        if self._consumer_open:
             return
         if self._closed:
             raise RuntimeError("the prefill queue is closed")
@@ -244,8 +263,7 @@ class PrefillQueue:
             self._bell.set()
 
         self._bell_sub = await self._nc.subscribe(self.names.bell, cb=ring)
-        self._inboxes = [await self._nc.subscribe(self._nc.new_inbox())
-                         for _ in range(self.names.levels)]
+        self._consumer_open = True
 
     # -- depth and lifecycle -------------------------------------------------------------
 
@@ -272,10 +290,11 @@ class PrefillQueue:
             return
         self._closed = True
         self._bell.set()
-        for sub in [*self._inboxes, *([self._bell_sub] if self._bell_sub else [])]:
+        for sub in [*([self._pulling] if self._pulling else []),
+                    *([self._bell_sub] if self._bell_sub else [])]:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
-        self._inboxes, self._bell_sub = [], None
+        self._pulling, self._bell_sub = None, None
         if self._owns_connection:
             await self._nc.close()
 

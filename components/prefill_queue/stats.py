@@ -14,8 +14,11 @@ class PrefillQueueStats:
     Consumer side: ``delivered`` (every delivery pulled, including redeliveries and
     dropped ones), ``redelivered`` (deliveries with a delivery count above 1), ``expired``
     (acked and dropped past their deadline), ``malformed`` (terminated as unreadable),
-    ``acked``, ``naked``, ``terminated`` (all terms, malformed included) and
-    ``dropped_by_reason`` (``expired``, ``unknown-version``, ``bad-shape``).
+    ``acked``, ``naked``, ``terminated`` (all terms, malformed included),
+    ``pull_timeouts`` (pull requests the server did not answer within
+    ``request_timeout_s``: that scan stopped there, and any late answer is redelivered)
+    and ``dropped_by_reason`` (``expired``, ``unknown-version``,
+    ``bad-shape``).
     """
 
     enqueued: int = 0
@@ -28,6 +31,7 @@ class PrefillQueueStats:
     acked: int = 0
     naked: int = 0
     terminated: int = 0
+    pull_timeouts: int = 0
     dropped_by_reason: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, int]:

@@ -290,3 +290,40 @@ async def test_jobs_iterator_serves_a_worker_loop(nats_url: str) -> None:
 
         await asyncio.wait_for(loop(), 5)
         assert seen == ["a", "b", "c"]
+
+
+@pytest.mark.asyncio
+async def test_a_late_answer_neither_lets_a_lower_level_overtake_nor_is_misread(
+        nats_url: str) -> None:
+    """The server's answer to the high level's pull request comes after
+    ``request_timeout_s`` (here: the request is sent late): that scan takes nothing
+    rather than the low job, and the high job is served first afterwards."""
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL,
+                                          fast_config(request_timeout_s=0.3)) as q:
+        await q.enqueue(make_request("l", priority="low"))
+        await q.enqueue(make_request("h", priority="high"))
+        nc, publish = q._nc, q._nc.publish
+        delayed = []
+
+        async def late_high_pull(subject, payload=b"", reply="", headers=None):
+            if subject.endswith(q.names.consumers[0]) and not delayed:
+                delayed.append(asyncio.get_running_loop().call_later(
+                    0.6, lambda: asyncio.ensure_future(publish(subject, payload, reply=reply))))
+                return None
+            return await publish(subject, payload, reply=reply, headers=headers)
+
+        nc.publish = late_high_pull
+        try:
+            assert await q.pull(batch=1, wait_s=0) == []
+        finally:
+            nc.publish = publish
+        assert q.stats.pull_timeouts == 1
+        await asyncio.sleep(0.5)  # the late answer arrives: read by nobody
+        order = []
+        while len(order) < 2:
+            jobs = await q.pull(batch=1, wait_s=3.0)  # h again after ack_wait_s (1 s)
+            assert jobs, order
+            for job in jobs:
+                order.append(job.request.request_id)
+                await job.ack()
+        assert order == ["h", "l"]
