@@ -17,8 +17,7 @@ class PrefillQueueStats:
     ``acked``, ``naked``, ``terminated`` (all terms, malformed included),
     ``pull_timeouts`` (pull requests the server did not answer within
     ``request_timeout_s``: that scan stopped there, and any late answer is redelivered)
-    and ``dropped_by_reason`` (``expired``, ``unknown-version``,
-    ``bad-shape``).
+    and ``dropped_by_reason`` (``expired``, ``unknown-version``, ``bad-shape``).
     """
 
     enqueued: int = 0

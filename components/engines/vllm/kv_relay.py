@@ -10,7 +10,8 @@ stream with ``medium`` CPU: they keep that tier (``host``) and reach the routers
 tier subject.  With self-describing events (switched on in ``to_engine_args``) each
 offloaded chunk carries its blocks' tokens and parent; a chunk whose metadata vLLM no
 longer had comes as a bare hash with no tokens, which the routers cannot key, and is
-dropped here (counted in ``splitserve_worker_kv_events_dropped_total``).  Re-announced blocks are counted by ``LowerTierLedger``.
+dropped here (counted in ``splitserve_worker_kv_events_dropped_total``).  Re-announced
+blocks are counted by ``LowerTierLedger``.
 """
 
 from __future__ import annotations
