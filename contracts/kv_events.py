@@ -2,15 +2,15 @@
 
 Dynamo 1.6.1's Python wheel exposes ``RadixTree`` but not ``KvIndexer``; a process that
 wants its own prefix index (our router) subscribes to the worker endpoint's event
-subjects and feeds the tree itself.  Every message on these subjects is a msgpack
+subjects and feeds its index (or a tree) itself.  Every message on these subjects is a msgpack
 envelope ``{publisher_id, sequence, published_at, topic, payload}`` whose ``payload`` is
 itself msgpack: a list of KV events for ``kv-events``, one dict for the metric topics.
 See docs/mocker.md for the field lists.
 
 Each KV event names its storage tier (``storage_tier``: ``device``, ``host_pinned``,
 ``disk``; absent means ``device``).  ``RadixTree`` itself has no tier: fed a lower tier's
-events it would credit them as pool blocks, so only device-tier events reach it and the
-others go to a tier-aware sink beside it (the router's ``KvEventIndex``).
+events it would credit them as pool blocks, so only device-tier events reach it, and
+every tier's go to a tier-aware sink (the router's ``KvEventIndex``, which keeps no tree).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ class TierSink(Protocol):
 
 
 def apply_kv_events(tree: Any, events: list[dict], tiers: TierSink | None = None) -> int:
-    """Apply a decoded ``kv-events`` payload to a ``dynamo.llm.RadixTree``, and to
-    ``tiers`` when given.
+    """Apply a decoded ``kv-events`` payload to a ``dynamo.llm.RadixTree`` (None: no
+    tree), and to ``tiers`` when given.
 
     ``RadixTree.apply_event`` takes the JSON of the inner ``event`` object
     (``{event_id, data: {stored|removed|cleared: ...}}``) and the publishing worker's
@@ -74,6 +74,8 @@ def apply_kv_events(tree: Any, events: list[dict], tiers: TierSink | None = None
     if tiers is not None:
         for ev, tier in known:
             tiers.apply(int(ev["worker_id"]), tier, ev["event"])
+    if tree is None:
+        return len(known)
     encode = msgspec.json.encode  # ~10x json.dumps on the long block lists of stored events
     for ev, tier in known:
         if tier == "device":

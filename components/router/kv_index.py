@@ -1,16 +1,24 @@
-"""The router's prefix index: Dynamo's RadixTree fed by workers' KV events from NATS,
-with a per-tier block index beside it.
+"""The router's prefix index: which blocks each worker holds in each KV tier, kept
+current from the workers' KV events on NATS.
 
 Dynamo 1.6.1's wheel exposes ``RadixTree`` but not ``KvIndexer``, so the router
 subscribes to the workers' ``kv-events`` subject on the event plane itself and applies
-each event to its own tree.  Workers that leave discovery are removed from the tree.
+each event to its own index.  Workers that leave discovery are removed from it.
 
-The tree has no tiers and refuses a block whose parent it does not hold, while blocks
-reach a lower tier one at a time, usually a sequence's last block first: a tree per tier
-would drop most of them.  So the device tier's events also feed the tree, exactly as
-before (``overlap``), and every tier's events feed ``TierBlockIndex``, which follows a
-request's prefix block by block through whichever tier holds each block, the way a
-worker restores it (``overlap_by_tier``, ``weighted_overlap``).
+``TierBlockIndex`` keys blocks as Dynamo's tree does (a block is found by its parent's
+hash and the hash of its own tokens) and follows a request's prefix block by block:
+
+- ``overlap``: the device tier's prefix per worker, the blocks Dynamo's ``RadixTree``
+  would score (its longest prefix held in the pool; ``tests/unit/router/
+  test_kv_index_vs_radix_tree.py`` checks the two agree on random event streams).
+  Dynamo's tree answers each call from a thread of its own, two thread hand-offs per
+  event and per lookup on the frontend's hot path; this walk is the same dictionary
+  lookups in process.
+- ``overlap_by_tier``, ``weighted_overlap``: the prefix through whichever tier holds
+  each block, the way a worker restores it.  Blocks reach a lower tier one at a time,
+  usually a sequence's last block first, so a block is reachable whichever tier its
+  parent sits in.
+- ``prefix_hits``: all three from one walk (what the router asks per request).
 
 The pool's events come through Dynamo's publisher on its ``kv-events`` subject; the
 lower tiers' (``host``, ``disk``) on this project's ``tier_event_subject``, one stream
@@ -55,6 +63,7 @@ from splitserve.contracts.kv_events import (
 log = logging.getLogger("splitserve.router")
 
 _BIT = {tier: 1 << i for i, tier in enumerate(TIERS)}
+_DEVICE = _BIT["device"]
 
 
 class _RankBlocks:
@@ -93,20 +102,24 @@ class _RankBlocks:
                     del self.child[key]
                 # Its children stay linked under its hash: stored again, it reaches them.
 
-    def prefix(self, local_hashes: Sequence[int]) -> list[int]:
+    def prefix(self, local_hashes: Sequence[int]) -> tuple[list[int], int]:
         """Blocks of the prefix readable here, per tier (``TIERS`` order): each block
         counted once, at the fastest tier holding it; stops at the first block no tier
-        holds, as a worker's restore does."""
+        holds, as a worker's restore does.  And the device tier's own prefix: the
+        leading blocks the pool holds (Dynamo's tree's score)."""
         counts = [0] * len(TIERS)
+        device = -1  # the pool's prefix, until a block outside it
         parent: int | None = None
-        for local in local_hashes:
+        for i, local in enumerate(local_hashes):
             h = self.child.get((parent, local))
             mask = 0 if h is None else self.tiers.get(h, 0)
             if not mask:
                 break
+            if device < 0 and not mask & _DEVICE:
+                device = i
             counts[(mask & -mask).bit_length() - 1] += 1
             parent = h
-        return counts
+        return counts, sum(counts) if device < 0 else device
 
 
 class TierBlockIndex:
@@ -188,13 +201,15 @@ class TierBlockIndex:
                             out[tier].add(h)
         return out
 
-    def rank_prefixes(self, local_hashes: Sequence[int]) -> list[tuple[int, list[int]]]:
-        """(worker, blocks per tier in ``TIERS`` order) of every rank with a prefix hit."""
+    def rank_prefixes(self, local_hashes: Sequence[int]
+                      ) -> list[tuple[int, list[int], int]]:
+        """(worker, blocks per tier in ``TIERS`` order, the device tier's own prefix) of
+        every rank with a prefix hit."""
         hits = []
         for (wid, _), blocks in self._ranks.items():
-            counts = blocks.prefix(local_hashes)
+            counts, device = blocks.prefix(local_hashes)
             if any(counts):
-                hits.append((wid, counts))
+                hits.append((wid, counts, device))
         return hits
 
 
@@ -202,9 +217,6 @@ class KvEventIndex:
     """Prefix overlap per worker and tier, kept current from KV events."""
 
     def __init__(self, namespace: str, component: str) -> None:
-        from dynamo.llm import RadixTree
-
-        self.tree = RadixTree()
         self.tiers = TierBlockIndex()
         self.subject = event_subject(namespace, component.lower(), KV_EVENTS)
         self.tier_subject = tier_event_subject(namespace, component)
@@ -300,21 +312,15 @@ class KvEventIndex:
     def apply(self, payload: list[dict]) -> int:
         """Apply one decoded ``kv-events`` payload (called per message, and by anything
         that has events without NATS); returns how many events were applied."""
-        n = apply_kv_events(self.tree, payload, self.tiers)
+        n = apply_kv_events(None, payload, self.tiers)
         self.applied += n
         return n
 
     def overlap(self, block_hashes: list[int]) -> dict[int, int]:
-        """Cached prefix blocks per worker for the request's local block hashes.
-
-        The device tier only, from Dynamo's tree.  The tree scores (worker_id, dp_rank)
-        pairs; a worker's overlap is its best rank.
-        """
-        out: dict[int, int] = {}
-        for key, blocks in self.tree.find_matches(block_hashes).scores.items():
-            wid = key[0] if isinstance(key, tuple) else key
-            out[int(wid)] = max(out.get(int(wid), 0), int(blocks))
-        return out
+        """Cached prefix blocks per worker for the request's local block hashes: the
+        device tier's prefix, as Dynamo's tree scores it.  A worker with several ranks
+        reports its best rank; workers without a hit are left out."""
+        return self.prefix_hits(block_hashes, {})[0]
 
     def overlap_by_tier(self, block_hashes: list[int]) -> dict[int, dict[Tier, int]]:
         """Per worker, the prefix blocks it could read instead of computing, by tier.
@@ -325,7 +331,7 @@ class KvEventIndex:
         with the most blocks, then the most device blocks, then host.  Workers without
         a hit are left out.
         """
-        return self.tier_overlap(block_hashes, {})[0]
+        return self.prefix_hits(block_hashes, {})[1]
 
     def weighted_overlap(self, block_hashes: list[int], weights: Mapping[Tier, float]
                          ) -> dict[int, float]:
@@ -333,12 +339,17 @@ class KvEventIndex:
         a device block is 1.0 unless ``weights`` says otherwise, a tier it leaves out is
         0 (Dynamo's ``KvRouterConfig`` defaults: host 0.75, disk 0.25).  A worker's best
         rank counts; workers without a hit are left out."""
-        return self.tier_overlap(block_hashes, weights)[1]
+        return self.prefix_hits(block_hashes, weights)[2]
 
     def tier_overlap(self, block_hashes: list[int], weights: Mapping[Tier, float]
                      ) -> tuple[dict[int, dict[Tier, int]], dict[int, float]]:
-        """``overlap_by_tier`` and ``weighted_overlap`` from one walk of the ranks'
-        prefixes (the router needs both for every decision)."""
+        """``overlap_by_tier`` and ``weighted_overlap`` from one walk."""
+        return self.prefix_hits(block_hashes, weights)[1:]
+
+    def prefix_hits(self, block_hashes: list[int], weights: Mapping[Tier, float]
+                    ) -> tuple[dict[int, int], dict[int, dict[Tier, int]], dict[int, float]]:
+        """``overlap``, ``overlap_by_tier`` and ``weighted_overlap`` from one walk of the
+        ranks' prefixes (the router needs all three for every decision)."""
         w = {"device": 1.0, **weights}
         for tier, value in w.items():
             if tier not in _BIT or not (math.isfinite(value) and value >= 0):
@@ -347,18 +358,21 @@ class KvEventIndex:
         per_tier = [w.get(tier, 0.0) for tier in TIERS]
         best: dict[int, list[int]] = {}
         weighted: dict[int, float] = {}
-        for wid, counts in self.tiers.rank_prefixes(block_hashes):
+        device: dict[int, int] = {}
+        for wid, counts, pool in self.tiers.rank_prefixes(block_hashes):
             if wid not in best or (sum(counts), counts) > (sum(best[wid]), best[wid]):
                 best[wid] = counts
             score = sum(c * x for c, x in zip(counts, per_tier, strict=True))
             weighted[wid] = max(weighted.get(wid, 0.0), score)
-        return ({wid: dict(zip(TIERS, counts, strict=True)) for wid, counts in best.items()},
+            if pool:
+                device[wid] = max(device.get(wid, 0), pool)
+        return (device,
+                {wid: dict(zip(TIERS, counts, strict=True)) for wid, counts in best.items()},
                 weighted)
 
     def sync_workers(self, live: set[int]) -> None:
         """Drop the blocks of workers that left discovery."""
         for gone in self.known - live:
-            self.tree.remove_worker(gone)
             self.tiers.remove_worker(gone)
             self._sequence.pop(gone, None)
         self.known = set(live)

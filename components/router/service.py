@@ -123,14 +123,25 @@ class RouterService:
         return RouterStatus(workers=self.fleet.candidates(time.monotonic()),
                             endpoint=self.worker_endpoint)
 
-    def _with_tiers(self, snapshot, hashes: list[int]):
+    def _prefix_hits(self, hashes: list[int]) -> tuple[dict[int, int], dict | None, dict]:
+        """The device prefix per worker, and (a tier-aware index only, else None) the
+        per-tier and tier-weighted prefixes, from one walk where the index offers it."""
+        if self.indexer is None or not hashes:
+            return {}, None, {}
+        if hasattr(self.indexer, "prefix_hits"):
+            return self.indexer.prefix_hits(hashes, self.cfg.tier_weights())
+        overlap = self.indexer.overlap(hashes)
+        if not hasattr(self.indexer, "tier_overlap"):
+            return overlap, None, {}
+        return overlap, *self.indexer.tier_overlap(hashes, self.cfg.tier_weights())
+
+    def _with_tiers(self, snapshot, tiers: dict | None, weighted: dict):
         """``snapshot`` with the prefix hit of each live worker per KV tier and weighed by
         tier (``host_cache_hit_weight``, ``disk_cache_hit_weight``; docs/kv_tiers.md), and
         the per-tier hits; unchanged (and {}) without a tier-aware index or a hit."""
-        if self.indexer is None or not hashes or not hasattr(self.indexer, "tier_overlap"):
+        if not tiers:
             return snapshot, {}
         live = self.fleet.live
-        tiers, weighted = self.indexer.tier_overlap(hashes, self.cfg.tier_weights())
         by_tier = {w: n for w, n in tiers.items() if w in live}
         return snapshot.model_copy(update={
             "tier_overlap_blocks": by_tier,
@@ -184,12 +195,11 @@ class RouterService:
             self.mark_down(wid, now)
         self.fleet.expire(now)
         hashes = self.hash_blocks(call.token_ids, call.lora)
-        overlap: dict[int, int] = {}
-        if self.indexer is not None and hashes:
-            overlap = self.indexer.overlap(hashes)
+        overlap, tiers, weighted = self._prefix_hits(hashes)
         recent = self.tracker.recent_blocks(hashes, now)
         record = call.record and not call.explain
-        snapshot, by_tier = self._with_tiers(self.fleet.snapshot(now, overlap, recent), hashes)
+        snapshot, by_tier = self._with_tiers(self.fleet.snapshot(now, overlap, recent),
+                                             tiers, weighted)
         # Route first, then judge: admission predicts on the worker the policy picked
         # (its queue, its prefix hit, its batch) and may move the request to another
         # candidate that would meet the class's targets when the pick would not.

@@ -258,7 +258,8 @@ def test_admission_prices_a_lower_tier_hit_by_its_weight_neither_free_nor_a_miss
 
 def by_tier(svc: RouterService) -> dict[int, dict[str, int]]:
     svc._refresh_live()
-    return svc._with_tiers(svc.fleet.snapshot(0.0, {}, {}), svc.hash_blocks(PROMPT))[1]
+    _, tiers, weighted = svc._prefix_hits(svc.hash_blocks(PROMPT))
+    return svc._with_tiers(svc.fleet.snapshot(0.0, {}, {}), tiers, weighted)[1]
 
 
 def report_costs(index: KvEventIndex, worker: int, sequence: int, **costs: float) -> None:
