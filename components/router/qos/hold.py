@@ -25,11 +25,13 @@ Two verdicts hold (``HOLD_REASONS``):
 
 - ``running-tpot-risk``: its prefill (its uncached tokens at the worker's learned rate)
   would stall an answer decoding on the worker for longer than that answer's TPOT budget
-  has left (``LatencyPredictor.running_slack_ms``).  A short answer meets few prompts, so
-  one long prefill can spend most of its budget; the admitted are protected from later
-  arrivals by holding the prompt (or sending it where the answers have room) until they
-  end.  When the wait ends the request is refused, not placed: the answers already
-  running were admitted first.
+  has left after the prefill already queued there (``LatencyPredictor.running_slack_ms``).
+  A short answer meets few prompts, so one long prefill can spend most of its budget,
+  and a burst of prompts each of which fits it alone spends it many times over; the
+  admitted are protected from later arrivals by holding the prompt (or sending it where
+  the answers have room) until they end.  An answer the queued prefill already overruns
+  is not protected (it misses whatever comes next).  When the wait ends the request is
+  refused, not placed: the answers already running were admitted first.
 
 The TTFT rule runs first on every judgement, the wait included: a held request whose
 wait and predicted TTFT no longer fit its target is refused then (``ttft-slo-risk``).

@@ -313,13 +313,20 @@ class LatencyPredictor:
             return min(MAX_LAG, max(1.0, late))
         return 1.0
 
-    def running_slack_ms(self, worker: str, now: float) -> float | None:
+    def running_slack_ms(self, worker: str, now: float, ahead_ms: float = 0.0
+                         ) -> float | None:
         """The least TPOT budget left among ``worker``'s decoding answers that can still
         meet theirs: for each, its target times its answer's length, less the time it
         has decoded and what its remaining tokens take at the worker's current step.
-        Answers already over budget are not protected (they missed); None when there
-        is none.  Answers are assumed to run to ``max_tokens`` (an upper bound: a
-        limit far above the answer only makes the budget looser)."""
+        Answers are assumed to run to ``max_tokens`` (an upper bound: a limit far above
+        the answer only makes the budget looser).
+
+        ``ahead_ms``: the prefill already queued on the worker, which runs before a new
+        prompt's and stalls the same answers first.  Each admitted prompt is judged
+        alone, so without it a burst of prompts that each fit an answer's budget would
+        together spend it many times over.  What it leaves of each budget is returned;
+        an answer it (or the time already spent) overruns is lost whatever comes next
+        and is not protected.  None when no answer can still be protected."""
         w = self.workers.get(worker)
         if w is None or not w.decoding:
             return None
@@ -335,8 +342,9 @@ class LatencyPredictor:
             tokens = ticket.max_tokens - 1
             remaining = max(0.0, tokens - elapsed / step)
             slack = ticket.tpot_budget_ms * tokens - elapsed - remaining * step
-            if remaining > 0 and slack >= 0 and (least is None or slack < least):
-                least = slack
+            left = slack - max(0.0, ahead_ms)
+            if remaining > 0 and left >= 0 and (least is None or left < least):
+                least = left
         return least
 
     def predict(self, worker: str, own_tokens: int, now: float,
@@ -381,7 +389,8 @@ class LatencyPredictor:
             prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
             stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
             ttft_lag=lag, tpot_seen_batch=self.tpot_seen(worker, tpot_source),
-            running_slack_ms=self.running_slack_ms(worker, now) if running_slack else None,
+            running_slack_ms=self.running_slack_ms(worker, now, ahead * per_token)
+            if running_slack else None,
             tpot_spread_ms=spread, restore_ms=restore)
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,

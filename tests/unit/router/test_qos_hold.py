@@ -276,3 +276,39 @@ def test_a_held_request_whose_judgement_fails_fails_alone():
             await bad.future
         assert await good.future == "placed" and ended == ["failed", "answered"]
     asyncio.run(go())
+
+
+def test_prefill_already_queued_counts_against_a_running_answers_budget():
+    """Prompts admitted one after another each fit a running answer's budget alone; the
+    ones still queued ahead spend it first, so a next one is held once together they
+    would push the answer over, and an answer the queue already overruns is lost
+    anyway and holds nothing."""
+    predictor = LatencyPredictor()
+    now = 0.0
+    for i, tokens in enumerate((1000, 3000) * 3):  # TTFT 50 ms + 0.1 ms a token
+        ttft = 0.05 + tokens * 1e-4
+        predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
+                        class_name="default")
+        predictor.first_token(f"a{i}", now + ttft)
+        predictor.finish(f"a{i}", now + ttft + 0.2, ok=True, ttft_s=ttft,
+                         duration_s=ttft + 0.2, output_tokens=11)  # TPOT 20 ms
+        now += 1.0
+    predictor.place("r", "1", predictor.predict("1", 100, now), now, class_name="default",
+                    max_tokens=11, tpot_budget_ms=50.0)
+    predictor.first_token("r", now + 0.06)
+    now += 0.06
+    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
+    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
+    alone = predictor.running_slack_ms("1", now)
+    assert 200 < alone < 350
+    prompt = predictor.predict("1", 1500, now, running_slack=True)  # ~150 ms of prefill
+    assert admit(req, prompt, config, holding=True).admit
+    predictor.place("q", "1", prompt, now, class_name="default")  # queued, no token yet
+    after = predictor.predict("1", 1500, now, running_slack=True)
+    assert after.running_slack_ms < alone - 100  # the queued prompt's ~150 ms are spent
+    held = admit(req, after, config, holding=True)
+    assert not held.admit and held.reason == "running-tpot-risk"
+    predictor.place("big", "1", predictor.predict("1", 4000, now), now, class_name="default")
+    lost = predictor.predict("1", 1500, now, running_slack=True)
+    assert lost.running_slack_ms is None  # ~550 ms queued: the answer misses regardless
+    assert admit(req, lost, config, holding=True).admit
