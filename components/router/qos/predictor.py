@@ -313,26 +313,33 @@ class LatencyPredictor:
             return min(MAX_LAG, max(1.0, late))
         return 1.0
 
-    def running_slack_ms(self, worker: str, now: float, ahead_ms: float = 0.0
+    def running_slack_ms(self, worker: str, now: float, per_token_ms: float = 0.0
                          ) -> float | None:
-        """The least TPOT budget left among ``worker``'s decoding answers that can still
-        meet theirs: for each, its target times its answer's length, less the time it
-        has decoded and what its remaining tokens take at the worker's current step.
-        Answers are assumed to run to ``max_tokens`` (an upper bound: a limit far above
-        the answer only makes the budget looser).
+        """The least TPOT budget left among ``worker``'s answers that can still meet
+        theirs, once the prefill already queued there has run: what a new prompt's
+        prefill may still spend of it.  Each answer's budget is its target times its
+        length, assumed to run to ``max_tokens`` (an upper bound: a limit far above the
+        answer only makes the budget looser).
 
-        ``ahead_ms``: the prefill already queued on the worker, which runs before a new
-        prompt's and stalls the same answers first.  Each admitted prompt is judged
-        alone, so without it a burst of prompts that each fit an answer's budget would
-        together spend it many times over.  What it leaves of each budget is returned;
-        an answer it (or the time already spent) overruns is lost whatever comes next
-        and is not protected.  None when no answer can still be protected."""
+        - An answer decoding now: less the time it has decoded, what its remaining
+          tokens take at the worker's current step, and every prompt queued on the
+          worker (``per_token_ms`` a token), all prefilled before a new one.
+        - An answer still waiting for its first token: less its whole answer at the
+          current step and the prompts placed after it, which are prefilled while it
+          decodes.
+
+        Each admitted prompt is judged alone, so without the queued prompts a burst of
+        prompts each of which fits an answer's budget would together spend it many times
+        over.  An answer the queued prefill (or the time already spent) overruns is lost
+        whatever comes next and is not protected.  None when no answer can still be."""
         w = self.workers.get(worker)
-        if w is None or not w.decoding:
+        if w is None or not (w.decoding or w.waiting):
             return None
         base, slope, _ = self.tpot_line(worker, now)
         busy = min(MAX_BUSY, w.busy) if self.first_tokens_reported else 0.0
         step = max(1e-3, base + slope * max(1, w.running)) / (1.0 - busy)
+        per_token = max(0.0, per_token_ms)
+        ahead_ms = w.pending_tokens * per_token
         least = None
         for rid, ticket in w.decoding.items():
             first_ms = self.first_tokens.get(rid)
@@ -341,10 +348,17 @@ class LatencyPredictor:
             elapsed = (now - ticket.placed_at) * 1000.0 - first_ms
             tokens = ticket.max_tokens - 1
             remaining = max(0.0, tokens - elapsed / step)
-            slack = ticket.tpot_budget_ms * tokens - elapsed - remaining * step
-            left = slack - max(0.0, ahead_ms)
+            left = ticket.tpot_budget_ms * tokens - elapsed - remaining * step - ahead_ms
             if remaining > 0 and left >= 0 and (least is None or left < least):
                 least = left
+        behind = 0.0  # prompt tokens placed after the ticket, newest first
+        for ticket in reversed(w.waiting.values()):
+            tokens = ticket.max_tokens - 1
+            if ticket.tpot_budget_ms > 0 and tokens > 0:
+                left = (ticket.tpot_budget_ms - step) * tokens - behind * per_token
+                if left >= 0 and (least is None or left < least):
+                    least = left
+            behind += ticket.estimate.request_tokens
         return least
 
     def predict(self, worker: str, own_tokens: int, now: float,
@@ -389,7 +403,7 @@ class LatencyPredictor:
             prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
             stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
             ttft_lag=lag, tpot_seen_batch=self.tpot_seen(worker, tpot_source),
-            running_slack_ms=self.running_slack_ms(worker, now, ahead * per_token)
+            running_slack_ms=self.running_slack_ms(worker, now, per_token)
             if running_slack else None,
             tpot_spread_ms=spread, restore_ms=restore)
 

@@ -312,3 +312,35 @@ def test_prefill_already_queued_counts_against_a_running_answers_budget():
     lost = predictor.predict("1", 1500, now, running_slack=True)
     assert lost.running_slack_ms is None  # ~550 ms queued: the answer misses regardless
     assert admit(req, lost, config, holding=True).admit
+
+
+def test_an_answer_still_waiting_for_its_first_token_is_protected_from_prompts_behind_it():
+    """The prompts placed after a request are prefilled while it decodes: its budget is
+    spent by them, so a burst cannot pile onto a short answer that has not started."""
+    predictor = LatencyPredictor()
+    now = 0.0
+    for i, tokens in enumerate((1000, 3000) * 3):  # TTFT 50 ms + 0.1 ms a token
+        ttft = 0.05 + tokens * 1e-4
+        predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
+                        class_name="default")
+        predictor.first_token(f"a{i}", now + ttft)
+        predictor.finish(f"a{i}", now + ttft + 0.2, ok=True, ttft_s=ttft,
+                         duration_s=ttft + 0.2, output_tokens=11)  # TPOT 20 ms
+        now += 1.0
+    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
+    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
+    # 10 tokens after the first with 50 ms each: ~300 ms to spare at ~20 ms a token
+    predictor.place("w", "1", predictor.predict("1", 200, now), now, class_name="default",
+                    max_tokens=11, tpot_budget_ms=50.0)
+    budget = predictor.running_slack_ms("1", now, 0.1)
+    assert 200 < budget < 350
+    first = predictor.predict("1", 1500, now, running_slack=True)  # ~150 ms of prefill
+    assert admit(req, first, config, holding=True).admit
+    predictor.place("b", "1", first, now, class_name="default")
+    second = predictor.predict("1", 1500, now, running_slack=True)
+    assert second.running_slack_ms < budget - 100  # "b" runs during "w"'s answer
+    held = admit(req, second, config, holding=True)
+    assert not held.admit and held.reason == "running-tpot-risk"
+    predictor.first_token("w", now + 0.1)  # decoding now: still protected, "b" ahead
+    later = predictor.predict("1", 1500, now + 0.1, running_slack=True)
+    assert not admit(req, later, config, holding=True).admit
