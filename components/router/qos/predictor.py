@@ -213,6 +213,11 @@ class LatencyPredictor:
         self.first_tokens_reported = False
         self.trace: Callable[[dict], None] | None = None
         """Diagnostics: called with each first token's prediction against its measure."""
+        self._slack_at = -math.inf
+        self._slack: dict[tuple[str, float], float | None] = {}
+        """``running_slack_ms`` per (worker, prefill rate) at ``_slack_at``: a walk over
+        the worker's tickets, asked for every candidate of every held request at each
+        re-judgement; dropped by anything that changes a ticket or a fit."""
 
     def _worker(self, worker: str, now: float) -> _Worker:
         w = self.workers.get(worker)
@@ -335,6 +340,16 @@ class LatencyPredictor:
         w = self.workers.get(worker)
         if w is None or not (w.decoding or w.waiting):
             return None
+        if now != self._slack_at:
+            self._slack.clear()
+            self._slack_at = now
+        key = (worker, per_token_ms)
+        if key not in self._slack:
+            self._slack[key] = self._running_slack(w, worker, now, per_token_ms)
+        return self._slack[key]
+
+    def _running_slack(self, w: _Worker, worker: str, now: float, per_token_ms: float
+                       ) -> float | None:
         base, slope, _ = self.tpot_line(worker, now)
         busy = min(MAX_BUSY, w.busy) if self.first_tokens_reported else 0.0
         step = max(1e-3, base + slope * max(1, w.running)) / (1.0 - busy)
@@ -415,6 +430,7 @@ class LatencyPredictor:
         ``max_tokens`` and ``tpot_budget_ms`` (its class's TPOT target): its answer's
         budget, which later prompts' prefills must leave room for
         (``running_slack_ms``); 0 leaves it unprotected."""
+        self._slack.clear()
         w = self._worker(worker, now)
         w.running += 1
         stall = estimate.request_tokens * estimate.prefill_per_token_ms
@@ -435,6 +451,7 @@ class LatencyPredictor:
         """Called when a placed request's first token reached the frontend (in process,
         where that costs nothing): its prompt leaves the work ahead of later requests,
         and its TTFT teaches the fit at once instead of at its release."""
+        self._slack.clear()
         ticket = self.tickets.get(request_id)
         if ticket is None or request_id in self.first_tokens:
             return
@@ -462,6 +479,7 @@ class LatencyPredictor:
         batch it ran in so far, teaches the TPOT fit at once.  A long answer otherwise
         teaches only at its end, and a fleet filling up under load for the first time
         would be admitted blind for that long."""
+        self._slack.clear()
         ticket = self.tickets.get(request_id)
         first_ms = self.first_tokens.get(request_id)
         if ticket is None or first_ms is None or tokens < 2 or request_id in self.decode_seen:
@@ -497,6 +515,7 @@ class LatencyPredictor:
                 holder.ttft.update(self.params.smoothing, x, ttft_ms)
 
     def _drop(self, ticket: Ticket, now: float, rid: str) -> _Worker:
+        self._slack.clear()
         self.decode_seen.discard(rid)
         self.busy_at_first.pop(rid, None)
         w = self._worker(ticket.worker, now)
@@ -524,6 +543,7 @@ class LatencyPredictor:
         from the placement it reported: ``ttft_s`` to the first token, ``duration_s`` to
         the end).  Learns from a finished request and returns its calibration; None for
         one not placed here, one that failed or one with no first token."""
+        self._slack.clear()
         ticket = self.tickets.pop(request_id, None)
         if ticket is None:
             return None
