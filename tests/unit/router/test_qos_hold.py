@@ -226,17 +226,24 @@ def test_time_already_spent_in_the_frontend_counts_in_the_ttft_prediction():
     asyncio.run(go())
 
 
-def test_a_prompt_whose_prefill_would_push_a_running_answer_over_budget_is_held():
+def taught_predictor() -> tuple[LatencyPredictor, float]:
+    """A predictor whose worker "1" has learned TTFT 50 ms + 0.1 ms a token and TPOT
+    20 ms from six finished requests, and the time after them."""
     predictor = LatencyPredictor()
     now = 0.0
-    for i, tokens in enumerate((1000, 3000) * 3):  # TTFT 50 ms + 0.1 ms a token
+    for i, tokens in enumerate((1000, 3000) * 3):
         ttft = 0.05 + tokens * 1e-4
         predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
                         class_name="default")
         predictor.first_token(f"a{i}", now + ttft)
         predictor.finish(f"a{i}", now + ttft + 0.2, ok=True, ttft_s=ttft,
-                         duration_s=ttft + 0.2, output_tokens=11)  # TPOT 20 ms
+                         duration_s=ttft + 0.2, output_tokens=11)
         now += 1.0
+    return predictor, now
+
+
+def test_a_prompt_whose_prefill_would_push_a_running_answer_over_budget_is_held():
+    predictor, now = taught_predictor()
     assert predictor.running_slack_ms("1", now) is None  # nothing decoding
     # A 11-token answer with a 50 ms budget: 500 ms to spend, decoding at ~20 ms a token.
     predictor.place("r", "1", predictor.predict("1", 100, now), now, class_name="default",
@@ -283,16 +290,7 @@ def test_prefill_already_queued_counts_against_a_running_answers_budget():
     ones still queued ahead spend it first, so a next one is held once together they
     would push the answer over, and an answer the queue already overruns is lost
     anyway and holds nothing."""
-    predictor = LatencyPredictor()
-    now = 0.0
-    for i, tokens in enumerate((1000, 3000) * 3):  # TTFT 50 ms + 0.1 ms a token
-        ttft = 0.05 + tokens * 1e-4
-        predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
-                        class_name="default")
-        predictor.first_token(f"a{i}", now + ttft)
-        predictor.finish(f"a{i}", now + ttft + 0.2, ok=True, ttft_s=ttft,
-                         duration_s=ttft + 0.2, output_tokens=11)  # TPOT 20 ms
-        now += 1.0
+    predictor, now = taught_predictor()
     predictor.place("r", "1", predictor.predict("1", 100, now), now, class_name="default",
                     max_tokens=11, tpot_budget_ms=50.0)
     predictor.first_token("r", now + 0.06)
@@ -317,16 +315,7 @@ def test_prefill_already_queued_counts_against_a_running_answers_budget():
 def test_an_answer_still_waiting_for_its_first_token_is_protected_from_prompts_behind_it():
     """The prompts placed after a request are prefilled while it decodes: its budget is
     spent by them, so a burst cannot pile onto a short answer that has not started."""
-    predictor = LatencyPredictor()
-    now = 0.0
-    for i, tokens in enumerate((1000, 3000) * 3):  # TTFT 50 ms + 0.1 ms a token
-        ttft = 0.05 + tokens * 1e-4
-        predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
-                        class_name="default")
-        predictor.first_token(f"a{i}", now + ttft)
-        predictor.finish(f"a{i}", now + ttft + 0.2, ok=True, ttft_s=ttft,
-                         duration_s=ttft + 0.2, output_tokens=11)  # TPOT 20 ms
-        now += 1.0
+    predictor, now = taught_predictor()
     config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
     req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
     # 10 tokens after the first with 50 ms each: ~300 ms to spare at ~20 ms a token
