@@ -341,11 +341,6 @@ class KvEventIndex:
         rank counts; workers without a hit are left out."""
         return self.prefix_hits(block_hashes, weights)[2]
 
-    def tier_overlap(self, block_hashes: list[int], weights: Mapping[Tier, float]
-                     ) -> tuple[dict[int, dict[Tier, int]], dict[int, float]]:
-        """``overlap_by_tier`` and ``weighted_overlap`` from one walk."""
-        return self.prefix_hits(block_hashes, weights)[1:]
-
     def prefix_hits(self, block_hashes: list[int], weights: Mapping[Tier, float]
                     ) -> tuple[dict[int, int], dict[int, dict[Tier, int]], dict[int, float]]:
         """``overlap``, ``overlap_by_tier`` and ``weighted_overlap`` from one walk of the

@@ -125,15 +125,12 @@ class RouterService:
 
     def _prefix_hits(self, hashes: list[int]) -> tuple[dict[int, int], dict | None, dict]:
         """The device prefix per worker, and (a tier-aware index only, else None) the
-        per-tier and tier-weighted prefixes, from one walk where the index offers it."""
+        per-tier and tier-weighted prefixes, from the index's one walk."""
         if self.indexer is None or not hashes:
             return {}, None, {}
         if hasattr(self.indexer, "prefix_hits"):
             return self.indexer.prefix_hits(hashes, self.cfg.tier_weights())
-        overlap = self.indexer.overlap(hashes)
-        if not hasattr(self.indexer, "tier_overlap"):
-            return overlap, None, {}
-        return overlap, *self.indexer.tier_overlap(hashes, self.cfg.tier_weights())
+        return self.indexer.overlap(hashes), None, {}
 
     def _with_tiers(self, snapshot, tiers: dict | None, weighted: dict):
         """``snapshot`` with the prefix hit of each live worker per KV tier and weighed by
