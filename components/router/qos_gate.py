@@ -164,7 +164,8 @@ class QosGate:
         return self.predictor.predict(f"{wid:x}", len(call.token_ids) - cached_tokens,
                                       now, held_ms, output_tokens=call.max_tokens,
                                       class_name=class_name, running_slack=holding,
-                                      restore_ms=restore_ms)
+                                      restore_ms=restore_ms,
+                                      headroom=self.config.hold.running_headroom)
 
     def _judge(self, call: RouteCall, class_name: str, worker: WorkerState | None,
                wid: int, cached_tokens: int, now: float, depth: int,

@@ -86,7 +86,8 @@ def _unseen_batch(estimate: Estimate | None, config: QosConfig) -> bool:
 def _stalls_running(estimate: Estimate, config: QosConfig) -> bool:
     """True when this prompt's prefill would stall an answer decoding on the worker past
     its TPOT budget (``qos.hold``): only ever a reason to hold."""
-    stall = estimate.request_tokens * estimate.prefill_per_token_ms
+    stall = estimate.request_tokens * (estimate.stall_per_token_ms
+                                       or estimate.prefill_per_token_ms)
     return (config.hold.enabled and estimate.running_slack_ms is not None
             and estimate.prefill_source != "warmup" and stall > estimate.running_slack_ms)
 

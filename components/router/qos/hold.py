@@ -25,7 +25,9 @@ Two verdicts hold (``HOLD_REASONS``):
 
 - ``running-tpot-risk``: its prefill (its uncached tokens at the worker's learned rate)
   would stall an answer decoding on the worker for longer than that answer's TPOT budget
-  has left after the prefill already queued there (``LatencyPredictor.running_slack_ms``).
+  has left after the prefill already queued there, less ``running_headroom`` of it
+  (``LatencyPredictor.running_slack_ms``).  A prompt's stall is charged at the TTFT fit's
+  rate through the origin when that is above its slope (``stall_per_token``).
   A short answer meets few prompts, so one long prefill can spend most of its budget,
   and a burst of prompts each of which fits it alone spends it many times over; the
   admitted are protected from later arrivals by holding the prompt (or sending it where
@@ -61,6 +63,12 @@ class HoldConfig(StrictModel):
                               "below the frontend's route timeout.")
     tick_s: float = Field(default=0.02, gt=0, le=1, description="How often held requests "
                           "are judged again when nothing else changed.")
+    running_headroom: float = Field(default=0.2, ge=0, lt=1, description="Share of a "
+                                    "running answer's TPOT budget that new prompts' "
+                                    "prefills may not spend ('running-tpot-risk'): the "
+                                    "prefill and step costs are estimates, and answers "
+                                    "filled to their exact budget miss on every estimate "
+                                    "that falls short.")
     batch_growth: float = Field(default=2.0, ge=1, description="A batch may grow to this "
                                 "times the largest batch its TPOT line was taught at ...")
     batch_growth_min: int = Field(default=4, ge=1, description="... or by this many "

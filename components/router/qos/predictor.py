@@ -212,9 +212,11 @@ class LatencyPredictor:
         self.busy_at_first: dict[str, tuple[float, float]] = {}  # rid -> (time, busy_area)
         self.first_tokens_reported = False
         self.trace: Callable[[dict], None] | None = None
-        """Diagnostics: called with each first token's prediction against its measure."""
+        """Diagnostics: called with each first token's prediction against its measure
+        (with the worker's queue, busy share and fits then) and each finished request's
+        (TPOT predicted and measured, the batch, the slack it was judged on)."""
         self._slack_at = -math.inf
-        self._slack: dict[tuple[str, float], float | None] = {}
+        self._slack: dict[tuple[str, float, float], float | None] = {}
         """``running_slack_ms`` per (worker, prefill rate) at ``_slack_at``: a walk over
         the worker's tickets, asked for every candidate of every held request at each
         re-judgement; dropped by anything that changes a ticket or a fit."""
@@ -239,6 +241,18 @@ class LatencyPredictor:
         line, source = self._series(self._worker(worker, now), "ttft")
         fixed, per_token = line or (0.0, self.params.warmup_prefill_ms_per_token)
         return fixed, max(per_token, 1e-6), source
+
+    def stall_per_token(self, worker: str, now: float) -> float:
+        """What a prompt token's prefill stalls the answers decoding on ``worker``, ms:
+        the TTFT line's slope, or its rate through the origin when that is higher.  The
+        slope alone is no bound: a line fitted over a burst's queues can trade its slope
+        for its intercept, and a prompt's stall is then charged at a fraction of what it
+        costs."""
+        fixed, per_token, source = self.ttft_line(worker, now)
+        holder = self.pool if source == "pool" else self.workers.get(worker)
+        fit = holder.ttft if holder is not None and source != "warmup" else None
+        origin = fit.nt / fit.nn if fit is not None and fit.nn > 0 else 0.0
+        return max(per_token, origin)
 
     def _seen(self, worker: str, source: RateSource) -> float:
         """The largest x the TTFT series ``source`` of ``worker`` was taught."""
@@ -318,8 +332,8 @@ class LatencyPredictor:
             return min(MAX_LAG, max(1.0, late))
         return 1.0
 
-    def running_slack_ms(self, worker: str, now: float, per_token_ms: float = 0.0
-                         ) -> float | None:
+    def running_slack_ms(self, worker: str, now: float, per_token_ms: float = 0.0,
+                         headroom: float = 0.0) -> float | None:
         """The least TPOT budget left among ``worker``'s answers that can still meet
         theirs, once the prefill already queued there has run: what a new prompt's
         prefill may still spend of it.  Each answer's budget is its target times its
@@ -327,32 +341,39 @@ class LatencyPredictor:
         answer only makes the budget looser).
 
         - An answer decoding now: less the time it has decoded, what its remaining
-          tokens take at the worker's current step, and every prompt queued on the
-          worker (``per_token_ms`` a token), all prefilled before a new one.
+          tokens take at the worker's stall-free step, and every prompt queued on the
+          worker (``per_token_ms`` a token), all prefilled before a new one.  Its
+          progress is the time since its first token that the worker had no prompt to
+          prefill, at that step; until its release at least one token is left.  (An
+          estimate from the recent busy share read a stalled answer as done and dropped
+          its protection exactly while prompts were stalling it.)
         - An answer still waiting for its first token: less its whole answer at the
-          current step and the prompts placed after it, which are prefilled while it
+          stall-free step and the prompts placed after it, which are prefilled while it
           decodes.
 
         Each admitted prompt is judged alone, so without the queued prompts a burst of
         prompts each of which fits an answer's budget would together spend it many times
         over.  An answer the queued prefill (or the time already spent) overruns is lost
-        whatever comes next and is not protected.  None when no answer can still be."""
+        whatever comes next and is not protected.  Of an answer still protected,
+        ``headroom`` of its budget is kept back (``qos.hold.running_headroom``): the
+        prefill and step costs are estimates, and answers filled to their exact budget
+        miss on every estimate that is short.  None when no answer can still be."""
         w = self.workers.get(worker)
         if w is None or not (w.decoding or w.waiting):
             return None
         if now != self._slack_at:
             self._slack.clear()
             self._slack_at = now
-        key = (worker, per_token_ms)
+        key = (worker, per_token_ms, headroom)
         if key not in self._slack:
-            self._slack[key] = self._running_slack(w, worker, now, per_token_ms)
+            self._slack[key] = self._running_slack(w, worker, now, per_token_ms, headroom)
         return self._slack[key]
 
-    def _running_slack(self, w: _Worker, worker: str, now: float, per_token_ms: float
-                       ) -> float | None:
+    def _running_slack(self, w: _Worker, worker: str, now: float, per_token_ms: float,
+                       headroom: float) -> float | None:
         base, slope, _ = self.tpot_line(worker, now)
-        busy = min(MAX_BUSY, w.busy) if self.first_tokens_reported else 0.0
-        step = max(1e-3, base + slope * max(1, w.running)) / (1.0 - busy)
+        w.advance(now)
+        step = max(1e-3, base + slope * max(1, w.running))
         per_token = max(0.0, per_token_ms)
         ahead_ms = w.pending_tokens * per_token
         least = None
@@ -362,24 +383,31 @@ class LatencyPredictor:
                 continue
             elapsed = (now - ticket.placed_at) * 1000.0 - first_ms
             tokens = ticket.max_tokens - 1
-            remaining = max(0.0, tokens - elapsed / step)
+            # Its progress: the time since its first token that the worker had no prompt
+            # to prefill, at the stall-free step (the stalls to come are the prompts
+            # charged here); until its release at least one token is left.
+            start = self.busy_at_first.get(rid)
+            stalled = (w.busy_area - start[1]) * 1000.0 if start is not None else 0.0
+            remaining = max(1.0, tokens - max(0.0, elapsed - stalled) / step)
             left = ticket.tpot_budget_ms * tokens - elapsed - remaining * step - ahead_ms
-            if remaining > 0 and left >= 0 and (least is None or left < least):
-                least = left
+            if left >= 0:
+                left -= headroom * ticket.tpot_budget_ms * tokens
+                least = left if least is None else min(least, left)
         behind = 0.0  # prompt tokens placed after the ticket, newest first
         for ticket in reversed(w.waiting.values()):
             tokens = ticket.max_tokens - 1
             if ticket.tpot_budget_ms > 0 and tokens > 0:
                 left = (ticket.tpot_budget_ms - step) * tokens - behind * per_token
-                if left >= 0 and (least is None or left < least):
-                    least = left
+                if left >= 0:
+                    left -= headroom * ticket.tpot_budget_ms * tokens
+                    least = left if least is None else min(least, left)
             behind += ticket.estimate.request_tokens
         return least
 
     def predict(self, worker: str, own_tokens: int, now: float,
                 held_ms: float = 0.0, output_tokens: int = 0,
                 class_name: str | None = None, running_slack: bool = False,
-                restore_ms: float = 0.0) -> Estimate:
+                restore_ms: float = 0.0, headroom: float = 0.0) -> Estimate:
         """Predict a request with ``own_tokens`` uncached prompt tokens placed on
         ``worker`` now; called by admission for each candidate worker.  ``held_ms``: the
         time it will wait before being placed (an admission queue ahead of it);
@@ -392,6 +420,7 @@ class LatencyPredictor:
         ``own_tokens``): part of its own time to first token."""
         own = max(0, own_tokens)
         fixed, per_token, ttft_source = self.ttft_line(worker, now)
+        stall_rate = self.stall_per_token(worker, now)
         base, slope, tpot_source = self.tpot_line(worker, now)
         w = self._worker(worker, now)
         ahead = w.pending_tokens
@@ -418,8 +447,8 @@ class LatencyPredictor:
             prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
             stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
             ttft_lag=lag, tpot_seen_batch=self.tpot_seen(worker, tpot_source),
-            running_slack_ms=self.running_slack_ms(worker, now, per_token)
-            if running_slack else None,
+            running_slack_ms=self.running_slack_ms(worker, now, stall_rate, headroom)
+            if running_slack else None, stall_per_token_ms=stall_rate,
             tpot_spread_ms=spread, restore_ms=restore)
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,
@@ -470,7 +499,10 @@ class LatencyPredictor:
                         .request_tokens, "ahead": ticket.estimate.prefill_queued_tokens,
                         "ahead_requests": ticket.ahead_requests,
                         "predicted_ms": ticket.estimate.est_ttft_ms,
-                        "source": ticket.estimate.prefill_source, "measured_ms": ttft_ms})
+                        "source": ticket.estimate.prefill_source, "measured_ms": ttft_ms,
+                        "pending_after": w.pending_tokens, "busy": w.busy,
+                        "running": w.running, "line": self.tpot_line(ticket.worker, now)[:2],
+                        "per_token": self.ttft_line(ticket.worker, now)[1]})
         self._learn_ttft(w, ticket.x_ttft, max(0.0, ttft_ms - ticket.estimate.restore_ms))
 
     def decode_progress(self, request_id: str, tokens: int, now: float) -> None:
@@ -577,6 +609,16 @@ class LatencyPredictor:
             for holder in (w, self.pool):
                 holder.tpot.update(alpha, mean_batch, clean)
         est = ticket.estimate
+        if self.trace is not None:
+            self.trace({"event": "finish", "request": request_id, "worker": ticket.worker,
+                        "at": now, "placed_at": ticket.placed_at, "own": est.request_tokens,
+                        "ttft_ms": ttft_ms, "predicted_ttft_ms": est.est_ttft_ms,
+                        "tpot_ms": tpot_ms, "predicted_tpot_ms": est.est_tpot_ms,
+                        "batch_at_place": est.tpot_batch, "mean_batch": mean_batch,
+                        "output_tokens": output_tokens, "max_tokens": ticket.max_tokens,
+                        "slack_ms": est.running_slack_ms,
+                        "busy_decode": None if start is None or now <= start[0] else
+                        (w.busy_area - start[1]) / (now - start[0])})
         return Calibration(ticket.class_name, ticket.worker, ticket.would_reject,
                            est.prefill_source != "warmup", est.decode_source != "warmup",
                            est.est_ttft_ms, ttft_ms, est.est_tpot_ms, tpot_ms,

@@ -99,6 +99,10 @@ class Estimate(FrozenModel):
                                            "on the worker that can still meet it (None: "
                                            "none to protect): a prompt whose prefill stalls "
                                            "them longer would push one over (``qos.hold``).")
+    stall_per_token_ms: float = Field(default=0.0, ge=0, description="What one prompt "
+                                      "token's prefill stalls the answers decoding on the "
+                                      "worker, ms (0: ``prefill_per_token_ms``); "
+                                      "``running_slack_ms`` is spent at this rate.")
     tpot_seen_batch: int = Field(default=0, ge=0, description="The largest batch the TPOT "
                                  "series behind ``est_tpot_ms`` was taught at (0: none yet): "
                                  "beyond it the line is extrapolated (``qos.hold``).")

@@ -333,3 +333,95 @@ def test_an_answer_still_waiting_for_its_first_token_is_protected_from_prompts_b
     predictor.first_token("w", now + 0.1)  # decoding now: still protected, "b" ahead
     later = predictor.predict("1", 1500, now + 0.1, running_slack=True)
     assert not admit(req, later, config, holding=True).admit
+
+
+def test_a_stalled_answer_has_not_decoded_while_prompts_were_prefilled():
+    """An answer's progress is the time since its first token that its worker had no
+    prompt to prefill: 200 ms of stall right after its first token leave all ten of its
+    tokens to decode (200 ms at ~20 ms) in the 300 ms its budget has left, so only
+    ~100 ms of new prefill fit, however the recent busy share reads."""
+    predictor, now = taught_predictor()
+    predictor.place("r", "1", predictor.predict("1", 100, now), now, class_name="default",
+                    max_tokens=11, tpot_budget_ms=50.0)
+    predictor.first_token("r", now)
+    predictor.place("q", "1", predictor.predict("1", 1500, now), now, class_name="default")
+    predictor.first_token("q", now + 0.2)  # prefilled for 200 ms: "r" stalled meanwhile
+    slack = predictor.running_slack_ms("1", now + 0.2, 0.1)
+    assert 60 < slack < 140
+    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
+    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
+    held = admit(req, predictor.predict("1", 1500, now + 0.2, running_slack=True), config,
+                 holding=True)
+    assert not held.admit and held.reason == "running-tpot-risk"
+
+
+def test_an_answer_slower_than_its_line_is_protected_until_its_release():
+    """The line said ten tokens take ~200 ms; at 350 ms the answer is still running (no
+    stall): it has at least one token left and ~130 ms of its budget, so a prompt of
+    ~200 ms waits for it instead of being sent on as if it had ended."""
+    predictor, now = taught_predictor()
+    predictor.place("r", "1", predictor.predict("1", 100, now), now, class_name="default",
+                    max_tokens=11, tpot_budget_ms=50.0)
+    predictor.first_token("r", now)
+    slack = predictor.running_slack_ms("1", now + 0.35, 0.1)
+    assert slack is not None and 100 < slack < 140
+    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
+    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
+    held = admit(req, predictor.predict("1", 2000, now + 0.35, running_slack=True), config,
+                 holding=True)
+    assert not held.admit and held.reason == "running-tpot-risk"
+
+
+def test_headroom_keeps_back_a_share_of_every_protected_budget():
+    predictor, now = taught_predictor()
+    predictor.place("w", "1", predictor.predict("1", 200, now), now, class_name="default",
+                    max_tokens=11, tpot_budget_ms=50.0)
+    full = predictor.running_slack_ms("1", now, 0.1)
+    kept = predictor.running_slack_ms("1", now, 0.1, headroom=0.2)
+    assert kept == pytest.approx(full - 0.2 * 50.0 * 10)
+    # ... and the policy's default reaches the prediction admission judges
+    assert HoldConfig().running_headroom == 0.2
+    with pytest.raises(ValueError, match="running_headroom"):
+        HoldConfig(running_headroom=1.0)
+
+
+def test_a_prompts_stall_is_charged_at_the_fits_rate_through_the_origin_when_higher():
+    """TTFTs of 410 and 430 ms at 1,000 and 3,000 tokens fit a line of 400 ms plus
+    0.01 ms a token; a prompt's prefill is not judged to stall the running answers by
+    0.01 ms a token when the samples say up to ~0.17."""
+    predictor = LatencyPredictor()
+    now = 0.0
+    for i, tokens in enumerate((1000, 3000) * 3):
+        ttft = 0.4 + tokens * 1e-5
+        predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
+                        class_name="default")
+        predictor.first_token(f"a{i}", now + ttft)
+        predictor.finish(f"a{i}", now + ttft + 0.2, ok=True, ttft_s=ttft,
+                         duration_s=ttft + 0.2, output_tokens=11)
+        now += 1.0
+    fixed, slope, _ = predictor.ttft_line("1", now)
+    assert slope == pytest.approx(0.01, rel=0.05) and fixed == pytest.approx(400, rel=0.05)
+    assert 0.15 < predictor.stall_per_token("1", now) < 0.19
+    predictor.place("r", "1", predictor.predict("1", 100, now), now, class_name="default",
+                    max_tokens=11, tpot_budget_ms=50.0)
+    predictor.first_token("r", now)
+    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
+    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
+    est = predictor.predict("1", 2500, now, running_slack=True)  # ~425 ms, not 25
+    assert est.stall_per_token_ms > 0.15 and est.running_slack_ms > 25
+    held = admit(req, est, config, holding=True)
+    assert not held.admit and held.reason == "running-tpot-risk"
+
+
+def test_the_policys_headroom_reaches_the_slack_admission_judges():
+    slacks = []
+    for headroom in (0.0, 0.5):
+        svc = service({"running_headroom": headroom})
+        teach_both(svc)
+        now = time.monotonic()
+        est = svc.qos._estimate(call("w"), 1, 0, now, 0.0, "default")
+        svc.qos.predictor.place("w", "1", est, now, class_name="default", max_tokens=11,
+                                tpot_budget_ms=50.0)
+        slacks.append(svc.qos._estimate(call("p"), 1, 0, now, 0.0, "default",
+                                        holding=True).running_slack_ms)
+    assert slacks[0] - slacks[1] == pytest.approx(0.5 * 50.0 * 10)
