@@ -226,13 +226,15 @@ def test_time_already_spent_in_the_frontend_counts_in_the_ttft_prediction():
     asyncio.run(go())
 
 
-def taught_predictor() -> tuple[LatencyPredictor, float]:
-    """A predictor whose worker "1" has learned TTFT 50 ms + 0.1 ms a token and TPOT
-    20 ms from six finished requests, and the time after them."""
+def taught_predictor(fixed_s: float = 0.05, per_token_s: float = 1e-4
+                     ) -> tuple[LatencyPredictor, float]:
+    """A predictor whose worker "1" has learned TTFT 50 ms + 0.1 ms a token (or
+    ``fixed_s`` + ``per_token_s``) and TPOT 20 ms from six finished requests, and the
+    time after them."""
     predictor = LatencyPredictor()
     now = 0.0
     for i, tokens in enumerate((1000, 3000) * 3):
-        ttft = 0.05 + tokens * 1e-4
+        ttft = fixed_s + tokens * per_token_s
         predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
                         class_name="default")
         predictor.first_token(f"a{i}", now + ttft)
@@ -335,6 +337,15 @@ def test_an_answer_still_waiting_for_its_first_token_is_protected_from_prompts_b
     assert not admit(req, later, config, holding=True).admit
 
 
+def assert_held_for_running(estimate) -> None:
+    """A prompt with ``estimate`` is held for the answers running on its worker."""
+    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
+    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
+    held = admit(req, estimate, config, holding=True)
+    assert not held.admit and held.reason == "running-tpot-risk"
+    assert admit(req, estimate, config).admit  # only ever a reason to hold
+
+
 def test_a_stalled_answer_has_not_decoded_while_prompts_were_prefilled():
     """An answer's progress is the time since its first token that its worker had no
     prompt to prefill: 200 ms of stall right after its first token leave all ten of its
@@ -348,11 +359,7 @@ def test_a_stalled_answer_has_not_decoded_while_prompts_were_prefilled():
     predictor.first_token("q", now + 0.2)  # prefilled for 200 ms: "r" stalled meanwhile
     slack = predictor.running_slack_ms("1", now + 0.2, 0.1)
     assert 60 < slack < 140
-    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
-    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
-    held = admit(req, predictor.predict("1", 1500, now + 0.2, running_slack=True), config,
-                 holding=True)
-    assert not held.admit and held.reason == "running-tpot-risk"
+    assert_held_for_running(predictor.predict("1", 1500, now + 0.2, running_slack=True))
 
 
 def test_an_answer_slower_than_its_line_is_protected_until_its_release():
@@ -365,11 +372,7 @@ def test_an_answer_slower_than_its_line_is_protected_until_its_release():
     predictor.first_token("r", now)
     slack = predictor.running_slack_ms("1", now + 0.35, 0.1)
     assert slack is not None and 100 < slack < 140
-    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
-    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
-    held = admit(req, predictor.predict("1", 2000, now + 0.35, running_slack=True), config,
-                 holding=True)
-    assert not held.admit and held.reason == "running-tpot-risk"
+    assert_held_for_running(predictor.predict("1", 2000, now + 0.35, running_slack=True))
 
 
 def test_headroom_keeps_back_a_share_of_every_protected_budget():
@@ -389,28 +392,16 @@ def test_a_prompts_stall_is_charged_at_the_fits_rate_through_the_origin_when_hig
     """TTFTs of 410 and 430 ms at 1,000 and 3,000 tokens fit a line of 400 ms plus
     0.01 ms a token; a prompt's prefill is not judged to stall the running answers by
     0.01 ms a token when the samples say up to ~0.17."""
-    predictor = LatencyPredictor()
-    now = 0.0
-    for i, tokens in enumerate((1000, 3000) * 3):
-        ttft = 0.4 + tokens * 1e-5
-        predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
-                        class_name="default")
-        predictor.first_token(f"a{i}", now + ttft)
-        predictor.finish(f"a{i}", now + ttft + 0.2, ok=True, ttft_s=ttft,
-                         duration_s=ttft + 0.2, output_tokens=11)
-        now += 1.0
+    predictor, now = taught_predictor(fixed_s=0.4, per_token_s=1e-5)
     fixed, slope, _ = predictor.ttft_line("1", now)
     assert slope == pytest.approx(0.01, rel=0.05) and fixed == pytest.approx(400, rel=0.05)
     assert 0.15 < predictor.stall_per_token("1", now) < 0.19
     predictor.place("r", "1", predictor.predict("1", 100, now), now, class_name="default",
                     max_tokens=11, tpot_budget_ms=50.0)
     predictor.first_token("r", now)
-    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
-    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=16)
     est = predictor.predict("1", 2500, now, running_slack=True)  # ~425 ms, not 25
     assert est.stall_per_token_ms > 0.15 and est.running_slack_ms > 25
-    held = admit(req, est, config, holding=True)
-    assert not held.admit and held.reason == "running-tpot-risk"
+    assert_held_for_running(est)
 
 
 def test_the_policys_headroom_reaches_the_slack_admission_judges():
