@@ -182,13 +182,21 @@ async def test_full_by_bytes_rejects_quickly(nats_url: str) -> None:
 async def test_max_age_deletes_old_requests(nats_url: str) -> None:
     cfg = fast_config(max_age_s=1.0, duplicate_window_s=0.5)
     async with await PrefillQueue.connect(nats_url, namespace(), MODEL, cfg) as q:
+        start = time.monotonic()
         await q.enqueue(make_request())
 
-        async def empty() -> bool:
-            return (await q.depth()).total == 0
+        async def stored() -> int:
+            # The stream's count changes with the publish's ack; the consumers' pending
+            # counts (``depth``) follow a moment later, and read 0 right after a publish.
+            return (await q._js.stream_info(q.names.stream)).state.messages
 
-        waited = await wait_until(empty, timeout_s=5.0)
-        assert waited >= 0.5
+        assert await stored() == 1
+
+        async def aged_out() -> bool:
+            return await stored() == 0 and (await q.depth()).total == 0
+
+        await wait_until(aged_out, timeout_s=5.0)
+        assert time.monotonic() - start >= 0.5
         assert await q.pull(wait_s=0.2) == []
 
 
