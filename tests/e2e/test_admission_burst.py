@@ -126,7 +126,10 @@ def test_long_answers_are_refused_for_tpot_and_the_admitted_keep_it(tmp_path):
     # frontend's own backlog; nothing else.
     assert set(codes) <= {"rejected-tpot-slo-risk", "rejected-running-tpot-risk",
                           "rejected-ttft-slo-risk", "overloaded"}
-    assert codes.get("rejected-tpot-slo-risk", 0) > 0, codes
+    # Which TPOT rule turns them away first depends on timing (the batch's TPOT, or the
+    # running answers' budget its prefill would spend): together they must.
+    tpot = codes.get("rejected-tpot-slo-risk", 0) + codes.get("rejected-running-tpot-risk", 0)
+    assert tpot > codes.get("rejected-ttft-slo-risk", 0), codes
     served = [r for r in results if r["status"] == 200 and r["n"] > 1]
     assert served
     tpots = [(r["t"] - r["ttft"]) / (r["n"] - 1) for r in served]
