@@ -248,16 +248,23 @@ class LatencyPredictor:
         slope alone is no bound: a line fitted over a burst's queues can trade its slope
         for its intercept, and a prompt's stall is then charged at a fraction of what it
         costs."""
-        fixed, per_token, source = self.ttft_line(worker, now)
-        holder = self.pool if source == "pool" else self.workers.get(worker)
-        fit = holder.ttft if holder is not None and source != "warmup" else None
+        _, per_token, source = self.ttft_line(worker, now)
+        return self._stall_rate(worker, per_token, source)
+
+    def _stall_rate(self, worker: str, per_token: float, source: RateSource) -> float:
+        """``stall_per_token`` from the line ``ttft_line`` gave (slope and source)."""
+        fit = self._ttft_fit(worker, source) if source != "warmup" else None
         origin = fit.nt / fit.nn if fit is not None and fit.nn > 0 else 0.0
         return max(per_token, origin)
 
+    def _ttft_fit(self, worker: str, source: RateSource) -> _Fit | None:
+        """The TTFT series ``source`` of ``worker`` (the pool's, or the worker's)."""
+        holder = self.pool if source == "pool" else self.workers.get(worker)
+        return holder.ttft if holder is not None else None
+
     def _seen(self, worker: str, source: RateSource) -> float:
         """The largest x the TTFT series ``source`` of ``worker`` was taught."""
-        holder = self.pool if source == "pool" else self.workers.get(worker)
-        fit = holder.ttft if holder is not None else None
+        fit = self._ttft_fit(worker, source)
         return fit.x_max if fit is not None else 0.0
 
     def tpot_line(self, worker: str, now: float) -> tuple[float, float, RateSource]:
@@ -371,12 +378,11 @@ class LatencyPredictor:
 
     def _running_slack(self, w: _Worker, worker: str, now: float, per_token_ms: float,
                        headroom: float) -> float | None:
-        base, slope, _ = self.tpot_line(worker, now)
-        w.advance(now)
+        base, slope, _ = self.tpot_line(worker, now)  # (advances ``w`` to ``now``)
         step = max(1e-3, base + slope * max(1, w.running))
         per_token = max(0.0, per_token_ms)
         ahead_ms = w.pending_tokens * per_token
-        least = None
+        kept: list[float] = []  # what each answer still protected leaves, less headroom
         for rid, ticket in w.decoding.items():
             first_ms = self.first_tokens.get(rid)
             if first_ms is None:
@@ -391,18 +397,16 @@ class LatencyPredictor:
             remaining = max(1.0, tokens - max(0.0, elapsed - stalled) / step)
             left = ticket.tpot_budget_ms * tokens - elapsed - remaining * step - ahead_ms
             if left >= 0:
-                left -= headroom * ticket.tpot_budget_ms * tokens
-                least = left if least is None else min(least, left)
+                kept.append(left - headroom * ticket.tpot_budget_ms * tokens)
         behind = 0.0  # prompt tokens placed after the ticket, newest first
         for ticket in reversed(w.waiting.values()):
             tokens = ticket.max_tokens - 1
             if ticket.tpot_budget_ms > 0 and tokens > 0:
                 left = (ticket.tpot_budget_ms - step) * tokens - behind * per_token
                 if left >= 0:
-                    left -= headroom * ticket.tpot_budget_ms * tokens
-                    least = left if least is None else min(least, left)
+                    kept.append(left - headroom * ticket.tpot_budget_ms * tokens)
             behind += ticket.estimate.request_tokens
-        return least
+        return min(kept, default=None)
 
     def predict(self, worker: str, own_tokens: int, now: float,
                 held_ms: float = 0.0, output_tokens: int = 0,
@@ -420,7 +424,7 @@ class LatencyPredictor:
         ``own_tokens``): part of its own time to first token."""
         own = max(0, own_tokens)
         fixed, per_token, ttft_source = self.ttft_line(worker, now)
-        stall_rate = self.stall_per_token(worker, now)
+        stall_rate = self._stall_rate(worker, per_token, ttft_source)
         base, slope, tpot_source = self.tpot_line(worker, now)
         w = self._worker(worker, now)
         ahead = w.pending_tokens
