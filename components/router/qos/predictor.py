@@ -10,7 +10,9 @@ hit), at time ``now``::
     lag        = how late w's oldest request still without a first token already is
                  (its age over its prediction, at least 1: ``lag``)
     batch      = requests running on w + 1                        (the batch it joins)
-    busy       = the share of recent time w had prompt work ahead  (EMA, ``BUSY_WINDOW_S``)
+    busy       = the share of recent time w had prompt work ahead  (EMA, ``BUSY_WINDOW_S``);
+                 for an answer that outlasts the queue ahead, partly the long-run share
+                 (``BUSY_LONG_WINDOW_S``), never more than the recent one (``_answer_busy``)
     est_tpot   = (base + per_request x batch) / (1 - busy)        (TPOT fit of w)
 
 Both are lines learned per worker and for the pool, from every request, loaded or not:
@@ -81,6 +83,7 @@ BIN_WEIGHT_CAP = 8  # samples that count for a TPOT bin's weight in the line
 MAX_TICKETS = 100_000  # placed requests remembered until their release (bounds memory)
 EXTRAPOLATION = 2.0  # a TTFT fit judges x up to this times the largest x it has seen
 BUSY_WINDOW_S = 0.5  # time constant of the prefill-busy share
+BUSY_LONG_WINDOW_S = 10.0  # ... of its long-run share, what a long answer meets (``predict``)
 MAX_BUSY = 0.9  # a worker busier than this predicts (and teaches) as if 0.9
 STALL_SMOOTHING = 0.1  # EMA weight of the newest placed prompt's prefill time
 LAG_SLACK_MS = 250.0  # lateness below this (network, a step) is no evidence (``lag``)
@@ -146,6 +149,7 @@ class _Worker:
     tpot: _Bins = field(default_factory=_Bins)
     busy_area: float = 0.0  # integral of [prompt work ahead] over time, seconds
     busy: float = 0.0  # its recent share (EMA over BUSY_WINDOW_S)
+    busy_long: float = 0.0  # its long-run share (EMA over BUSY_LONG_WINDOW_S)
     stall_ms: float = 0.0  # EMA of the predicted prefill time of prompts placed here
 
     def advance(self, now: float) -> None:
@@ -156,6 +160,8 @@ class _Worker:
             self.busy_area += ahead * dt
             keep = math.exp(-dt / BUSY_WINDOW_S)
             self.busy = keep * self.busy + (1.0 - keep) * ahead
+            keep = math.exp(-dt / BUSY_LONG_WINDOW_S)
+            self.busy_long = keep * self.busy_long + (1.0 - keep) * ahead
             self.at = now
 
 
@@ -438,8 +444,9 @@ class LatencyPredictor:
         # the queue's part carries it, so the SLO limit (at least ``own_ms``) is not
         # raised by it.
         queue_ms = (own_ms + ahead * per_token) * lag - own_ms + max(0.0, held_ms)
-        busy = min(MAX_BUSY, w.busy) if self.first_tokens_reported else 0.0
-        tpot = max(1e-3, base + slope * batch) / (1.0 - busy)
+        step = max(1e-3, base + slope * batch)
+        busy = self._answer_busy(w, step, output_tokens, ahead * per_token * lag)
+        tpot = step / (1.0 - busy)
         spread = 0.0
         if output_tokens >= 2 and busy > 0 and w.stall_ms > 0:
             spread = math.sqrt(busy * tpot * w.stall_ms / (output_tokens - 1))
@@ -454,6 +461,27 @@ class LatencyPredictor:
             running_slack_ms=self.running_slack_ms(worker, now, stall_rate, headroom)
             if running_slack else None, stall_per_token_ms=stall_rate,
             tpot_spread_ms=spread, restore_ms=restore)
+
+    def _answer_busy(self, w: _Worker, step: float, output_tokens: int,
+                     queued_ms: float) -> float:
+        """The share of an answer's decode the worker will spend prefilling prompts.
+
+        The recent share (``BUSY_WINDOW_S``) is what an answer meets while the prompts
+        queued now drain, and all it meets if it ends within that time.  An answer that
+        outlasts it (``output_tokens`` at the step it would decode at under the long-run
+        share) meets the long-run share (``BUSY_LONG_WINDOW_S``) for the rest: a burst of
+        prompts that stalls the batch for a second stalls a ten-second answer for a tenth
+        of its life.  The long-run share only ever lowers the recent one: after a burst
+        it still counts prompts that have stopped arriving."""
+        if not self.first_tokens_reported:
+            return 0.0
+        busy = min(MAX_BUSY, w.busy)
+        longer = min(MAX_BUSY, w.busy_long)
+        if output_tokens < 2 or longer >= busy:
+            return busy
+        life_ms = (output_tokens - 1) * step / (1.0 - longer)
+        recent = min(1.0, max(BUSY_WINDOW_S * 1000.0, queued_ms) / life_ms)
+        return recent * busy + (1.0 - recent) * longer
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,
               class_name: str, would_reject: bool = False, max_tokens: int = 0,
@@ -505,6 +533,7 @@ class LatencyPredictor:
                         "predicted_ms": ticket.estimate.est_ttft_ms,
                         "source": ticket.estimate.prefill_source, "measured_ms": ttft_ms,
                         "pending_after": w.pending_tokens, "busy": w.busy,
+                        "busy_long": w.busy_long,
                         "running": w.running, "line": self.tpot_line(ticket.worker, now)[:2],
                         "per_token": self.ttft_line(ticket.worker, now)[1]})
         self._learn_ttft(w, ticket.x_ttft, max(0.0, ttft_ms - ticket.estimate.restore_ms))
@@ -620,7 +649,8 @@ class LatencyPredictor:
                         "tpot_ms": tpot_ms, "predicted_tpot_ms": est.est_tpot_ms,
                         "batch_at_place": est.tpot_batch, "mean_batch": mean_batch,
                         "output_tokens": output_tokens, "max_tokens": ticket.max_tokens,
-                        "slack_ms": est.running_slack_ms,
+                        "slack_ms": est.running_slack_ms, "spread_ms": est.tpot_spread_ms,
+                        "would_reject": ticket.would_reject,
                         "busy_decode": None if start is None or now <= start[0] else
                         (w.busy_area - start[1]) / (now - start[0])})
         return Calibration(ticket.class_name, ticket.worker, ticket.would_reject,

@@ -416,3 +416,38 @@ def test_the_policys_headroom_reaches_the_slack_admission_judges():
         slacks.append(svc.qos._estimate(call("p"), 1, 0, now, 0.0, "default",
                                         holding=True).running_slack_ms)
     assert slacks[0] - slacks[1] == pytest.approx(0.5 * 50.0 * 10)
+
+
+
+def test_a_long_answer_is_judged_at_the_long_run_prefill_share():
+    """Right after a prompt kept worker "1" busy for a second, its recent prefill share
+    reads ~0.9 and its long-run share ~0.2.  A ten-token answer decodes within the
+    recent stretch and is judged at it; a 400-token answer outlasts it by far and is
+    judged near the long-run share (admitted where the short one is refused for its
+    TPOT); and a long-run share above the recent one (the burst is over) never raises
+    a prediction."""
+    predictor, now = taught_predictor()
+    predictor.place("q", "1", predictor.predict("1", 100, now), now, class_name="default")
+    now += 1.0
+    base, slope, _ = predictor.tpot_line("1", now)
+    w = predictor.workers["1"]
+    assert w.busy > 0.8 and 0.05 < w.busy_long < 0.4
+    step = base + slope * (w.running + 1)
+    short = predictor.predict("1", 100, now, output_tokens=11)
+    long = predictor.predict("1", 100, now, output_tokens=400)
+    unknown = predictor.predict("1", 100, now)
+    assert short.est_tpot_ms == pytest.approx(unknown.est_tpot_ms)  # max_tokens unknown
+    assert short.est_tpot_ms == pytest.approx(step / (1 - min(0.9, w.busy)))
+    assert step / (1 - w.busy_long) < long.est_tpot_ms < 0.5 * short.est_tpot_ms
+    config = QosConfig.model_validate({"classes": [{**CLASS, "tpot_ms": 60}],
+                                       "low_priority_threshold_ms": 0})
+    verdict = admit(AdmissionRequest(class_name="default", prompt_tokens=100,
+                                     max_tokens=11), short, config)
+    assert not verdict.admit and verdict.reason == "tpot-slo-risk"
+    assert admit(AdmissionRequest(class_name="default", prompt_tokens=100, max_tokens=400),
+                 long, config).admit
+    predictor.first_token("q", now)  # the prompt is done: the recent share decays first
+    later = predictor.predict("1", 100, now + 2.0, output_tokens=400)
+    assert w.busy < w.busy_long
+    assert later.est_tpot_ms == pytest.approx(
+        predictor.predict("1", 100, now + 2.0, output_tokens=11).est_tpot_ms)
