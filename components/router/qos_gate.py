@@ -86,6 +86,11 @@ class QosMetrics:
         self.decode_rate = Gauge(f"{PREFIX}_qos_decode_ms_per_token",
                                  "TPOT fit of the pool at a batch of one (ms)",
                                  registry=registry)
+        self.stall = Gauge(f"{PREFIX}_qos_stall_ms_per_token",
+                           "What one prompt token's prefill stalls the answers decoding on "
+                           "a worker, ms: charged by admission ('charged') and measured "
+                           "from finished answers ('measured')", ["worker", "kind"],
+                           registry=registry)
         self.samples = Counter(f"{PREFIX}_qos_rate_samples_total",
                                "Finished requests by how the predictor used their timings",
                                ["use"], registry=registry)
@@ -334,6 +339,11 @@ class QosGate:
                 log2_ratio(cal.measured_tpot_ms, cal.predicted_tpot_ms))
         self.metrics.confusion.labels(cal.class_name, outcome_of(cal, self.config),
                                       cal.worker).inc()
+        measured = self.predictor.measured_stall_per_token(cal.worker)
+        if measured is not None:
+            self.metrics.stall.labels(cal.worker, "measured").set(measured)
+            self.metrics.stall.labels(cal.worker, "charged").set(
+                self.predictor.stall_per_token(cal.worker, now))
         per_token, tpot_one = self.predictor.pool_rates()
         self.metrics.prefill_rate.set(per_token)
         self.metrics.decode_rate.set(tpot_one)

@@ -86,6 +86,7 @@ BUSY_WINDOW_S = 0.5  # time constant of the prefill-busy share
 BUSY_LONG_WINDOW_S = 10.0  # ... of its long-run share, what a long answer meets (``predict``)
 MAX_BUSY = 0.9  # a worker busier than this predicts (and teaches) as if 0.9
 STALL_SMOOTHING = 0.1  # EMA weight of the newest placed prompt's prefill time
+STALL_SAMPLE_MIN_TOKENS = 256  # prompt tokens prefilled beside an answer to measure a stall
 LAG_SLACK_MS = 250.0  # lateness below this (network, a step) is no evidence (``lag``)
 MAX_LAG = 100.0
 
@@ -151,6 +152,9 @@ class _Worker:
     busy: float = 0.0  # its recent share (EMA over BUSY_WINDOW_S)
     busy_long: float = 0.0  # its long-run share (EMA over BUSY_LONG_WINDOW_S)
     stall_ms: float = 0.0  # EMA of the predicted prefill time of prompts placed here
+    prefilled: float = 0.0  # prompt tokens whose first token was reported, ever
+    stall_excess_ms: float = 0.0  # EMA of answers' decode time beyond the stall-free step
+    stall_tokens: float = 0.0  # ... and of the prompt tokens prefilled during it
 
     def advance(self, now: float) -> None:
         if now > self.at:
@@ -216,6 +220,7 @@ class LatencyPredictor:
         self.first_tokens: dict[str, float] = {}  # request -> measured TTFT (ms)
         self.decode_seen: set[str] = set()  # requests whose TPOT taught the fit already
         self.busy_at_first: dict[str, tuple[float, float]] = {}  # rid -> (time, busy_area)
+        self.prefilled_at_first: dict[str, float] = {}  # rid -> its worker's ``prefilled``
         self.first_tokens_reported = False
         self.trace: Callable[[dict], None] | None = None
         """Diagnostics: called with each first token's prediction against its measure
@@ -525,6 +530,8 @@ class LatencyPredictor:
         if ticket.max_tokens > 1 and ticket.tpot_budget_ms > 0:
             w.decoding[request_id] = ticket
         self.busy_at_first[request_id] = (now, w.busy_area)
+        w.prefilled += ticket.estimate.request_tokens
+        self.prefilled_at_first[request_id] = w.prefilled
         if self.trace is not None:
             self.trace({"event": "first_token", "request": request_id, "worker": ticket.worker,
                         "at": now, "placed_at": ticket.placed_at, "own": ticket.estimate
@@ -572,6 +579,39 @@ class LatencyPredictor:
         busy = min(MAX_BUSY, max(0.0, (w.busy_area - start[1]) / (now - start[0])))
         return tpot_ms * (1.0 - busy)
 
+    def _learn_stall(self, w: _Worker, worker: str, now: float, tpot_ms: float,
+                     output_tokens: int, mean_batch: float,
+                     prefilled: float) -> tuple[float, float] | None:
+        """Measure what prompts stalled a finished answer: its decode time beyond the
+        stall-free step of the TPOT line at its mean batch, against the prompt tokens
+        whose first token came while it decoded on its worker (at least
+        ``STALL_SAMPLE_MIN_TOKENS``).  Both are smoothed and their ratio is
+        ``measured_stall_per_token`` (calibration only: a prompt is still charged at
+        ``stall_per_token``).  Returns (excess ms, prompt tokens), or None when the
+        answer is no sample."""
+        base, slope, source = self.tpot_line(worker, now)
+        if source == "warmup" or prefilled < STALL_SAMPLE_MIN_TOKENS:
+            return None
+        steps = output_tokens - 1
+        excess = (tpot_ms - (base + slope * mean_batch)) * steps
+        alpha = self.params.smoothing
+        for holder in (w, self.pool):
+            if holder.stall_tokens == 0.0:
+                holder.stall_excess_ms, holder.stall_tokens = excess, prefilled
+            else:
+                holder.stall_excess_ms = alpha * excess + (1.0 - alpha) * holder.stall_excess_ms
+                holder.stall_tokens = alpha * prefilled + (1.0 - alpha) * holder.stall_tokens
+        return excess, prefilled
+
+    def measured_stall_per_token(self, worker: str | None = None) -> float | None:
+        """What a prompt token's prefill was measured to stall the answers decoding
+        beside it, ms (``_learn_stall``), on ``worker`` (None: the pool); None before a
+        sample.  Set against ``stall_per_token``, what admission charges."""
+        holder = self.pool if worker is None else self.workers.get(worker)
+        if holder is None or holder.stall_tokens <= 0.0:
+            return None
+        return max(0.0, holder.stall_excess_ms / holder.stall_tokens)
+
     def _learn_ttft(self, w: _Worker, x: float, ttft_ms: float) -> None:
         for holder in (w, self.pool):
             if holder.ttft is None:
@@ -583,6 +623,7 @@ class LatencyPredictor:
         self._slack.clear()
         self.decode_seen.discard(rid)
         self.busy_at_first.pop(rid, None)
+        self.prefilled_at_first.pop(rid, None)
         w = self._worker(ticket.worker, now)
         w.decoding.pop(rid, None)
         if self.first_tokens.pop(rid, None) is None:
@@ -615,6 +656,7 @@ class LatencyPredictor:
         reported = self.first_tokens.get(request_id)
         decode_taught = request_id in self.decode_seen
         start = self.busy_at_first.get(request_id)
+        prefilled_at = self.prefilled_at_first.get(request_id)
         self.decode_seen.discard(request_id)
         w = self._drop(ticket, now, request_id)
         if not ok or ttft_s is None:
@@ -637,6 +679,10 @@ class LatencyPredictor:
         mean_batch = max(1.0, mean_batch)
         if reported is None:
             self._learn_ttft(w, ticket.x_ttft, max(0.0, ttft_ms - ticket.estimate.restore_ms))
+        stall = None
+        if tpot_ms is not None and math.isfinite(tpot_ms) and prefilled_at is not None:
+            stall = self._learn_stall(w, ticket.worker, now, tpot_ms, output_tokens,
+                                      mean_batch, w.prefilled - prefilled_at)
         if tpot_ms is not None and math.isfinite(tpot_ms) and not decode_taught:
             clean = self._stall_free(start, w, now, tpot_ms)
             for holder in (w, self.pool):
@@ -650,7 +696,7 @@ class LatencyPredictor:
                         "batch_at_place": est.tpot_batch, "mean_batch": mean_batch,
                         "output_tokens": output_tokens, "max_tokens": ticket.max_tokens,
                         "slack_ms": est.running_slack_ms, "spread_ms": est.tpot_spread_ms,
-                        "would_reject": ticket.would_reject,
+                        "would_reject": ticket.would_reject, "stall": stall,
                         "busy_decode": None if start is None or now <= start[0] else
                         (w.busy_area - start[1]) / (now - start[0])})
         return Calibration(ticket.class_name, ticket.worker, ticket.would_reject,

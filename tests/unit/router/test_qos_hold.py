@@ -451,3 +451,46 @@ def test_a_long_answer_is_judged_at_the_long_run_prefill_share():
     assert w.busy < w.busy_long
     assert later.est_tpot_ms == pytest.approx(
         predictor.predict("1", 100, now + 2.0, output_tokens=11).est_tpot_ms)
+
+
+def test_what_a_prompt_stalls_is_measured_beside_what_is_charged():
+    """An 11-token answer decodes at 20 ms a token alone; with two prompts of 2,200
+    tokens prefilled beside it, it took 400 ms for its ten tokens: 200 ms of stall,
+    about 0.09 ms per prompt token, measured from the answer and exported beside the
+    rate admission charges (calibration only)."""
+    svc = service()
+    predictor = svc.qos.predictor
+    now = time.monotonic() - 100.0
+    for i, tokens in enumerate((1000, 3000) * 3):  # TTFT 50 ms + 0.1 ms a token, TPOT 20
+        ttft = 0.05 + tokens * 1e-4
+        predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
+                        class_name="default")
+        predictor.first_token(f"a{i}", now + ttft)
+        predictor.finish(f"a{i}", now + ttft + 0.2, ok=True, ttft_s=ttft,
+                         duration_s=ttft + 0.2, output_tokens=11)
+        now += 1.0
+    predictor.place("r", "1", predictor.predict("1", 100, now), now, class_name="default",
+                    max_tokens=11, tpot_budget_ms=50.0)
+    predictor.first_token("r", now + 0.06)
+    predictor.place("small", "1", predictor.predict("1", 200, now), now, class_name="default")
+    predictor.place("q", "1", predictor.predict("1", 2000, now), now, class_name="default")
+    predictor.first_token("small", now + 0.08)
+    predictor.first_token("q", now + 0.26)
+    assert predictor.measured_stall_per_token("1") is None
+    end = now + 0.46
+    svc.qos.observe(ReleaseCall(request_id="r", worker_id=1, output_tokens=11,
+                                ttft_s=0.06, duration_s=0.46), end)
+    assert predictor.measured_stall_per_token("1") == pytest.approx(200 / 2200, rel=0.05)
+    assert predictor.measured_stall_per_token() == predictor.measured_stall_per_token("1")
+    gauge = {s.labels["kind"]: s.value for m in svc.qos.metrics.stall.collect()
+             for s in m.samples if s.labels["worker"] == "1"}
+    assert gauge["measured"] == pytest.approx(200 / 2200, rel=0.05)
+    assert gauge["charged"] == pytest.approx(predictor.stall_per_token("1", end))
+    # an answer with fewer prompt tokens than STALL_SAMPLE_MIN_TOKENS beside it is none
+    predictor.place("s", "1", predictor.predict("1", 100, end), end, class_name="default",
+                    max_tokens=11)
+    predictor.first_token("s", end + 0.05)
+    predictor.place("tiny", "1", predictor.predict("1", 100, end), end, class_name="default")
+    predictor.first_token("tiny", end + 0.06)
+    predictor.finish("s", end + 0.5, ok=True, ttft_s=0.05, duration_s=0.5, output_tokens=11)
+    assert predictor.measured_stall_per_token("1") == pytest.approx(200 / 2200, rel=0.05)
