@@ -6,7 +6,8 @@ admitted-and-met, admitted-and-missed; in shadow mode would-refuse-but-met and
 would-refuse-and-missed), the refusals by reason, the holds by outcome, and the
 calibration of the TTFT and TPOT predictions: quantiles of log2(measured / predicted)
 from the histogram's buckets; with ``--by class`` or ``--by worker`` the same per class
-or per worker.
+or per worker; and per worker, what a prompt token's prefill stalls the answers beside it,
+charged by admission against measured from finished answers.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class Calibration:
     # kind -> upper bound -> cumulative count
     buckets: dict[str, dict[float, float]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    # worker -> 'charged' / 'measured' -> ms per prompt token (a gauge: the last read)
+    stall: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
 
     def add(self, text: str, **labels: str) -> None:
         """Add one process's /metrics text (only the samples with ``labels``: one class
@@ -63,6 +66,10 @@ class Calibration:
         for reason, n in prometheus.by_label(samples, admissions, "reason",
                                              outcome="shadow-rejected").items():
             self.would_refuse[reason] += n
+        for kind in ("charged", "measured"):
+            for worker, ms in prometheus.by_label(samples, f"{PREFIX}_qos_stall_ms_per_token",
+                                                  "worker", kind=kind).items():
+                self.stall[worker][kind] = ms
 
     def add_errors(self, samples: prometheus.Samples, **labels: str) -> None:
         error = f"{PREFIX}_qos_prediction_log2_ratio"
@@ -103,6 +110,7 @@ class Calibration:
                                    "p90": self.quantile(kind, 0.9),
                                    "within_2x": self.within(kind, 1.0)}
                             for kind in ("ttft", "tpot")},
+            "stall_ms_per_token": {w: dict(k) for w, k in sorted(self.stall.items())},
         }
 
 
@@ -222,5 +230,17 @@ def _print(out: dict, by: str | None) -> None:
         cal_table.add_row(kind, _fmt(q["p10"]), _fmt(q["p50"]), _fmt(q["p90"]),
                           _fmt(q["within_2x"], True))
     console.print(cal_table)
+    if out["stall_ms_per_token"]:
+        stall = Table(title="prompt stall, ms per prompt token: charged by admission, "
+                      "measured from finished answers")
+        for col in ("worker", "charged", "measured", "measured / charged"):
+            stall.add_column(col, justify="right")
+        for worker, k in out["stall_ms_per_token"].items():
+            charged, measured = k.get("charged"), k.get("measured")
+            ratio = measured / charged if charged and measured is not None else None
+            stall.add_row(worker, "-" if charged is None else f"{charged:.4f}",
+                          "-" if measured is None else f"{measured:.4f}",
+                          "-" if ratio is None else f"{ratio:.2f}")
+        console.print(stall)
     if by is not None:
         console.print(_group_table(by, out[f"by_{by}"]))

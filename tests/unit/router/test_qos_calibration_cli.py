@@ -34,6 +34,8 @@ def exported(mode: str = "enforce") -> str:
         m.error.labels("ttft", "default", "a").observe(x)
     m.error.labels("tpot", "default", "a").observe(-0.3)
     m.error.labels("ttft", "high", "b").observe(2.5)
+    m.stall.labels("a", "charged").set(0.029)
+    m.stall.labels("a", "measured").set(0.037)
     return generate_latest(registry).decode()
 
 
@@ -53,6 +55,7 @@ def test_summary_from_metrics_text():
     assert (ttft["p50"], ttft["p90"]) == (0.1, 3.0)  # 4 of 22 beyond 2x, 2 of them 2.5
     assert ttft["within_2x"] == pytest.approx(18 / 22)
     assert out["calibration"]["tpot"]["p50"] == -0.25
+    assert out["stall_ms_per_token"] == {"a": {"charged": 0.029, "measured": 0.037}}
 
 
 def test_per_class_and_per_worker():
@@ -72,6 +75,7 @@ def test_command_prints_the_table(monkeypatch):
     result = CliRunner().invoke(app, ["qos", "calibration", "--metrics", "http://x/metrics"])
     assert result.exit_code == 0, result.output
     assert "admitted-missed" in result.output and "would-refuse-met" in result.output
+    assert "prompt stall" in result.output and "1.28" in result.output  # 0.037 / 0.029
     result = CliRunner().invoke(app, ["qos", "calibration", "--metrics", "http://x/metrics",
                                       "--json"])
     assert json.loads(result.output)["confusion"]["refused"] == 3
