@@ -52,8 +52,15 @@ async def test_unsigned_and_foreign_versions_are_refused_and_reported(etcd_url):
                            "evil", "anyone")
         await until(lambda: watcher.state.refused == 3)
         assert applied == [1]
-        statuses = {s.last_version: s for s in await operator.statuses()}
-        [status] = statuses.values()
+        # the watcher counts a refusal before its status reaches etcd: wait for the
+        # report of version 3, not the one of version 2 still there
+        deadline = time.monotonic() + 5.0
+        while True:
+            [status] = await operator.statuses()
+            if status.last_version == 3:
+                break
+            assert time.monotonic() < deadline, f"no status for version 3: {status}"
+            await asyncio.sleep(0.02)
         assert (status.running_version, status.ok) == (1, False)
         assert "signature does not verify" in status.reason
         await operator.apply(edited(seed(), "split_policy.prompt_length_threshold", 300),
