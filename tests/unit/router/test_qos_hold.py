@@ -226,13 +226,13 @@ def test_time_already_spent_in_the_frontend_counts_in_the_ttft_prediction():
     asyncio.run(go())
 
 
-def taught_predictor(fixed_s: float = 0.05, per_token_s: float = 1e-4
-                     ) -> tuple[LatencyPredictor, float]:
-    """A predictor whose worker "1" has learned TTFT 50 ms + 0.1 ms a token (or
-    ``fixed_s`` + ``per_token_s``) and TPOT 20 ms from six finished requests, and the
-    time after them."""
-    predictor = LatencyPredictor()
-    now = 0.0
+def taught_predictor(fixed_s: float = 0.05, per_token_s: float = 1e-4,
+                     predictor: LatencyPredictor | None = None,
+                     now: float = 0.0) -> tuple[LatencyPredictor, float]:
+    """A predictor (``predictor``, else a new one) whose worker "1" has learned TTFT 50 ms
+    + 0.1 ms a token (or ``fixed_s`` + ``per_token_s``) and TPOT 20 ms from six finished
+    requests from ``now`` on, and the time after them."""
+    predictor = predictor or LatencyPredictor()
     for i, tokens in enumerate((1000, 3000) * 3):
         ttft = fixed_s + tokens * per_token_s
         predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
@@ -459,16 +459,8 @@ def test_what_a_prompt_stalls_is_measured_beside_what_is_charged():
     about 0.09 ms per prompt token, measured from the answer and exported beside the
     rate admission charges (calibration only)."""
     svc = service()
-    predictor = svc.qos.predictor
-    now = time.monotonic() - 100.0
-    for i, tokens in enumerate((1000, 3000) * 3):  # TTFT 50 ms + 0.1 ms a token, TPOT 20
-        ttft = 0.05 + tokens * 1e-4
-        predictor.place(f"a{i}", "1", predictor.predict("1", tokens, now), now,
-                        class_name="default")
-        predictor.first_token(f"a{i}", now + ttft)
-        predictor.finish(f"a{i}", now + ttft + 0.2, ok=True, ttft_s=ttft,
-                         duration_s=ttft + 0.2, output_tokens=11)
-        now += 1.0
+    predictor, now = taught_predictor(predictor=svc.qos.predictor,
+                                      now=time.monotonic() - 100.0)
     predictor.place("r", "1", predictor.predict("1", 100, now), now, class_name="default",
                     max_tokens=11, tpot_budget_ms=50.0)
     predictor.first_token("r", now + 0.06)
