@@ -219,8 +219,9 @@ class LatencyPredictor:
         self.service_ms: float | None = None  # EMA of placement-to-release times
         self.first_tokens: dict[str, float] = {}  # request -> measured TTFT (ms)
         self.decode_seen: set[str] = set()  # requests whose TPOT taught the fit already
-        self.busy_at_first: dict[str, tuple[float, float]] = {}  # rid -> (time, busy_area)
-        self.prefilled_at_first: dict[str, float] = {}  # rid -> its worker's ``prefilled``
+        self.at_first: dict[str, tuple[float, float, float]] = {}
+        """rid -> (time, its worker's ``busy_area``, its worker's ``prefilled``) at its
+        first token."""
         self.first_tokens_reported = False
         self.trace: Callable[[dict], None] | None = None
         """Diagnostics: called with each first token's prediction against its measure
@@ -403,7 +404,7 @@ class LatencyPredictor:
             # Its progress: the time since its first token that the worker had no prompt
             # to prefill, at the stall-free step (the stalls to come are the prompts
             # charged here); until its release at least one token is left.
-            start = self.busy_at_first.get(rid)
+            start = self.at_first.get(rid)
             stalled = (w.busy_area - start[1]) * 1000.0 if start is not None else 0.0
             remaining = max(1.0, tokens - max(0.0, elapsed - stalled) / step)
             left = ticket.tpot_budget_ms * tokens - elapsed - remaining * step - ahead_ms
@@ -529,9 +530,8 @@ class LatencyPredictor:
         w.waiting.pop(request_id, None)
         if ticket.max_tokens > 1 and ticket.tpot_budget_ms > 0:
             w.decoding[request_id] = ticket
-        self.busy_at_first[request_id] = (now, w.busy_area)
         w.prefilled += ticket.estimate.request_tokens
-        self.prefilled_at_first[request_id] = w.prefilled
+        self.at_first[request_id] = (now, w.busy_area, w.prefilled)
         if self.trace is not None:
             self.trace({"event": "first_token", "request": request_id, "worker": ticket.worker,
                         "at": now, "placed_at": ticket.placed_at, "own": ticket.estimate
@@ -563,16 +563,16 @@ class LatencyPredictor:
         self.decode_seen.add(request_id)
         w = self._worker(ticket.worker, now)
         mean_batch = max(1.0, (w.area - ticket.area_at) / span)
-        tpot_ms = self._stall_free(self.busy_at_first.get(request_id), w, now,
+        tpot_ms = self._stall_free(self.at_first.get(request_id), w, now,
                                    decode_s * 1000.0 / (tokens - 1))
         for holder in (w, self.pool):
             holder.tpot.update(self.params.smoothing, mean_batch, tpot_ms)
 
     @staticmethod
-    def _stall_free(start: tuple[float, float] | None, w: _Worker, now: float,
+    def _stall_free(start: tuple[float, float, float] | None, w: _Worker, now: float,
                     tpot_ms: float) -> float:
         """``tpot_ms`` measured since a request's first token (``start``: its time and the
-        worker's busy integral then), without the share of that time the worker spent on
+        worker's busy integral then, ``at_first``), without the share of that time the worker spent on
         prompts ahead (see the module docstring)."""
         if start is None or now <= start[0]:
             return tpot_ms
@@ -589,8 +589,10 @@ class LatencyPredictor:
         ``measured_stall_per_token`` (calibration only: a prompt is still charged at
         ``stall_per_token``).  Returns (excess ms, prompt tokens), or None when the
         answer is no sample."""
+        if prefilled < STALL_SAMPLE_MIN_TOKENS:
+            return None
         base, slope, source = self.tpot_line(worker, now)
-        if source == "warmup" or prefilled < STALL_SAMPLE_MIN_TOKENS:
+        if source == "warmup":
             return None
         steps = output_tokens - 1
         excess = (tpot_ms - (base + slope * mean_batch)) * steps
@@ -622,8 +624,7 @@ class LatencyPredictor:
     def _drop(self, ticket: Ticket, now: float, rid: str) -> _Worker:
         self._slack.clear()
         self.decode_seen.discard(rid)
-        self.busy_at_first.pop(rid, None)
-        self.prefilled_at_first.pop(rid, None)
+        self.at_first.pop(rid, None)
         w = self._worker(ticket.worker, now)
         w.decoding.pop(rid, None)
         if self.first_tokens.pop(rid, None) is None:
@@ -655,8 +656,7 @@ class LatencyPredictor:
             return None
         reported = self.first_tokens.get(request_id)
         decode_taught = request_id in self.decode_seen
-        start = self.busy_at_first.get(request_id)
-        prefilled_at = self.prefilled_at_first.get(request_id)
+        start = self.at_first.get(request_id)
         self.decode_seen.discard(request_id)
         w = self._drop(ticket, now, request_id)
         if not ok or ttft_s is None:
@@ -679,11 +679,12 @@ class LatencyPredictor:
         mean_batch = max(1.0, mean_batch)
         if reported is None:
             self._learn_ttft(w, ticket.x_ttft, max(0.0, ttft_ms - ticket.estimate.restore_ms))
+        measured = tpot_ms is not None and math.isfinite(tpot_ms)
         stall = None
-        if tpot_ms is not None and math.isfinite(tpot_ms) and prefilled_at is not None:
+        if measured and start is not None:
             stall = self._learn_stall(w, ticket.worker, now, tpot_ms, output_tokens,
-                                      mean_batch, w.prefilled - prefilled_at)
-        if tpot_ms is not None and math.isfinite(tpot_ms) and not decode_taught:
+                                      mean_batch, w.prefilled - start[2])
+        if measured and not decode_taught:
             clean = self._stall_free(start, w, now, tpot_ms)
             for holder in (w, self.pool):
                 holder.tpot.update(alpha, mean_batch, clean)
