@@ -264,7 +264,8 @@ class QosGate:
             est = first.estimate
             first = replace(first, estimate=est.model_copy(update={
                 "est_ttft_ms": max(est.unloaded_ttft_ms, est.est_ttft_ms - waited_ms),
-                "queue_wait_ms": max(0.0, est.queue_wait_ms - waited_ms)}))
+                "queue_wait_ms": max(0.0, est.queue_wait_ms - waited_ms),
+                "waited_ms": waited_ms}))
         if record:
             self.record(call, first, now)
         return first
@@ -366,9 +367,11 @@ def slo_usage(est: Estimate | None, cls: PriorityClass | None) -> float:
 
 def outcome_of(cal: Calibration, config: QosConfig) -> str:
     """The confusion-table cell of a finished admitted request: did it meet its class's
-    TTFT and TPOT targets, and would shadow mode have refused it."""
+    TTFT and TPOT targets, and would shadow mode have refused it.  Its TTFT is the
+    client's: the wait before its placement (in the frontend, held) and the measured
+    time from the placement to its first token."""
     cls = config.class_named(cal.class_name) or config.class_named(config.default_class)
     assert cls is not None
-    met = cal.measured_ttft_ms <= cls.ttft_ms and (
+    met = cal.waited_ms + cal.measured_ttft_ms <= cls.ttft_ms and (
         cal.measured_tpot_ms is None or cal.measured_tpot_ms <= cls.tpot_ms)
     return ("would-refuse-" if cal.would_reject else "admitted-") + ("met" if met else "missed")

@@ -199,6 +199,7 @@ class Calibration:
     predicted_tpot_ms: float
     measured_tpot_ms: float | None  # None for a single output token
     mean_batch: float
+    waited_ms: float = 0.0  # before its placement (frontend, held): in the client's TTFT
 
 
 def _ttft_line(fit: _Fit | None) -> tuple[float, float] | None:
@@ -693,6 +694,7 @@ class LatencyPredictor:
             self.trace({"event": "finish", "request": request_id, "worker": ticket.worker,
                         "at": now, "placed_at": ticket.placed_at, "own": est.request_tokens,
                         "ttft_ms": ttft_ms, "predicted_ttft_ms": est.est_ttft_ms,
+                        "waited_ms": est.waited_ms,
                         "tpot_ms": tpot_ms, "predicted_tpot_ms": est.est_tpot_ms,
                         "batch_at_place": est.tpot_batch, "mean_batch": mean_batch,
                         "output_tokens": output_tokens, "max_tokens": ticket.max_tokens,
@@ -703,4 +705,4 @@ class LatencyPredictor:
         return Calibration(ticket.class_name, ticket.worker, ticket.would_reject,
                            est.prefill_source != "warmup", est.decode_source != "warmup",
                            est.est_ttft_ms, ttft_ms, est.est_tpot_ms, tpot_ms,
-                           mean_batch)
+                           mean_batch, est.waited_ms)

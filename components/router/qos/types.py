@@ -115,6 +115,12 @@ class Estimate(FrozenModel):
                               "lower KV tiers, at the restore cost the worker measured "
                               "(those blocks are not in ``request_tokens``); the TTFT fit "
                               "is taught without it.")
+    waited_ms: float = Field(default=0.0, ge=0, description="How long the client had "
+                             "already waited when the request was placed (in the frontend "
+                             "before it asked, and held): not in ``est_ttft_ms`` of a "
+                             "placed request, which the worker's fits learn from the "
+                             "placement on, but in the TTFT its class's target is judged "
+                             "on.")
 
     @property
     def observed(self) -> bool:

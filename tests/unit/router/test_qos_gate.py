@@ -214,9 +214,10 @@ def test_shadow_mode_never_refuses_but_counts_what_it_would_refuse():
     assert not any(a.rerouted for a in [fleet.admit("x", 1, tokens=2000, record=False)])
 
 
-def cal(would: bool, ttft_ms: float, tpot_ms: float | None):
+def cal(would: bool, ttft_ms: float, tpot_ms: float | None, waited_ms: float = 0.0):
     from splitserve.components.router.qos.predictor import Calibration
-    return Calibration("default", "1", would, True, True, 100.0, ttft_ms, 20.0, tpot_ms, 1.0)
+    return Calibration("default", "1", would, True, True, 100.0, ttft_ms, 20.0, tpot_ms, 1.0,
+                       waited_ms)
 
 
 @pytest.mark.parametrize(("calibration", "cell"), [
@@ -227,9 +228,35 @@ def cal(would: bool, ttft_ms: float, tpot_ms: float | None):
     (cal(False, 1500, None), "admitted-met"),  # one output token: TTFT alone decides
     (cal(True, 1500, 40), "would-refuse-met"),
     (cal(True, 3000, 40), "would-refuse-missed"),
+    # The client's TTFT: the wait before the placement counts.
+    (cal(False, 1500, 40, waited_ms=500), "admitted-met"),
+    (cal(False, 1500, 40, waited_ms=501), "admitted-missed"),
 ])
 def test_confusion_table_outcomes(calibration, cell):
     assert outcome_of(calibration, qos()) == cell
+
+
+def test_a_request_that_waited_before_its_placement_is_judged_on_the_clients_ttft():
+    """A request held (or slow in the frontend) for 1.8 s before it was placed, predicted
+    ~150 ms from there, whose first token came 250 ms after the placement, missed a 2 s
+    TTFT target: the
+    confusion table says so, while the worker's fit and the prediction error compare
+    the placement-relative times (the prediction kept for them leaves the wait out)."""
+    gate = QosGate(qos(), CollectorRegistry())
+    fleet = Fleet(gate)
+    fleet.teach()
+    adm = gate.check(route("late", 1000), fleet.workers, {}, fleet.now, True, chosen=1,
+                     candidates=WORKERS, waited_ms=1800.0)
+    assert adm.verdict.admit  # 1.8 s + ~150 ms predicted: within 2 s
+    assert adm.estimate.waited_ms == 1800.0
+    assert adm.estimate.est_ttft_ms < 500  # the kept prediction is from the placement on
+    taught = counts(gate, "confusion", "outcome")[("admitted-met",)]
+    fleet.finish("late", 1, ttft_s=0.25, tpot_ms=20.0)
+    assert counts(gate, "confusion", "outcome") == {("admitted-met",): taught,
+                                                     ("admitted-missed",): 1}
+    fleet.admit("prompt", 2)  # placed at once, the same 250 ms: met
+    fleet.finish("prompt", 2, ttft_s=0.25, tpot_ms=20.0)
+    assert counts(gate, "confusion", "outcome")[("admitted-met",)] == taught + 1
 
 
 def test_releases_fill_the_confusion_table_and_the_calibration_histogram():
