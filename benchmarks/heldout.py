@@ -85,6 +85,7 @@ from heldout_readings import (  # noqa: E402
     Sampler,
     confusion,
     false_refusals,
+    prediction_error,
     rejected_codes,
     timeline,
     verdicts,
@@ -354,6 +355,7 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
             out["cpu_busy_share"] = round((busy1 - busy0) / max(1, total1 - total0), 3)
             out["confusion"] = confusion(metrics)
             out["verdicts"] = verdicts(metrics)
+            out["prediction_error"] = prediction_error(metrics)
             out["held"] = confusion(metrics, "splitserve_qos_held_total", ("reason", "outcome"))
             if out["verdicts"]:
                 print(f"[{case_name} {name}] verdicts {json.dumps(out['verdicts'])} held "
@@ -372,6 +374,19 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
         print(f"[{case_name} {name}] FAILED: {out['error']}", flush=True)
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
+
+
+def error_cells(error: dict | None) -> str:
+    """'; log2 error p10/p50/p90 TTFT a/b/c, TPOT d/e/f' from a point's
+    ``prediction_error`` (empty when there is none)."""
+    if not error:
+        return ""
+    parts = []
+    for kind in ("ttft", "tpot"):
+        qs = [error.get(kind, {}).get(q) for q in ("p10", "p50", "p90")]
+        if all(q is not None for q in qs):
+            parts.append(f"{kind.upper()} " + "/".join(f"{q:+g}" for q in qs))
+    return f"; log2 error p10/p50/p90 {', '.join(parts)}" if parts else ""
 
 
 def best_single(points: list[dict]) -> tuple[str, dict[str, tuple[float, float]]] | None:
@@ -425,6 +440,7 @@ def table(points: list[dict]) -> tuple[str, list[dict]]:
         cells = ", ".join(f"{k} {v:g}" for k, v in sorted(conf.items()))
         if client is not None and ours["ok"]:
             cells += f"; client: {client} of {ours['ok']} missed ({100 * client / ours['ok']:.1f}%)"
+        cells += error_cells(ours.get("prediction_error"))
         shown = f"{false[0]:g}, {false[1]:g} ({100 * false[2]:.0f}%)" if false else "-"
         lines.append(f"| {case} | {ours['goodput_rps']:.2f} | {best['goodput_rps']:.2f} | "
                      f"{best['config']} | **{ratio:.2f}x** | {sw.fmt(ours['ttft_p99_ms'])} / "

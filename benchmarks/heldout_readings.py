@@ -29,6 +29,23 @@ def confusion(metrics_url: str | None, family: str = "splitserve_qos_confusion_t
     return out
 
 
+def prediction_error(metrics_url: str | None) -> dict[str, dict] | None:
+    """Our frontend's prediction error over the run, per kind (``ttft``, ``tpot``): the
+    p10, p50 and p90 of log2(measured / predicted) and the share within 2x, read from
+    its histogram as ``dynamo qos calibration`` reads it (bucket bounds)."""
+    if metrics_url is None:
+        return None
+    import urllib.request
+
+    from splitserve.cli.qos_cmd import Calibration
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    cal = Calibration()
+    cal.add(text)
+    return cal.summary()["calibration"]
+
+
 def verdicts(metrics_url: str | None) -> dict[str, float] | None:
     """Admission's verdicts by outcome and reason (``no-estimate``: judged on no fit)."""
     return confusion(metrics_url, "splitserve_qos_admissions_total", ("outcome", "reason"))

@@ -71,9 +71,28 @@ def test_a_disaggregated_case_compares_the_default_graph_with_dynamos_disaggrega
     # the forced-remote variant is this project's too: never "Dynamo's best"
     assert rows == [{"case": "disagg-below", "ours": 9.0, "best": 10.0,
                      "best_config": "dynamo-disagg", "ratio": 0.9,
-                     "admitted_missed_share": None, "false_refusal_share": None}]
+                     "admitted_missed_share": None, "client_admitted_missed_share": None,
+                     "false_refusal_share": None}]
     # a disaggregated case runs only the disaggregated configurations
     assert heldout.CASES["disagg-below"].prefill_workers == 2
+
+
+def test_a_case_row_shows_the_clients_misses_and_the_prediction_error_beside_the_table():
+    heldout = _load()
+    base = {"ttft_p99_ms": 1.0, "tpot_p99_ms": 1.0, "ttft_p50_ms": 1.0, "tpot_p50_ms": 1.0,
+            "slo_attainment": 0.5, "rejected": 0, "errors": 0, "case": "burst"}
+    error = {"ttft": {"p10": -0.25, "p50": 0.0, "p90": 0.5},
+             "tpot": {"p10": -0.5, "p50": 0.25, "p90": 1.0}}
+    points = [{**base, "config": heldout.OURS, "goodput_rps": 8.0, "ok": 40,
+               "client_admitted_missed": 6, "prediction_error": error,
+               "confusion": {"admitted-met": 38.0, "admitted-missed": 2.0}},
+              {**base, "config": "dynamo-kv", "goodput_rps": 4.0, "ok": 50}]
+    text, rows = heldout.table(points)
+    assert rows[0]["admitted_missed_share"] == pytest.approx(0.05)
+    assert rows[0]["client_admitted_missed_share"] == pytest.approx(0.15)
+    assert "client: 6 of 40 missed (15.0%)" in text
+    assert "log2 error p10/p50/p90 TTFT -0.25/+0/+0.5, TPOT -0.5/+0.25/+1" in text
+    assert heldout.error_cells(None) == ""
 
 
 def test_the_frontend_sampler_keeps_the_highest_reading_per_window():
