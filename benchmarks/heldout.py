@@ -346,8 +346,7 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
             out.update(sw.point_from_result(res, name, 1.0))
             # Admitted and missed as the client saw it (answered, not within the SLO),
             # beside the confusion table the frontend keeps.
-            met = round((out.get("slo_attainment") or 0.0) * out["requests"])
-            out["client_admitted_missed"] = max(0, out["ok"] - met)
+            out["client_admitted_missed"] = max(0, out["ok"] - res["summary"]["slo_met"])
             out["case"] = case_name
             out["loadavg_1m"] = [round(la, 2), round(os.getloadavg()[0], 2)]
             # The machine's CPU busy over the replay (every process: the load generator,

@@ -573,8 +573,8 @@ class LatencyPredictor:
     def _stall_free(start: tuple[float, float, float] | None, w: _Worker, now: float,
                     tpot_ms: float) -> float:
         """``tpot_ms`` measured since a request's first token (``start``: its time and the
-        worker's busy integral then, ``at_first``), without the share of that time the worker spent on
-        prompts ahead (see the module docstring)."""
+        worker's busy integral then, ``at_first``), without the share of that time the
+        worker spent on prompts ahead (see the module docstring)."""
         if start is None or now <= start[0]:
             return tpot_ms
         busy = min(MAX_BUSY, max(0.0, (w.busy_area - start[1]) / (now - start[0])))
