@@ -170,7 +170,8 @@ class QosGate:
                                       now, held_ms, output_tokens=call.max_tokens,
                                       class_name=class_name, running_slack=holding,
                                       restore_ms=restore_ms,
-                                      headroom=self.config.hold.running_headroom)
+                                      headroom=self.config.hold.running_headroom,
+                                      context_tokens=len(call.token_ids))
 
     def _judge(self, call: RouteCall, class_name: str, worker: WorkerState | None,
                wid: int, cached_tokens: int, now: float, depth: int,

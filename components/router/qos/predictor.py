@@ -424,7 +424,8 @@ class LatencyPredictor:
     def predict(self, worker: str, own_tokens: int, now: float,
                 held_ms: float = 0.0, output_tokens: int = 0,
                 class_name: str | None = None, running_slack: bool = False,
-                restore_ms: float = 0.0, headroom: float = 0.0) -> Estimate:
+                restore_ms: float = 0.0, headroom: float = 0.0,
+                context_tokens: int = 0) -> Estimate:
         """Predict a request with ``own_tokens`` uncached prompt tokens placed on
         ``worker`` now; called by admission for each candidate worker.  ``held_ms``: the
         time it will wait before being placed (an admission queue ahead of it);
@@ -434,7 +435,8 @@ class LatencyPredictor:
         (``running_slack_ms``, a walk over them; only a holding caller reads it);
         ``restore_ms``: what copying its prefix blocks back from the worker's lower KV
         tiers takes there, as the worker measured it (those blocks are not in
-        ``own_tokens``): part of its own time to first token."""
+        ``own_tokens``): part of its own time to first token; ``context_tokens``: its
+        whole prompt, cached or not (0: ``own_tokens``)."""
         own = max(0, own_tokens)
         fixed, per_token, ttft_source = self.ttft_line(worker, now)
         stall_rate = self._stall_rate(worker, per_token, ttft_source)
@@ -467,7 +469,8 @@ class LatencyPredictor:
             ttft_lag=lag, tpot_seen_batch=self.tpot_seen(worker, tpot_source),
             running_slack_ms=self.running_slack_ms(worker, now, stall_rate, headroom)
             if running_slack else None, stall_per_token_ms=stall_rate,
-            tpot_spread_ms=spread, restore_ms=restore)
+            tpot_spread_ms=spread, restore_ms=restore,
+            context_tokens=max(own, context_tokens))
 
     def _answer_busy(self, w: _Worker, step: float, output_tokens: int,
                      queued_ms: float) -> float:
@@ -499,6 +502,13 @@ class LatencyPredictor:
         budget, which later prompts' prefills must leave room for
         (``running_slack_ms``); 0 leaves it unprotected."""
         self._slack.clear()
+        if self.trace is not None:
+            self.trace({"event": "place", "request": request_id, "worker": worker, "at": now,
+                        "own": estimate.request_tokens, "context": estimate.context_tokens,
+                        "restore_ms": estimate.restore_ms, "waited_ms": estimate.waited_ms,
+                        "queue_wait_ms": estimate.queue_wait_ms, "class": class_name,
+                        "would_reject": would_reject, "max_tokens": max_tokens,
+                        "tpot_budget_ms": tpot_budget_ms})
         w = self._worker(worker, now)
         w.running += 1
         stall = estimate.request_tokens * estimate.prefill_per_token_ms
@@ -553,6 +563,9 @@ class LatencyPredictor:
         teaches only at its end, and a fleet filling up under load for the first time
         would be admitted blind for that long."""
         self._slack.clear()
+        if self.trace is not None:
+            self.trace({"event": "progress", "request": request_id, "tokens": tokens,
+                        "at": now})
         ticket = self.tickets.get(request_id)
         first_ms = self.first_tokens.get(request_id)
         if ticket is None or first_ms is None or tokens < 2 or request_id in self.decode_seen:
@@ -652,6 +665,10 @@ class LatencyPredictor:
         the end).  Learns from a finished request and returns its calibration; None for
         one not placed here, one that failed or one with no first token."""
         self._slack.clear()
+        if self.trace is not None:
+            self.trace({"event": "release", "request": request_id, "at": now, "ok": ok,
+                        "ttft_s": ttft_s, "duration_s": duration_s,
+                        "output_tokens": output_tokens})
         ticket = self.tickets.pop(request_id, None)
         if ticket is None:
             return None

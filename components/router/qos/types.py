@@ -121,6 +121,9 @@ class Estimate(FrozenModel):
                              "placed request, which the worker's fits learn from the "
                              "placement on, but in the TTFT its class's target is judged "
                              "on.")
+    context_tokens: int = Field(default=0, ge=0, description="The whole prompt, cached or "
+                                "not: the KV it holds on its worker while it decodes (0: "
+                                "unknown, taken as ``request_tokens``).")
 
     @property
     def observed(self) -> bool:

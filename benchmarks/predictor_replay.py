@@ -1,0 +1,192 @@
+"""Replay a run's admission inputs through the latency predictor, offline, and measure
+how right its predictions were.
+
+A frontend started with ``SPLITSERVE_QOS_TRACE=FILE`` writes every call its predictor
+gets (each placement with its prompt, first tokens, decode progress, releases) to
+FILE.  A run in shadow mode (``qos.mode: shadow``: everything admitted, nothing
+refused) sends the same traffic whatever the predictor says, so its trace can be
+replayed through any version of the predictor and the predictions compared on the
+same requests: what an A/B of goodput on this machine cannot do (the same tree's
+goodput varies by up to 1.4x from run to run), a replay does exactly, in seconds.
+
+    SPLITSERVE_QOS_TRACE=run.jsonl python benchmarks/heldout.py \\
+        --cases long-answer-sustained --configs splitserve-shadow
+    python benchmarks/predictor_replay.py run.jsonl [--json out.json]
+
+Reported per kind (TTFT, TPOT), over requests whose prediction came from a learned fit:
+the p10 / p50 / p90 of log2(measured / predicted), the share within 2x, and against
+each request's class targets (from the trace: the TPOT budget of a class that may
+refuse; the TTFT target given with ``--ttft-ms``) how many were predicted within and
+missed (admitted and missed, had admission enforced), and predicted over and met
+(refused in vain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib
+import json
+import math
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from components.router.qos.predictor import Calibration  # noqa: E402
+
+EVENTS = ("place", "first_token", "progress", "release")
+
+
+def read(path: str) -> list[dict]:
+    """The predictor's input calls in a trace file, in the order they were made."""
+    rows = []
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("event") in EVENTS:
+                rows.append(row)
+    return rows
+
+
+def replay(rows: Iterable[dict], predictor) -> list[tuple[dict, Calibration]]:
+    """Drive ``predictor`` (a fresh ``LatencyPredictor``) with the calls in ``rows``;
+    returns each finished request's placement row with its calibration."""
+    placed: dict[str, dict] = {}
+    out = []
+    for row in rows:
+        event, rid, at = row["event"], row["request"], row["at"]
+        if event == "place":
+            est = predictor.predict(row["worker"], row["own"], at,
+                                    output_tokens=row["max_tokens"], class_name=row["class"],
+                                    restore_ms=row["restore_ms"],
+                                    context_tokens=row.get("context", 0))
+            if row["waited_ms"] > 0:
+                est = est.model_copy(update={"waited_ms": row["waited_ms"]})
+            predictor.place(rid, row["worker"], est, at, class_name=row["class"],
+                            would_reject=row["would_reject"], max_tokens=row["max_tokens"],
+                            tpot_budget_ms=row["tpot_budget_ms"])
+            placed[rid] = row
+        elif event == "first_token":
+            predictor.first_token(rid, at)
+        elif event == "progress":
+            predictor.decode_progress(rid, row["tokens"], at)
+        else:
+            given = given_load(predictor, rid, at)
+            cal = predictor.finish(rid, at, ok=row["ok"], ttft_s=row["ttft_s"],
+                                   duration_s=row["duration_s"],
+                                   output_tokens=row["output_tokens"])
+            if cal is not None and rid in placed:
+                out.append(({**placed.pop(rid), "given_load_tpot_ms": given}, cal))
+    return out
+
+
+def given_load(predictor, rid: str, now: float) -> float | None:
+    """The TPOT the predictor's line gives for the load a request really ran in (its
+    worker's mean batch, or mean KV where the line is on KV, and its prefill-busy share
+    over its decode), read from the predictor's state just before its release: how
+    right the model is once the load is known, apart from the load that arrived after
+    the request was judged.  Reads the predictor's internals; None where they differ."""
+    ticket = predictor.tickets.get(rid)
+    start = predictor.at_first.get(rid)
+    if ticket is None or start is None or now <= start[0] or now <= ticket.placed_at:
+        return None
+    base, slope, source = predictor.tpot_line(ticket.worker, now)
+    if source == "warmup":
+        return None
+    w = predictor.workers[ticket.worker]
+    span = now - ticket.placed_at
+    if hasattr(ticket, "kv_area_at"):
+        x = (w.kv_area - ticket.kv_area_at) / span
+    else:
+        x = max(1.0, (w.area - ticket.area_at) / span)
+    busy = min(0.9, max(0.0, (w.busy_area - start[1]) / (now - start[0])))
+    return (base + slope * x) / (1.0 - busy)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+
+def summary(results: list[tuple[dict, Calibration]], ttft_ms: float | None) -> dict:
+    """The error quantiles and the confusion against the targets, per kind."""
+    out: dict[str, dict] = {}
+    for kind in ("ttft", "tpot", "tpot_given_load"):
+        errs: list[float] = []
+        within_missed = over_met = judged = 0
+        for place, cal in results:
+            if kind == "ttft":
+                observed, pred, meas = cal.ttft_observed, cal.predicted_ttft_ms, \
+                    cal.measured_ttft_ms
+                target = ttft_ms
+                client_pred, client_meas = pred + cal.waited_ms, meas + cal.waited_ms
+            elif kind == "tpot":
+                observed, pred, meas = cal.tpot_observed, cal.predicted_tpot_ms, \
+                    cal.measured_tpot_ms
+                target = place["tpot_budget_ms"] or None
+                client_pred, client_meas = pred, meas
+            else:
+                pred = place.get("given_load_tpot_ms")
+                observed, meas = pred is not None, cal.measured_tpot_ms
+                pred = pred or 0.0
+                target = place["tpot_budget_ms"] or None
+                client_pred, client_meas = pred, meas
+            if not observed or meas is None or pred <= 0 or meas <= 0:
+                continue
+            errs.append(math.log2(meas / pred))
+            if target:
+                judged += 1
+                if client_pred <= target < client_meas:
+                    within_missed += 1
+                elif client_meas <= target < client_pred:
+                    over_met += 1
+        if not errs:
+            out[kind] = {"samples": 0}
+            continue
+        out[kind] = {
+            "samples": len(errs),
+            "p10": round(_quantile(errs, 0.10), 3), "p50": round(_quantile(errs, 0.50), 3),
+            "p90": round(_quantile(errs, 0.90), 3),
+            "within_2x": round(sum(1 for e in errs if abs(e) <= 1.0) / len(errs), 3),
+            "mean_abs": round(sum(abs(e) for e in errs) / len(errs), 3),
+            "judged": judged, "predicted_within_missed": within_missed,
+            "predicted_over_met": over_met}
+    return out
+
+
+def load_predictor(spec: str):
+    """``module:Class`` (default: the tree's ``LatencyPredictor``), built fresh."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name or "LatencyPredictor")()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("traces", nargs="+", help="QoS trace files (SPLITSERVE_QOS_TRACE)")
+    ap.add_argument("--predictor", default="components.router.qos.predictor:LatencyPredictor",
+                    help="module:Class of the predictor to replay through")
+    ap.add_argument("--ttft-ms", type=float, default=None,
+                    help="the TTFT target the confusion is judged on (default: none)")
+    ap.add_argument("--json", default=None, help="also write the summaries here")
+    args = ap.parse_args(argv)
+    report = {}
+    for path in args.traces:
+        rows = read(path)
+        if not any(r["event"] == "place" for r in rows):
+            print(f"{path}: no placements recorded (a trace from before inputs were "
+                  "traced?)", file=sys.stderr)
+            return 2
+        report[path] = summary(replay(rows, load_predictor(args.predictor)), args.ttft_ms)
+        for kind, s in report[path].items():
+            print(f"{Path(path).name} {kind}: " + " ".join(f"{k}={v}" for k, v in s.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"predictor": args.predictor,
+                                               "report": report}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
