@@ -1,5 +1,5 @@
 """Per-worker latency prediction: TTFT from the queue ahead on the worker, TPOT from the
-batch the request joins; learned from every finished request, loaded or not.
+KV the batch the request joins holds; learned from every finished request, loaded or not.
 
 For one request with ``n`` uncached prompt tokens on worker ``w`` (after ``w``'s prefix
 hit), at time ``now``::
@@ -9,11 +9,12 @@ hit), at time ``now``::
     est_ttft   = (fixed + (ahead + n) x per_token) x lag          (TTFT fit of w)
     lag        = how late w's oldest request still without a first token already is
                  (its age over its prediction, at least 1: ``lag``)
-    batch      = requests running on w + 1                        (the batch it joins)
+    kv         = prompt tokens (cached or not) of the requests placed on w and not
+                 released, + its own                              (the batch it joins)
     busy       = the share of recent time w had prompt work ahead  (EMA, ``BUSY_WINDOW_S``);
                  for an answer that outlasts the queue ahead, partly the long-run share
                  (``BUSY_LONG_WINDOW_S``), never more than the recent one (``_answer_busy``)
-    est_tpot   = (base + per_request x batch) / (1 - busy)        (TPOT fit of w)
+    est_tpot   = (base + per_kv x kv / KV_UNIT) / (1 - busy)      (TPOT fit of w)
 
 Both are lines learned per worker and for the pool, from every request, loaded or not:
 
@@ -29,16 +30,23 @@ Both are lines learned per worker and for the pool, from every request, loaded o
   depend on the fit it teaches (a slope too low drains it too fast, the samples then
   show long TTFTs behind short queues, the slope swings up, and back); on a shared
   machine it oscillated.
-- TPOT: ``x`` = the mean number of requests running on the worker over the request's
-  life so far (the integral of the count, divided by the time), ``y`` = its measured
-  time per output token, taught once per request: after its first output tokens
-  (``decode_progress``, in the frontend) or at its release.  Samples are kept per batch
-  size (``x`` rounded; an EMA each) and the line is fitted over those bins, each
-  weighted by its samples (at most ``BIN_WEIGHT_CAP``): a fleet that ran at batch 8 for
-  minutes still remembers what batch 2 cost, so the slope does not fade under steady
-  load as one EMA over all samples would.  With one bin (or a slope <= 0) the line is
-  flat, the mean TPOT: no evidence of growth is no growth, never a guess that would
-  refuse.
+- TPOT: ``x`` = the mean KV the worker's batch held over the request's life so far
+  (the integral of ``kv`` over time, divided by the time, in ``KV_UNIT`` tokens), ``y``
+  = its measured time per output token, taught once per request: after its first
+  output tokens (``decode_progress``, in the frontend) or at its release.  A decode step
+  reads every running sequence's KV, so it follows the tokens the batch holds, not the
+  number of requests in it (one mocker worker: 9 ms a step for 48 answers on 256-token
+  prompts, 30 ms for 48 on 6,000-token prompts); a line on the count, taught while
+  contexts were short, read a batch of long ones at a third of its cost.  Samples are
+  kept per KV size (geometric bins ``BIN_RATIO`` wide, an EMA of the time and of ``x``
+  each) and the line is fitted over those bins, each weighted by its samples (at most
+  ``BIN_WEIGHT_CAP``): a fleet that ran full for minutes still remembers what a light
+  batch cost, so the slope does not fade under steady load as one EMA over all samples
+  would.  With one bin (or a slope <= 0) the line is flat, the mean TPOT: no evidence of
+  growth is no growth, never a guess that would refuse.  The largest batch (in
+  requests) taught is kept beside it, for the hold rule's "beyond what was taught".
+  The tokens an answer has decoded are not counted (a few percent of the context where
+  prompts are long).
 
 - Prefill stalls: an engine that prefills a long prompt pauses its running decodes (or
   shares the step with them), so a worker that is prefilling a share ``busy`` of the time
@@ -87,36 +95,53 @@ BUSY_LONG_WINDOW_S = 10.0  # ... of its long-run share, what a long answer meets
 MAX_BUSY = 0.9  # a worker busier than this predicts (and teaches) as if 0.9
 STALL_SMOOTHING = 0.1  # EMA weight of the newest placed prompt's prefill time
 STALL_SAMPLE_MIN_TOKENS = 256  # prompt tokens prefilled beside an answer to measure a stall
+KV_UNIT = 1024.0  # context tokens per unit of the TPOT line's x
+BIN_RATIO = 1.25  # the TPOT line's bins: x within this ratio of each other share one
 LAG_SLACK_MS = 250.0  # lateness below this (network, a step) is no evidence (``lag``)
 MAX_LAG = 100.0
 
 
 @dataclass
 class _Bins:
-    """TPOT samples per batch size: an EMA and a sample count per bin."""
+    """TPOT samples per KV size (``x`` in ``KV_UNIT`` tokens, geometric bins ``BIN_RATIO``
+    wide): an EMA of the time, a sample count and an EMA of ``x`` per bin; the line over
+    them is computed again only after a new sample."""
 
-    bins: dict[int, list[float]] = field(default_factory=dict)  # batch -> [ema, samples]
+    bins: dict[int, list[float]] = field(default_factory=dict)  # key -> [ema, samples, x]
     samples: int = 0
+    batch_seen: int = 0  # the largest mean batch (requests) taught
+    cached: tuple[float, float] | None = None
+    dirty: bool = True
 
-    def update(self, alpha: float, batch: float, ms: float) -> None:
-        key = max(1, round(batch))
+    def update(self, alpha: float, x: float, ms: float, batch: float = 1.0) -> None:
+        x = max(x, 1e-3)
+        key = round(math.log(x) / math.log(BIN_RATIO))
         cell = self.bins.get(key)
         if cell is None:
-            self.bins[key] = [ms, 1.0]
+            self.bins[key] = [ms, 1.0, x]
         else:
             cell[0] = alpha * ms + (1.0 - alpha) * cell[0]
             cell[1] += 1.0
+            cell[2] = alpha * x + (1.0 - alpha) * cell[2]
         self.samples += 1
+        self.batch_seen = max(self.batch_seen, round(batch))
+        self.dirty = True
 
     def seen(self) -> int:
         """The largest batch taught (0 before any sample)."""
-        return max(self.bins, default=0)
+        return self.batch_seen
 
     def line(self) -> tuple[float, float] | None:
+        """(base, slope) over the bins, or None before MIN_SAMPLES (``_line``)."""
+        if self.dirty:
+            self.cached, self.dirty = self._line(), False
+        return self.cached
+
+    def _line(self) -> tuple[float, float] | None:
         """(base, slope) over the bins, or None before MIN_SAMPLES; flat without growth."""
         if self.samples < MIN_SAMPLES:
             return None
-        pts = [(b, ema, min(n, BIN_WEIGHT_CAP)) for b, (ema, n) in self.bins.items()]
+        pts = [(x, ema, min(n, BIN_WEIGHT_CAP)) for ema, n, x in self.bins.values()]
         total = sum(w for _, _, w in pts)
         mx = sum(b * w for b, _, w in pts) / total
         my = sum(y * w for _, y, w in pts) / total
@@ -136,6 +161,8 @@ class _Worker:
 
     running: int = 0
     area: float = 0.0  # integral of ``running`` over time, request-seconds
+    kv: float = 0.0  # context tokens of the placed requests not released
+    kv_area: float = 0.0  # integral of ``kv / KV_UNIT`` over time
     at: float = 0.0
     inflight_tokens: float = 0.0  # uncached prompt tokens of placed requests not released
     pending_tokens: float = 0.0  # ... of those whose first token was not reported yet
@@ -160,6 +187,7 @@ class _Worker:
         if now > self.at:
             dt = now - self.at
             self.area += self.running * dt
+            self.kv_area += self.kv / KV_UNIT * dt
             ahead = 1.0 if self.pending_tokens > 0 else 0.0
             self.busy_area += ahead * dt
             keep = math.exp(-dt / BUSY_WINDOW_S)
@@ -183,6 +211,7 @@ class Ticket:
     would_reject: bool
     max_tokens: int = 0  # the answer's length limit (0: unknown)
     tpot_budget_ms: float = 0.0  # its class's TPOT target (0: none to protect)
+    kv_area_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -281,7 +310,8 @@ class LatencyPredictor:
         return fit.x_max if fit is not None else 0.0
 
     def tpot_line(self, worker: str, now: float) -> tuple[float, float, RateSource]:
-        """(base ms, ms per running request, source) of the worker's TPOT fit."""
+        """(base ms, ms per ``KV_UNIT`` tokens the batch holds, source) of the worker's
+        TPOT fit."""
         line, source = self._series(self._worker(worker, now), "tpot")
         base, slope = line or (self.params.warmup_decode_ms_per_token, 0.0)
         return base, slope, source
@@ -305,15 +335,17 @@ class LatencyPredictor:
 
     def tpot_drain_s(self, worker: str, limit_ms: float, now: float) -> float | None:
         """Seconds until enough of ``worker``'s running requests end for a new one to be
-        predicted within ``limit_ms`` of TPOT: the requests over that batch, each ending
-        after a mean placement-to-release time shared by the batch; None when unknown."""
+        predicted within ``limit_ms`` of TPOT: the requests over the KV the line allows
+        (at the worker's mean KV per running request), each ending after a mean
+        placement-to-release time shared by the batch; None when unknown."""
         base, slope, source = self.tpot_line(worker, now)
         w = self._worker(worker, now)
         if source == "warmup" or slope <= 0 or not self.service_ms or w.running == 0:
             return None
         busy = min(MAX_BUSY, w.busy) if self.first_tokens_reported else 0.0
-        fits = math.floor((limit_ms * (1.0 - busy) - base) / slope)  # largest batch within
-        over = w.running + 1 - max(1, fits)
+        fits = (limit_ms * (1.0 - busy) - base) / slope  # the largest load within
+        per = w.kv / KV_UNIT / w.running  # one running request's load
+        over = (w.kv / KV_UNIT + per - max(per, fits)) / max(per, 1e-9)
         return max(0.0, over) * self.service_ms / 1000.0 / w.running
 
     def load(self, worker: str) -> tuple[float, int]:
@@ -322,7 +354,8 @@ class LatencyPredictor:
         return (w.pending_tokens, w.running) if w is not None else (0.0, 0)
 
     def pool_rates(self) -> tuple[float, float]:
-        """(TTFT ms per token, TPOT ms at a batch of one) of the pool's fits, for gauges."""
+        """(TTFT ms per token, TPOT ms of a batch holding ``KV_UNIT`` tokens) of the pool's
+        fits, for gauges."""
         ttft = _ttft_line(self.pool.ttft)
         tpot = self.pool.tpot.line()
         per_token = ttft[1] if ttft else self.params.warmup_prefill_ms_per_token
@@ -392,7 +425,7 @@ class LatencyPredictor:
     def _running_slack(self, w: _Worker, worker: str, now: float, per_token_ms: float,
                        headroom: float) -> float | None:
         base, slope, _ = self.tpot_line(worker, now)  # (advances ``w`` to ``now``)
-        step = max(1e-3, base + slope * max(1, w.running))
+        step = max(1e-3, base + slope * w.kv / KV_UNIT)
         per_token = max(0.0, per_token_ms)
         ahead_ms = w.pending_tokens * per_token
         kept: list[float] = []  # what each answer still protected leaves, less headroom
@@ -444,6 +477,7 @@ class LatencyPredictor:
         w = self._worker(worker, now)
         ahead = w.pending_tokens
         batch = w.running + 1
+        context = max(own, context_tokens)
         if ttft_source != "warmup" and own > EXTRAPOLATION * self._seen(worker, ttft_source):
             ttft_source = "warmup"  # a prompt beyond what the fit has seen: a guess
         lag = self.lag(worker, now, class_name) if ttft_source != "warmup" else 1.0
@@ -453,7 +487,7 @@ class LatencyPredictor:
         # the queue's part carries it, so the SLO limit (at least ``own_ms``) is not
         # raised by it.
         queue_ms = (own_ms + ahead * per_token) * lag - own_ms + max(0.0, held_ms)
-        step = max(1e-3, base + slope * batch)
+        step = max(1e-3, base + slope * (w.kv + context) / KV_UNIT)
         busy = self._answer_busy(w, step, output_tokens, ahead * per_token * lag)
         tpot = step / (1.0 - busy)
         spread = 0.0
@@ -465,12 +499,13 @@ class LatencyPredictor:
             decode_per_token_ms=tpot, prefill_source=ttft_source, decode_source=tpot_source,
             request_tokens=own, prefill_queued_tokens=ahead, prefill_tokens_assumed=False,
             prefill_workers=1, decode_queued_requests=w.running, computed_at=now, age_s=0.0,
-            stale=False, tpot_batch=batch, unloaded_tpot_ms=max(1e-3, base + slope),
+            stale=False, tpot_batch=batch,
+            unloaded_tpot_ms=max(1e-3, base + slope * context / KV_UNIT),
             ttft_lag=lag, tpot_seen_batch=self.tpot_seen(worker, tpot_source),
             running_slack_ms=self.running_slack_ms(worker, now, stall_rate, headroom)
             if running_slack else None, stall_per_token_ms=stall_rate,
             tpot_spread_ms=spread, restore_ms=restore,
-            context_tokens=max(own, context_tokens))
+            context_tokens=context)
 
     def _answer_busy(self, w: _Worker, step: float, output_tokens: int,
                      queued_ms: float) -> float:
@@ -511,6 +546,7 @@ class LatencyPredictor:
                         "tpot_budget_ms": tpot_budget_ms})
         w = self._worker(worker, now)
         w.running += 1
+        w.kv += max(estimate.context_tokens, estimate.request_tokens)
         stall = estimate.request_tokens * estimate.prefill_per_token_ms
         w.stall_ms = stall if w.stall_ms == 0 else \
             STALL_SMOOTHING * stall + (1.0 - STALL_SMOOTHING) * w.stall_ms
@@ -519,7 +555,7 @@ class LatencyPredictor:
         ticket = self.tickets[request_id] = Ticket(
             worker, class_name, now, estimate.prefill_queued_tokens
             + max(1, estimate.request_tokens), w.area, len(w.waiting), estimate,
-            would_reject, max_tokens, tpot_budget_ms)
+            would_reject, max_tokens, tpot_budget_ms, w.kv_area)
         w.waiting[request_id] = ticket
         while len(self.tickets) > MAX_TICKETS:
             rid, old = self.tickets.popitem(last=False)
@@ -559,7 +595,7 @@ class LatencyPredictor:
     def decode_progress(self, request_id: str, tokens: int, now: float) -> None:
         """Called once per request, in process, after its first ``tokens`` output tokens
         (the first one reported with ``first_token``): its TPOT so far, against the mean
-        batch it ran in so far, teaches the TPOT fit at once.  A long answer otherwise
+        KV of the batch it ran in so far, teaches the TPOT fit at once.  A long answer otherwise
         teaches only at its end, and a fleet filling up under load for the first time
         would be admitted blind for that long."""
         self._slack.clear()
@@ -577,10 +613,11 @@ class LatencyPredictor:
         self.decode_seen.add(request_id)
         w = self._worker(ticket.worker, now)
         mean_batch = max(1.0, (w.area - ticket.area_at) / span)
+        mean_load = (w.kv_area - ticket.kv_area_at) / span
         tpot_ms = self._stall_free(self.at_first.get(request_id), w, now,
                                    decode_s * 1000.0 / (tokens - 1))
         for holder in (w, self.pool):
-            holder.tpot.update(self.params.smoothing, mean_batch, tpot_ms)
+            holder.tpot.update(self.params.smoothing, mean_load, tpot_ms, mean_batch)
 
     @staticmethod
     def _stall_free(start: tuple[float, float, float] | None, w: _Worker, now: float,
@@ -594,10 +631,10 @@ class LatencyPredictor:
         return tpot_ms * (1.0 - busy)
 
     def _learn_stall(self, w: _Worker, worker: str, now: float, tpot_ms: float,
-                     output_tokens: int, mean_batch: float,
+                     output_tokens: int, mean_load: float,
                      prefilled: float) -> tuple[float, float] | None:
         """Measure what prompts stalled a finished answer: its decode time beyond the
-        stall-free step of the TPOT line at its mean batch, against the prompt tokens
+        stall-free step of the TPOT line at its mean KV, against the prompt tokens
         whose first token came while it decoded on its worker (at least
         ``STALL_SAMPLE_MIN_TOKENS``).  Both are smoothed and their ratio is
         ``measured_stall_per_token`` (calibration only: a prompt is still charged at
@@ -609,7 +646,7 @@ class LatencyPredictor:
         if source == "warmup":
             return None
         steps = output_tokens - 1
-        excess = (tpot_ms - (base + slope * mean_batch)) * steps
+        excess = (tpot_ms - (base + slope * mean_load)) * steps
         alpha = self.params.smoothing
         for holder in (w, self.pool):
             if holder.stall_tokens == 0.0:
@@ -645,6 +682,8 @@ class LatencyPredictor:
             w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
             w.waiting.pop(rid, None)
         w.running = max(0, w.running - 1)
+        w.kv = max(0.0, w.kv - max(ticket.estimate.context_tokens,
+                                   ticket.estimate.request_tokens))
         w.inflight_tokens = max(0.0, w.inflight_tokens - ticket.estimate.request_tokens)
         w.pending_tokens = min(w.pending_tokens, w.inflight_tokens)
         return w
@@ -695,17 +734,19 @@ class LatencyPredictor:
             alpha * span * 1000.0 + (1.0 - alpha) * self.service_ms
         mean_batch = (w.area - ticket.area_at) / span if span > 0 else w.running + 1.0
         mean_batch = max(1.0, mean_batch)
+        mean_load = (w.kv_area - ticket.kv_area_at) / span if span > 0 else \
+            (w.kv + ticket.estimate.context_tokens) / KV_UNIT
         if reported is None:
             self._learn_ttft(w, ticket.x_ttft, max(0.0, ttft_ms - ticket.estimate.restore_ms))
         measured = tpot_ms is not None and math.isfinite(tpot_ms)
         stall = None
         if measured and start is not None:
             stall = self._learn_stall(w, ticket.worker, now, tpot_ms, output_tokens,
-                                      mean_batch, w.prefilled - start[2])
+                                      mean_load, w.prefilled - start[2])
         if measured and not decode_taught:
             clean = self._stall_free(start, w, now, tpot_ms)
             for holder in (w, self.pool):
-                holder.tpot.update(alpha, mean_batch, clean)
+                holder.tpot.update(alpha, mean_load, clean, mean_batch)
         est = ticket.estimate
         if self.trace is not None:
             self.trace({"event": "finish", "request": request_id, "worker": ticket.worker,

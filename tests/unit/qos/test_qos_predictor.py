@@ -1,5 +1,5 @@
 """Per-worker prediction: TTFT from the prompt tokens ahead on the worker drained at the
-learned rate, TPOT from the batch the request joins, and the calibration of each."""
+learned rate, TPOT from the KV the batch it joins holds, and the calibration of each."""
 
 from __future__ import annotations
 
@@ -70,16 +70,29 @@ def test_ttft_prediction_from_the_queue_ahead(placed, released, own, ahead, ttft
     assert p.predict("b", own, t + 1.0).est_ttft_ms == pytest.approx(50 + own * 0.1)
 
 
-def test_tpot_prediction_from_the_batch_it_joins():
+def test_tpot_prediction_from_the_kv_the_batch_it_joins_holds():
     p = LatencyPredictor()
-    t = teach(p, tpot_ms=20.0, batch=1)
-    t = teach(p, t=t, tpot_ms=30.0, batch=3)  # 20 ms alone, 30 ms in threes: 15 + 5/request
+    one = [(100, 0.060)]  # 100-token prompts
+    t = teach(p, ttft=one, tpot_ms=20.0, batch=1)
+    t = teach(p, ttft=one, t=t, tpot_ms=30.0, batch=3)
+    # 20 ms with 100 tokens of context, 30 ms with 300: 15 ms + 5 ms per 100 tokens.
     for i in range(4):
         p.place(f"r{i}", "a", p.predict("a", 100, t), t, class_name="default")
     est = p.predict("a", 100, t)
     assert est.tpot_batch == 5
     assert est.est_tpot_ms == pytest.approx(15 + 5 * 5, rel=0.05)
     assert est.unloaded_tpot_ms == pytest.approx(20, rel=0.05)
+    # The same number of requests with ten times the context: the step reads their KV,
+    # not their count (a line on the count would say 40 ms here too).
+    for i in range(4):
+        p.place(f"long{i}", "b", p.predict("b", 100, t, context_tokens=1000), t,
+                class_name="default")
+    est = p.predict("b", 100, t)
+    assert est.tpot_batch == 5
+    assert est.est_tpot_ms == pytest.approx(15 + 5 * 41, rel=0.05)
+    # Cached prompt tokens are prefilled by no one but held all the same.
+    assert p.predict("b", 100, t, context_tokens=1100).est_tpot_ms == \
+        pytest.approx(15 + 5 * 51, rel=0.05)
 
 
 def test_tpot_without_evidence_of_growth_is_flat():

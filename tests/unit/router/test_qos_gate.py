@@ -52,21 +52,27 @@ class Fleet:
                                       ttft_s=ttft_s, duration_s=duration), self.now)
 
     def teach(self, tpot_by_batch: dict[int, float] | None = None) -> None:
-        """Requests alone on the teacher: TTFT 50 ms + 0.1 ms per token; TPOT per batch
-        size as given (default: 20 ms whatever the batch)."""
-        for own, ttft_s in [(100, 0.060), (1000, 0.150), (2000, 0.250)] * 2:
-            for batch, tpot in (tpot_by_batch or {1: 20.0}).items():
-                rids = [f"teach-{self.now}-{i}" for i in range(batch)]
-                for rid in rids:
-                    self.gate.check(route(rid, own), self.workers, {}, self.now, True,
-                                    chosen=TEACHER, candidates=(TEACHER,))
-                duration = ttft_s + 10 * tpot / 1000.0
-                self.now += duration
-                for rid in rids:
-                    self.gate.observe(ReleaseCall(request_id=rid, worker_id=TEACHER,
-                                                  output_tokens=11, ttft_s=ttft_s,
-                                                  duration_s=duration), self.now)
-                self.now += 10.0
+        """Requests alone on the teacher: TTFT 50 ms + 0.1 ms per token (single-token
+        answers); then batches of 10-token prompts, the probes' size, with the TPOT given
+        per batch size (default: 20 ms whatever the batch).  The TPOT line is on the KV
+        the batch holds, so a batch of 3 teaches what 30 tokens of context cost."""
+        rows = [(10, 0.051, batch, tpot) for batch, tpot in (tpot_by_batch or {1: 20.0})
+                .items()] * 3
+        rows += [(own, ttft_s, 1, 0.0) for own, ttft_s in
+                 [(100, 0.060), (1000, 0.150), (2000, 0.250)]] * 2
+        for own, ttft_s, batch, tpot in rows:
+            rids = [f"teach-{self.now}-{i}" for i in range(batch)]
+            for rid in rids:
+                self.gate.check(route(rid, own), self.workers, {}, self.now, True,
+                                chosen=TEACHER, candidates=(TEACHER,))
+            output = 11 if tpot else 1
+            duration = ttft_s + (output - 1) * tpot / 1000.0
+            self.now += duration
+            for rid in rids:
+                self.gate.observe(ReleaseCall(request_id=rid, worker_id=TEACHER,
+                                              output_tokens=output, ttft_s=ttft_s,
+                                              duration_s=duration), self.now)
+            self.now += 10.0
 
 
 def counts(gate: QosGate, metric: str, *labels: str) -> dict[tuple[str, ...], float]:
@@ -273,7 +279,7 @@ def test_releases_fill_the_confusion_table_and_the_calibration_histogram():
         queued += 1
     assert 5 < queued < 40
     table = counts(gate, "confusion", "outcome")
-    assert table == {("admitted-met",): 7, ("admitted-missed",): 1, ("refused",): 1}
+    assert table == {("admitted-met",): 10, ("admitted-missed",): 1, ("refused",): 1}
     # Each cell names the worker it was predicted for: the slow one was worker 2.
     assert counts(gate, "confusion", "outcome", "worker")[("admitted-missed", "2")] == 1
     hist: dict[tuple[str, str], float] = {}
