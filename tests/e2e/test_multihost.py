@@ -44,7 +44,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow,
 
 GRAPH, CONFIG = "graphs.disagg:Frontend", "configs/disagg.yaml"
 # Every host is given the same config and overrides: one graph, split by --only.
-OVERRIDES = (FORCED, "--DecodeWorker.remote_prefill_timeout_s=4",
+# A remote prefill's timeout short enough for the killed-prefill-host test to fall back
+# well within its bound, long enough for a first prefill over a fresh connection on a
+# loaded 2-core machine (4 s fell back once there, under the test command's 3 workers).
+OVERRIDES = (FORCED, "--DecodeWorker.remote_prefill_timeout_s=10",
              "--DecodeWorker.env={UCX_TLS: tcp}", "--PrefillWorker.env={UCX_TLS: tcp}",
              "--Common.restart.backoff_initial_s=0.2",
              # one decode replica per host: a fixed metrics port stays right in the ready
