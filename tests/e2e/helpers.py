@@ -87,6 +87,37 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def build_client_models(*roots: type) -> None:
+    """Build the openai client's response models (and the models nested in them) in the
+    calling thread.  pydantic builds a model's schema on first use; the client reads
+    each nested model's schema while parsing a chunk, and threads streaming at once for
+    the first time can race on that build (``PydanticUserError: ... BaseModel cannot be
+    instantiated directly``, seen once in a chaos test's threads)."""
+    import typing
+
+    import pydantic
+
+    seen: set[type] = set()
+    todo = list(roots)
+    while todo:
+        cls = todo.pop()
+        if cls in seen or not (isinstance(cls, type) and issubclass(cls, pydantic.BaseModel)):
+            continue
+        seen.add(cls)
+        cls.model_rebuild()
+        _ = cls.__pydantic_core_schema__
+        for field in cls.model_fields.values():
+            stack = [field.annotation]
+            while stack:
+                t = stack.pop()
+                stack.extend(typing.get_args(t))
+                if isinstance(t, type):
+                    todo.append(t)
+
+
+build_client_models(openai.types.chat.ChatCompletionChunk, openai.types.chat.ChatCompletion)
+
+
 def story(url: str, subject: str, max_tokens: int) -> tuple[str | None, str, int, float]:
     """A greedy streamed story about ``subject``: (finish reason, text, completion tokens,
     longest pause between chunks in s)."""
