@@ -231,6 +231,12 @@ class Calibration:
     waited_ms: float = 0.0  # before its placement (frontend, held): in the client's TTFT
 
 
+def _kv_of(estimate: Estimate) -> float:
+    """The KV a placed request holds on its worker: its whole prompt (its uncached
+    tokens where the caller gave no context)."""
+    return max(estimate.context_tokens, estimate.request_tokens)
+
+
 def _ttft_line(fit: _Fit | None) -> tuple[float, float] | None:
     """(fixed, per token) of a TTFT series with enough samples, else None."""
     if fit is None or fit.samples < MIN_SAMPLES:
@@ -546,7 +552,7 @@ class LatencyPredictor:
                         "tpot_budget_ms": tpot_budget_ms})
         w = self._worker(worker, now)
         w.running += 1
-        w.kv += max(estimate.context_tokens, estimate.request_tokens)
+        w.kv += _kv_of(estimate)
         stall = estimate.request_tokens * estimate.prefill_per_token_ms
         w.stall_ms = stall if w.stall_ms == 0 else \
             STALL_SMOOTHING * stall + (1.0 - STALL_SMOOTHING) * w.stall_ms
@@ -682,8 +688,7 @@ class LatencyPredictor:
             w.pending_tokens = max(0.0, w.pending_tokens - ticket.estimate.request_tokens)
             w.waiting.pop(rid, None)
         w.running = max(0, w.running - 1)
-        w.kv = max(0.0, w.kv - max(ticket.estimate.context_tokens,
-                                   ticket.estimate.request_tokens))
+        w.kv = max(0.0, w.kv - _kv_of(ticket.estimate))
         w.inflight_tokens = max(0.0, w.inflight_tokens - ticket.estimate.request_tokens)
         w.pending_tokens = min(w.pending_tokens, w.inflight_tokens)
         return w
@@ -735,7 +740,7 @@ class LatencyPredictor:
         mean_batch = (w.area - ticket.area_at) / span if span > 0 else w.running + 1.0
         mean_batch = max(1.0, mean_batch)
         mean_load = (w.kv_area - ticket.kv_area_at) / span if span > 0 else \
-            (w.kv + ticket.estimate.context_tokens) / KV_UNIT
+            (w.kv + _kv_of(ticket.estimate)) / KV_UNIT
         if reported is None:
             self._learn_ttft(w, ticket.x_ttft, max(0.0, ttft_ms - ticket.estimate.restore_ms))
         measured = tpot_ms is not None and math.isfinite(tpot_ms)
