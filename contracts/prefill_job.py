@@ -50,7 +50,8 @@ class PrefillRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     version: Literal[2] = Field(default=2, description="Wire format version.")
-    request_id: str = Field(min_length=1, description="Request id; also the dedup key.")
+    request_id: str = Field(min_length=1, description="Request id (with the decode worker "
+                            "and `enqueued_at`, the dedup key: see ``dedup_key``).")
     priority: StrictInt | StrictStr = Field(
         default="default", description="The request's priority level (0 = highest: its "
         "class's position in the router's priority table), which the queue serves it at "
@@ -113,6 +114,14 @@ class PrefillRequest(BaseModel):
                            "RETIRED_FIELDS).")
     parent_span_id: None = Field(default=None, description="Retired; null only (see "
                                  "RETIRED_FIELDS).")
+
+    def dedup_key(self) -> str:
+        """The publish's ``Nats-Msg-Id``: one enqueue of this job.  A publish of the same
+        job retried is stored once; the same request enqueued again (resumed after its
+        worker was lost, or resent whole to another decode worker) is a new job, which a
+        key of the request id alone would drop as a duplicate while its decode worker
+        waited for a result that never came."""
+        return f"{self.request_id}@{self.decode_worker_id}@{self.enqueued_at!r}"
 
     @model_validator(mode="before")
     @classmethod

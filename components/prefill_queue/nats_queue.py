@@ -117,7 +117,7 @@ class PrefillQueue:
         not answer within ``request_timeout_s``.
         """
         level = priority_level(request.priority, self.config)
-        headers = {"Nats-Msg-Id": request.request_id} if self.config.duplicate_window_s else None
+        headers = {"Nats-Msg-Id": request.dedup_key()} if self.config.duplicate_window_s else None
         headers = tracing.inject(headers)  # the enqueuing span's W3C context, when tracing
         try:
             ack = await self._js.publish(self.names.subjects[level], request.encode(),

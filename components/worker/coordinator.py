@@ -412,10 +412,15 @@ class EngineDecodeCoordinator:
             try:
                 try:
                     with tracing.active(span):
-                        await self.queue.enqueue(job)
+                        enqueued = await self.queue.enqueue(job)
                 except EnqueueRejected as exc:
                     await release(False)
                     return None, f"queue-{exc.reason}"
+                if enqueued.duplicate:
+                    # Not stored: an identical job is queued already, and its result
+                    # would not be for this reservation. Waiting would only time out.
+                    await release(False)
+                    return None, "queue-duplicate"
                 try:
                     got = await asyncio.wait_for(waiting, timeout)
                 except TimeoutError:

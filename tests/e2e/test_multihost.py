@@ -327,11 +327,18 @@ def test_a_decode_host_unplugged_mid_answer_resumes_on_the_other(graph, hosts, i
                        for h in ("b", "d")}
             unplugged = max(running, key=running.get)
             assert running[unplugged] >= 1, running
+            survivor = "d" if unplugged == "b" else "b"
+            fallbacks = counted(parts[survivor], "DecodeWorker",
+                                "splitserve_disagg_fallbacks_total")
             hosts.link(unplugged, False)
             t0 = time.monotonic()
             got = [f.result(timeout=120) for f in futs]
         resumed_after = time.monotonic() - t0
         assert got == expected
+        # the resumed answers were prefilled on host c again: their jobs (same request
+        # ids, longer prompts) were not dropped by the queue as duplicates of the first
+        assert counted(parts[survivor], "DecodeWorker",
+                       "splitserve_disagg_fallbacks_total") == fallbacks
         moved = scrape(f"{url}/metrics").get("splitserve_frontend_migrations_total", {})
         assert moved.get((("reason", "worker-stalled"),), 0) >= 1, moved
         print(f"\nunplugged host {unplugged} (running {running}); every answer done "

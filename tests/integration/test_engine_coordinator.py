@@ -179,6 +179,31 @@ async def test_sglang_remote_end_to_end(nats_url: str) -> None:
         assert double_of(dec).calls[0]["bootstrap_room"] == room
 
 
+async def test_a_request_resumed_on_the_same_decode_worker_is_prefilled_again(
+        nats_url: str) -> None:
+    """A request moved here mid-answer keeps its id and comes with a longer prompt (its
+    prompt plus the tokens streamed): its second remote prefill is a job of its own, not
+    a duplicate the queue drops while the decode worker waits out its timeout."""
+    rooms = BootstrapRooms()
+    dec, pre = await sglang("decode", rooms), await sglang("prefill", rooms)
+    async with Rig(nats_url, dec, remote=True) as rig:
+        await rig.start_prefill(pre)
+        assert await tokens(rig.coord, "moved") == EXPECTED
+        resumed = GenerateParams(token_ids=PROMPT + tuple(EXPECTED[:2]), max_tokens=4,
+                                 temperature=0.0)
+        t0 = time.monotonic()
+        out = [t async for d in rig.coord.serve("moved", resumed) for t in d.token_ids]
+        assert out == tokens_for(list(resumed.token_ids), 4)
+        assert time.monotonic() - t0 < 5.0  # its timeout is 10 s
+        assert rig.registry.get_sample_value(
+            f"{PREFIX}_disagg_fallbacks_total", {"reason": "timeout"}) is None
+        for _ in range(50):  # the prefill side acks after its result
+            if rig.jobs("done") == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert rig.jobs("done") == 2
+
+
 async def test_sglang_local_verdict_served_remotely_and_counted(nats_url: str) -> None:
     rooms = BootstrapRooms()
     dec, pre = await sglang("decode", rooms), await sglang("prefill", rooms)

@@ -83,12 +83,26 @@ async def test_enqueue_pull_ack(nats_url: str) -> None:
 
 
 @pytest.mark.asyncio
-async def test_duplicate_request_id_is_stored_once(nats_url: str) -> None:
+async def test_a_retried_enqueue_is_stored_once(nats_url: str) -> None:
     async with await PrefillQueue.connect(nats_url, namespace(), MODEL, fast_config()) as q:
-        first = await q.enqueue(make_request("same"))
-        again = await q.enqueue(make_request("same"))
+        job = make_request("same")
+        first = await q.enqueue(job)
+        again = await q.enqueue(job)
         assert again.duplicate and again.stream_seq == first.stream_seq
         assert (await q.depth()).total == 1
+
+
+@pytest.mark.asyncio
+async def test_the_same_request_enqueued_again_is_a_new_job(nats_url: str) -> None:
+    """A request resumed after its worker was lost (a longer prompt), or resent whole to
+    another decode worker, keeps its request id: each enqueue is its own job."""
+    async with await PrefillQueue.connect(nats_url, namespace(), MODEL, fast_config()) as q:
+        first = await q.enqueue(make_request("same"))
+        resumed = await q.enqueue(make_request("same", token_ids=list(range(1, 45))))
+        resent = await q.enqueue(make_request("same", decode_worker_id="decode-1"))
+        assert not resumed.duplicate and not resent.duplicate
+        assert len({first.stream_seq, resumed.stream_seq, resent.stream_seq}) == 3
+        assert (await q.depth()).total == 3
 
 
 @pytest.mark.asyncio

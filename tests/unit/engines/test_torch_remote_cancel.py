@@ -16,7 +16,7 @@ import pytest_asyncio
 
 from splitserve.components.disagg import build_decider
 from splitserve.components.worker.handoff import HandoffInbox, PrefillHandoff
-from splitserve.components.prefill_queue import QueueFull
+from splitserve.components.prefill_queue import Enqueued, QueueFull
 from splitserve.contracts.wire import worker_request
 from splitserve.components.worker.coordinator import (
     CoordinatorSettings,
@@ -73,7 +73,7 @@ class Queue:
         self.inbox, self.agent, self.mode = inbox, agent, mode
         self.jobs: list = []
 
-    async def enqueue(self, job) -> None:
+    async def enqueue(self, job) -> Enqueued:
         if self.mode == "full":
             raise QueueFull("stream limits reached")
         self.jobs.append(job)
@@ -86,6 +86,7 @@ class Queue:
                                                        "block_size": job.destination.block_size},
                                  prefill_worker_id="p1", compute_s=0.0, transfer_s=0.0)
             asyncio.get_running_loop().call_soon(self.inbox.take, msg.encode())
+        return Enqueued(stream_seq=len(self.jobs), level=0, duplicate=False)
 
 
 @pytest_asyncio.fixture

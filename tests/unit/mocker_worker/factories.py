@@ -9,7 +9,7 @@ from splitserve.contracts.engine import OpaqueHandoff
 from splitserve.components.engines.mocker.sections import MockerDecodeWorkerConfig
 from splitserve.components.worker.handoff import HandoffInbox, PrefillHandoff
 from splitserve.components.engines.mocker.adapter import MockerEngine
-from splitserve.components.prefill_queue import QueueFull
+from splitserve.components.prefill_queue import Enqueued, QueueFull
 from splitserve.contracts.wire import worker_request
 from splitserve.components.worker.coordinator import EngineDecodeCoordinator
 from splitserve.components.worker.disagg_metrics import DisaggMetrics
@@ -49,7 +49,7 @@ class FakeQueue:
         self.answer = answer
         self.jobs: list = []
 
-    async def enqueue(self, job) -> None:
+    async def enqueue(self, job) -> Enqueued:
         if self.answer == "full":
             raise QueueFull("stream limits reached")
         self.jobs.append(job)
@@ -70,6 +70,8 @@ class FakeQueue:
                                      prefill_worker_id="p1", compute_s=0.0,
                                      transfer_s=0.0, refused="vllm: min_tokens > max_tokens")
             asyncio.get_running_loop().call_soon(self.inbox.take, handoff.encode())
+        # "duplicate": the server already holds an identical job and did not store this
+        return Enqueued(stream_seq=len(self.jobs), level=0, duplicate=self.answer == "duplicate")
 
 
 class FakeDepth:

@@ -49,6 +49,7 @@ async def test_short_prompt_runs_on_the_local_aggregated_engine():
 @pytest.mark.parametrize(("answer", "prefill_workers", "decision", "fallback"), [
     ("full", 2, ("remote", "min-score-met"), "queue-full"),
     ("silence", 2, ("remote", "min-score-met"), "timeout"),
+    ("duplicate", 2, ("remote", "min-score-met"), "queue-duplicate"),
     ("refused", 2, ("remote", "min-score-met"), "prefill-refused"),
     ("handoff", 0, ("local", "no-prefill-workers"), None),
 ])
