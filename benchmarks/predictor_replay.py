@@ -19,6 +19,15 @@ each request's class targets (from the trace: the TPOT budget of a class that ma
 refuse; the TTFT target given with ``--ttft-ms``) how many were predicted within and
 missed (admitted and missed, had admission enforced), and predicted over and met
 (refused in vain).
+
+With ``--verdicts`` (and ``--ttft-ms``) every placement is also judged as the enforcing
+default would judge it (docs/qos.md's one-line form: the trace's class with that TTFT
+target and its TPOT budget, ``may_reject``, holding on), and each verdict's reason is
+set against how the request ended: per reason, how many there were and how many met
+both targets.  A refusal or a hold whose request met is a false one, an admission whose
+request missed is admitted-and-missed.  The run admitted everything, so its fleet was
+busier than an enforcing one: "met" after a refusal is a lower bound of the false
+refusals.
 """
 
 from __future__ import annotations
@@ -34,7 +43,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from components.router.qos.admission import admit  # noqa: E402
+from components.router.qos.classes import QosConfig  # noqa: E402
 from components.router.qos.predictor import Calibration  # noqa: E402
+from components.router.qos.types import AdmissionRequest  # noqa: E402
 
 EVENTS = ("place", "first_token", "progress", "release")
 
@@ -51,20 +63,45 @@ def read(path: str) -> list[dict]:
     return rows
 
 
-def replay(rows: Iterable[dict], predictor) -> list[tuple[dict, Calibration]]:
+def enforcing(ttft_ms: float, tpot_ms: float, more: dict | None = None) -> QosConfig:
+    """docs/qos.md's one-line admission form with these targets (holding on), and
+    ``more`` of the ``qos`` section (``--qos``) over it."""
+    return QosConfig.model_validate({
+        "classes": [{"name": "default", "ttft_ms": ttft_ms, "tpot_ms": tpot_ms or 1e6,
+                     "may_reject": True}], "low_priority_threshold_ms": 0, **(more or {})})
+
+
+def replay(rows: Iterable[dict], predictor, ttft_ms: float | None = None,
+           qos: dict | None = None) -> list[tuple[dict, Calibration]]:
     """Drive ``predictor`` (a fresh ``LatencyPredictor``) with the calls in ``rows``;
-    returns each finished request's placement row with its calibration."""
+    returns each finished request's placement row with its calibration.  With
+    ``ttft_ms``, each placement row also gets ``verdict``: the reason the enforcing
+    default (``enforcing``, with ``qos`` over it) would give it at that moment."""
     placed: dict[str, dict] = {}
+    configs: dict[float, QosConfig] = {}
     out = []
     for row in rows:
         event, rid, at = row["event"], row["request"], row["at"]
         if event == "place":
+            config = None
+            if ttft_ms is not None:
+                budget = row["tpot_budget_ms"]
+                config = configs.get(budget) or configs.setdefault(
+                    budget, enforcing(ttft_ms, budget, qos))
             est = predictor.predict(row["worker"], row["own"], at,
                                     output_tokens=row["max_tokens"], class_name=row["class"],
                                     restore_ms=row["restore_ms"],
-                                    context_tokens=row.get("context", 0))
+                                    context_tokens=row.get("context", 0),
+                                    running_slack=config is not None,
+                                    headroom=config.hold.running_headroom if config else 0.0)
             if row["waited_ms"] > 0:
                 est = est.model_copy(update={"waited_ms": row["waited_ms"]})
+            if config is not None:
+                verdict = admit(AdmissionRequest(
+                    request_id=rid, class_name="default",
+                    prompt_tokens=max(1, row.get("context") or row["own"]),
+                    max_tokens=max(1, row["max_tokens"])), est, config, holding=True)
+                row = {**row, "verdict": verdict.reason, "admitted": verdict.admit}
             predictor.place(rid, row["worker"], est, at, class_name=row["class"],
                             would_reject=row["would_reject"], max_tokens=row["max_tokens"],
                             tpot_budget_ms=row["tpot_budget_ms"])
@@ -157,6 +194,41 @@ def summary(results: list[tuple[dict, Calibration]], ttft_ms: float | None) -> d
     return out
 
 
+def met(place: dict, cal: Calibration, ttft_ms: float) -> bool:
+    """Whether a request met its targets as its client saw them (its wait before the
+    placement in its TTFT; its class's TPOT budget, when it has one)."""
+    if cal.measured_ttft_ms + cal.waited_ms > ttft_ms:
+        return False
+    budget = place["tpot_budget_ms"]
+    return not budget or cal.measured_tpot_ms is None or cal.measured_tpot_ms <= budget
+
+
+def verdicts(results: list[tuple[dict, Calibration]], ttft_ms: float) -> dict:
+    """Per verdict reason (``replay`` with a TTFT target), the requests and how many of
+    them met their targets; with the admitted-and-missed and the false refusals (holds
+    counted with them) as shares."""
+    reasons: dict[str, dict[str, int]] = {}
+    admitted = missed = turned = turned_met = 0
+    for place, cal in results:
+        if "verdict" not in place:
+            continue
+        ok = met(place, cal, ttft_ms)
+        cell = reasons.setdefault(place["verdict"], {"n": 0, "met": 0})
+        cell["n"] += 1
+        cell["met"] += ok
+        if place["admitted"]:
+            admitted += 1
+            missed += not ok
+        else:
+            turned += 1
+            turned_met += ok
+    return {"reasons": dict(sorted(reasons.items())), "admitted": admitted,
+            "admitted_missed": missed,
+            "admitted_missed_share": round(missed / admitted, 3) if admitted else None,
+            "refused_or_held": turned, "of_which_met": turned_met,
+            "false_share": round(turned_met / turned, 3) if turned else None}
+
+
 def load_predictor(spec: str):
     """``module:Class`` (default: the tree's ``LatencyPredictor``), built fresh."""
     module, _, name = spec.partition(":")
@@ -170,8 +242,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="module:Class of the predictor to replay through")
     ap.add_argument("--ttft-ms", type=float, default=None,
                     help="the TTFT target the confusion is judged on (default: none)")
+    ap.add_argument("--verdicts", action="store_true",
+                    help="also judge every placement as the enforcing default would, "
+                    "against how it ended (needs --ttft-ms)")
+    ap.add_argument("--qos", type=json.loads, default=None, metavar="JSON",
+                    help="with --verdicts: fields of the qos section over the default "
+                    "(e.g. '{\"hold\": {\"running_headroom\": 0.1}}')")
     ap.add_argument("--json", default=None, help="also write the summaries here")
     args = ap.parse_args(argv)
+    if args.verdicts and args.ttft_ms is None:
+        ap.error("--verdicts needs --ttft-ms")
     report = {}
     for path in args.traces:
         rows = read(path)
@@ -179,11 +259,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path}: no placements recorded (a trace from before inputs were "
                   "traced?)", file=sys.stderr)
             return 2
-        report[path] = summary(replay(rows, load_predictor(args.predictor)), args.ttft_ms)
+        results = replay(rows, load_predictor(args.predictor),
+                         args.ttft_ms if args.verdicts else None, args.qos)
+        report[path] = summary(results, args.ttft_ms)
         for kind, s in report[path].items():
             print(f"{Path(path).name} {kind}: " + " ".join(f"{k}={v}" for k, v in s.items()))
+        if args.verdicts:
+            v = report[path]["verdicts"] = verdicts(results, args.ttft_ms)
+            print(f"{Path(path).name} verdicts: " + " ".join(
+                f"{k}={c['n']}/{c['met']}met" for k, c in v["reasons"].items())
+                + f" | admitted-missed {v['admitted_missed']}/{v['admitted']}"
+                f" false {v['of_which_met']}/{v['refused_or_held']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"predictor": args.predictor,
+        Path(args.json).write_text(json.dumps({"predictor": args.predictor, "qos": args.qos,
                                                "report": report}, indent=2) + "\n")
     return 0
 

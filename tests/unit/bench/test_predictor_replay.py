@@ -91,3 +91,56 @@ def test_a_trace_without_placements_is_refused_by_name(tmp_path, capsys):
     old.write_text(json.dumps({"event": "first_token", "request": "a", "at": 1.0}) + "\n")
     assert replay.main([str(old)]) == 2
     assert "no placements recorded" in capsys.readouterr().err
+
+
+def test_verdicts_judge_each_placement_as_the_enforcing_default(tmp_path):
+    replay = _load()
+    trace = tmp_path / "run.jsonl"
+    _live_run(trace)
+    rows = replay.read(str(trace))
+    # A TTFT target no request can meet: the first wave is judged blind (no fits yet:
+    # admitted), the second on the fits the first taught: refused behind a queue, and
+    # admitted only where its own prefill alone is over the target (never refused for
+    # its own length).
+    results = replay.replay(rows, LatencyPredictor(), ttft_ms=1.0)
+    verdicts = {p["request"]: (p["verdict"], p["admitted"]) for p, _ in results}
+    assert {verdicts[f"r0-{i}"] for i in range(6)} == {("no-estimate", True)}
+    second = {verdicts[f"r1-{i}"] for i in range(6)}
+    assert ("ttft-slo-risk", False) in second
+    assert second <= {("ttft-slo-risk", False), ("within-slo", True)}
+    refused = sum(1 for v, _ in verdicts.values() if v == "ttft-slo-risk")
+    out = replay.verdicts(results, ttft_ms=1.0)
+    assert out["reasons"]["no-estimate"] == {"n": 6, "met": 0}
+    assert out["reasons"]["ttft-slo-risk"] == {"n": refused, "met": 0}
+    assert (out["admitted"], out["admitted_missed"]) == (12 - refused, 12 - refused)
+    assert (out["refused_or_held"], out["of_which_met"], out["false_share"]) == \
+        (refused, 0, 0.0)
+    # A target every request meets: nothing refused for TTFT, and nothing it admitted
+    # missed it.
+    results = replay.replay(rows, LatencyPredictor(), ttft_ms=1e6)
+    out = replay.verdicts(results, ttft_ms=1e6)
+    assert "ttft-slo-risk" not in out["reasons"]
+    assert sum(c["n"] for c in out["reasons"].values()) == 12
+    assert all(c["met"] <= c["n"] for c in out["reasons"].values())
+    # Without a target the placements carry no verdict.
+    assert all("verdict" not in p for p, _ in replay.replay(rows, LatencyPredictor()))
+
+
+def test_the_verdicts_command_takes_qos_fields_and_needs_a_ttft_target(tmp_path, capsys):
+    replay = _load()
+    trace = tmp_path / "run.jsonl"
+    _live_run(trace)
+    out = tmp_path / "out.json"
+    qos = '{"hold": {"running_headroom": 0.1}}'
+    assert replay.main([str(trace), "--ttft-ms", "150", "--verdicts", "--qos", qos,
+                        "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["qos"] == {"hold": {"running_headroom": 0.1}}
+    assert sum(c["n"] for c in written["report"][str(trace)]["verdicts"]["reasons"]
+               .values()) == 12
+    assert "verdicts:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        replay.main([str(trace), "--verdicts"])
+    assert "--verdicts needs --ttft-ms" in capsys.readouterr().err
+    with pytest.raises(ValueError):  # a qos field that does not exist is refused by name
+        replay.enforcing(150.0, 50.0, {"hold": {"headroom": 0.1}})
