@@ -148,11 +148,25 @@ def _quantile(values: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
 
 
+LENGTHS = (16, 64, 256)
+"""Answer lengths (``max_tokens``) that bound the TPOT errors' groups in ``summary``."""
+
+
+def length_group(max_tokens: int) -> str:
+    """The answer-length group of ``summary``'s ``p50_by_answer_length``."""
+    for bound in LENGTHS:
+        if max_tokens <= bound:
+            return f"<={bound}"
+    return f">{LENGTHS[-1]}"
+
+
 def summary(results: list[tuple[dict, Calibration]], ttft_ms: float | None) -> dict:
-    """The error quantiles and the confusion against the targets, per kind."""
+    """The error quantiles and the confusion against the targets, per kind; for the
+    TPOT kinds also the error's p50 per answer length (``length_group``)."""
     out: dict[str, dict] = {}
     for kind in ("ttft", "tpot", "tpot_given_load"):
         errs: list[float] = []
+        by_length: dict[str, list[float]] = {}
         within_missed = over_met = judged = 0
         for place, cal in results:
             if kind == "ttft":
@@ -174,6 +188,8 @@ def summary(results: list[tuple[dict, Calibration]], ttft_ms: float | None) -> d
             if not observed or meas is None or pred <= 0 or meas <= 0:
                 continue
             errs.append(math.log2(meas / pred))
+            if kind != "ttft":
+                by_length.setdefault(length_group(place["max_tokens"]), []).append(errs[-1])
             if target:
                 judged += 1
                 if client_pred <= target < client_meas:
@@ -191,6 +207,11 @@ def summary(results: list[tuple[dict, Calibration]], ttft_ms: float | None) -> d
             "mean_abs": round(sum(abs(e) for e in errs) / len(errs), 3),
             "judged": judged, "predicted_within_missed": within_missed,
             "predicted_over_met": over_met}
+        if by_length:
+            out[kind]["p50_by_answer_length"] = {
+                group: {"samples": len(v), "p50": round(_quantile(v, 0.50), 3)}
+                for group, v in sorted(by_length.items(), key=lambda kv: (
+                    kv[0][0] == ">", int(kv[0].lstrip("<=>"))))}
     return out
 
 
@@ -205,9 +226,11 @@ def met(place: dict, cal: Calibration, ttft_ms: float) -> bool:
 
 def verdicts(results: list[tuple[dict, Calibration]], ttft_ms: float) -> dict:
     """Per verdict reason (``replay`` with a TTFT target), the requests and how many of
-    them met their targets; with the admitted-and-missed and the false refusals (holds
-    counted with them) as shares."""
-    reasons: dict[str, dict[str, int]] = {}
+    them met their targets, and the median answer length (``max_tokens``) of those that
+    met and of those that missed; with the admitted-and-missed and the false refusals
+    (holds counted with them) as shares."""
+    reasons: dict[str, dict] = {}
+    lengths: dict[tuple[str, bool], list[float]] = {}
     admitted = missed = turned = turned_met = 0
     for place, cal in results:
         if "verdict" not in place:
@@ -216,12 +239,15 @@ def verdicts(results: list[tuple[dict, Calibration]], ttft_ms: float) -> dict:
         cell = reasons.setdefault(place["verdict"], {"n": 0, "met": 0})
         cell["n"] += 1
         cell["met"] += ok
+        lengths.setdefault((place["verdict"], ok), []).append(place["max_tokens"])
         if place["admitted"]:
             admitted += 1
             missed += not ok
         else:
             turned += 1
             turned_met += ok
+    for (reason, ok), v in lengths.items():
+        reasons[reason]["max_tokens_p50_" + ("met" if ok else "missed")] = _quantile(v, 0.5)
     return {"reasons": dict(sorted(reasons.items())), "admitted": admitted,
             "admitted_missed": missed,
             "admitted_missed_share": round(missed / admitted, 3) if admitted else None,

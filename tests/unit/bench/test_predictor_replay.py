@@ -76,13 +76,21 @@ def test_a_replay_gives_back_the_runs_predictions(tmp_path):
 def test_the_summary_counts_errors_and_both_kinds_of_misjudgement(tmp_path):
     replay = _load()
     live = _live_run(tmp_path / "run.jsonl")
-    results = [({"tpot_budget_ms": 50.0}, c) for c in live]
+    results = [({"tpot_budget_ms": 50.0, "max_tokens": 40 if i % 2 else 300}, c)
+               for i, c in enumerate(live)]
     out = replay.summary(results, ttft_ms=150.0)
     for kind in ("ttft", "tpot"):
         s = out[kind]
         assert s["samples"] > 0 and s["p10"] <= s["p50"] <= s["p90"]
         assert 0.0 <= s["within_2x"] <= 1.0
         assert s["predicted_within_missed"] + s["predicted_over_met"] <= s["judged"]
+    # TPOT errors also by answer length, in the order of the bounds
+    groups = out["tpot"]["p50_by_answer_length"]
+    assert list(groups) == ["<=64", ">256"]
+    assert sum(g["samples"] for g in groups.values()) == out["tpot"]["samples"]
+    assert "p50_by_answer_length" not in out["ttft"]
+    assert [replay.length_group(n) for n in (1, 16, 17, 256, 257)] == \
+        ["<=16", "<=16", "<=64", "<=256", ">256"]
 
 
 def test_a_trace_without_placements_is_refused_by_name(tmp_path, capsys):
@@ -110,8 +118,9 @@ def test_verdicts_judge_each_placement_as_the_enforcing_default(tmp_path):
     assert second <= {("ttft-slo-risk", False), ("within-slo", True)}
     refused = sum(1 for v, _ in verdicts.values() if v == "ttft-slo-risk")
     out = replay.verdicts(results, ttft_ms=1.0)
-    assert out["reasons"]["no-estimate"] == {"n": 6, "met": 0}
-    assert out["reasons"]["ttft-slo-risk"] == {"n": refused, "met": 0}
+    assert out["reasons"]["no-estimate"] == {"n": 6, "met": 0, "max_tokens_p50_missed": 40}
+    assert out["reasons"]["ttft-slo-risk"] == {"n": refused, "met": 0,
+                                               "max_tokens_p50_missed": 40}
     assert (out["admitted"], out["admitted_missed"]) == (12 - refused, 12 - refused)
     assert (out["refused_or_held"], out["of_which_met"], out["false_share"]) == \
         (refused, 0, 0.0)
@@ -122,6 +131,7 @@ def test_verdicts_judge_each_placement_as_the_enforcing_default(tmp_path):
     assert "ttft-slo-risk" not in out["reasons"]
     assert sum(c["n"] for c in out["reasons"].values()) == 12
     assert all(c["met"] <= c["n"] for c in out["reasons"].values())
+    assert all(c["max_tokens_p50_met"] == 40 for c in out["reasons"].values() if c["met"])
     # Without a target the placements carry no verdict.
     assert all("verdict" not in p for p, _ in replay.replay(rows, LatencyPredictor()))
 
