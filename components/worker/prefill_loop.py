@@ -3,8 +3,10 @@
 It reaches the engine only through ``splitserve.contracts.engine.Engine`` (SGLang's
 ``begin_prefill`` where ``info.capabilities.handoff_before_prefill`` says the handoff
 exists before the prefill runs).  Per job, the engine request id is
-``<job id>@<delivery>`` so a redelivered job never collides with an earlier attempt
-still held in the engine:
+``<request id>@<enqueue>.<delivery>`` (``engine_request_id``) so neither a redelivered
+job nor a later job of the same request (resumed on, or resent to, another decode
+worker) collides with an earlier attempt still held in the engine, which would refuse
+it as a duplicate id:
 
 - handoff first (SGLang): ``begin_prefill`` -> send the bootstrap handoff to the decode
   worker at once (it must join the room before the prefill computes) -> await the
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 
 from pydantic import Field
 
@@ -66,6 +69,14 @@ async def keep_alive(job, every_s: float) -> None:
             await job.in_progress()
         except Exception as exc:  # noqa: BLE001 - at worst the job is redelivered
             log.debug("in_progress for %s failed: %s", job.request.request_id, exc)
+
+
+def engine_request_id(req: PrefillRequest, delivery: int) -> str:
+    """The prefill engine's id for one delivery of one job: the request id, a tag of the
+    enqueue (its ``dedup_key``) and the delivery count.  Everything after the last ``@``
+    is this worker's own (the torch engine names the request without it to the decode
+    side)."""
+    return f"{req.request_id}@{zlib.crc32(req.dedup_key().encode()):08x}.{delivery}"
 
 
 def job_params(req: PrefillRequest) -> GenerateParams:
@@ -111,7 +122,7 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
 
     req = job.request
     rid = req.request_id
-    eid = f"{rid}@{getattr(job, 'delivery_count', 1)}"
+    eid = engine_request_id(req, getattr(job, "delivery_count", 1))
     outcome = "done"
     metrics.latency.picked_up(req.enqueued_at)
     trace = job_span(job)

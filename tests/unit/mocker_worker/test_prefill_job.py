@@ -151,3 +151,25 @@ async def test_a_prefill_that_ended_the_request_hands_over_its_token_and_reason(
     assert outcome(metrics) == {"done": 1.0} and job.settled == ["ack"]
     told = waiting.result()
     assert (told.first_token, told.finish_reason, told.disaggregated_params) == (2, "eos", None)
+
+
+async def test_each_enqueue_and_delivery_of_a_request_has_its_own_engine_id():
+    """A request prefilled again (resumed on, or resent to, another decode worker) while
+    a prefill engine still holds its earlier job must not reuse that job's engine id:
+    every engine refuses an id already running, and the prefill loop takes a refusal as
+    final."""
+    from splitserve.components.worker.prefill_loop import engine_request_id
+    from tests.unit.prefill_queue.factories import make_request
+
+    first = make_request(request_id="r", enqueued_at=100.0)
+    resumed = make_request(request_id="r", enqueued_at=101.5,
+                           token_ids=[*first.token_ids, 7, 8])
+    resent = make_request(request_id="r", enqueued_at=100.0, decode_worker_id="decode-9")
+    ids = [engine_request_id(first, 1), engine_request_id(first, 2),
+           engine_request_id(resumed, 1), engine_request_id(resent, 1)]
+    assert len(set(ids)) == 4
+    assert engine_request_id(first, 1) == engine_request_id(first, 1)  # stable
+    # the request id is everything before the last "@" (what the torch engine notifies)
+    assert {i.rsplit("@", 1)[0] for i in ids} == {"r"}
+    assert engine_request_id(make_request(request_id="a@b", enqueued_at=1.0), 3) \
+        .rsplit("@", 1)[0] == "a@b"
