@@ -86,8 +86,9 @@ def replay(rows: Iterable[dict], predictor, ttft_ms: float | None = None,
             config = None
             if ttft_ms is not None:
                 budget = row["tpot_budget_ms"]
-                config = configs.get(budget) or configs.setdefault(
-                    budget, enforcing(ttft_ms, budget, qos))
+                if budget not in configs:
+                    configs[budget] = enforcing(ttft_ms, budget, qos)
+                config = configs[budget]
             est = predictor.predict(row["worker"], row["own"], at,
                                     output_tokens=row["max_tokens"], class_name=row["class"],
                                     restore_ms=row["restore_ms"],
@@ -150,14 +151,16 @@ def _quantile(values: list[float], q: float) -> float:
 
 LENGTHS = (16, 64, 256)
 """Answer lengths (``max_tokens``) that bound the TPOT errors' groups in ``summary``."""
+LENGTH_GROUPS = (*(f"<={bound}" for bound in LENGTHS), f">{LENGTHS[-1]}")
+"""The groups' names, shortest answers first."""
 
 
 def length_group(max_tokens: int) -> str:
     """The answer-length group of ``summary``'s ``p50_by_answer_length``."""
-    for bound in LENGTHS:
+    for bound, group in zip(LENGTHS, LENGTH_GROUPS, strict=False):
         if max_tokens <= bound:
-            return f"<={bound}"
-    return f">{LENGTHS[-1]}"
+            return group
+    return LENGTH_GROUPS[-1]
 
 
 def summary(results: list[tuple[dict, Calibration]], ttft_ms: float | None) -> dict:
@@ -210,8 +213,7 @@ def summary(results: list[tuple[dict, Calibration]], ttft_ms: float | None) -> d
         if by_length:
             out[kind]["p50_by_answer_length"] = {
                 group: {"samples": len(v), "p50": round(_quantile(v, 0.50), 3)}
-                for group, v in sorted(by_length.items(), key=lambda kv: (
-                    kv[0][0] == ">", int(kv[0].lstrip("<=>"))))}
+                for group in LENGTH_GROUPS if (v := by_length.get(group))}
     return out
 
 
