@@ -247,13 +247,16 @@ async def choice_events(state: FrontendState, p: Prepared, call: WorkerCall,
                 meta.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
                     "cached_tokens", 0) or 0
             text = detok.push(ids)
+            text_ids = detok.text_ids
             if detok.stopped:
                 finish = openai_finish_reason(FinishReason.STOP)
             elif chunk.get("finish_reason"):
                 finish = openai_finish_reason(FinishReason.from_wire(chunk["finish_reason"]))
-                text += detok.flush()
+                tail = detok.flush()
+                if tail:
+                    text, text_ids = text + tail, None
             yield Event(index, text, finish, list(ids), chunk_logprobs(chunk),
-                        chunk_prompt_logprobs(chunk))
+                        chunk_prompt_logprobs(chunk), text_ids)
     finally:
         deadline.close()
         if finish is None or detok.stopped:

@@ -10,11 +10,12 @@ in ``app.py``.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from .backend import StreamMeta
 from .chat_output import ChoiceOutput, Delta, finish_reason, fold, message
@@ -36,12 +37,18 @@ from .responses_stream import ResponseEvents, output_items
 from .state import FrontendState
 
 
+_JSON = msgspec.json.Encoder()
+"""Encodes every streamed chunk: compact UTF-8 JSON, about a tenth of ``json.dumps``'s
+time on a chat chunk (3 µs a chunk, paid for every token streamed).  A float that JSON
+cannot hold (NaN, infinities) becomes null rather than the invalid ``NaN``."""
+
+
 def sse_data(body: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(body)}\n\n".encode()
+    return b"data: " + _JSON.encode(body) + b"\n\n"
 
 
 def event_data(event: dict[str, Any]) -> bytes:
-    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+    return b"event: " + event["type"].encode() + b"\ndata: " + _JSON.encode(event) + b"\n\n"
 
 
 @dataclass
@@ -100,17 +107,25 @@ class CompletionChoice(Choice):
 class ChatChoice(Choice):
     output: ChoiceOutput | None = None
     """Splits the text into reasoning, content and tool calls."""
+    ids: list[int] | None = field(default_factory=list)
+    """Not streamed: the token ids the collected text was decoded from (None: unknown)."""
 
-    def delta(self, text: str, finish: str | None) -> Delta:
-        """What ``text`` (and the end, when ``finish``) adds to this choice."""
+    def collect(self, ev: Event) -> None:
+        super().collect(ev)
+        if self.ids is not None:
+            self.ids = None if ev.text_ids is None else self.ids + ev.text_ids
+
+    def delta(self, text: str, finish: str | None, ids: list[int] | None = None) -> Delta:
+        """What ``text`` (decoded from ``ids``, when known) and the end, when ``finish``,
+        add to this choice."""
         assert self.output is not None
-        d = self.output.push(text)
+        d = self.output.push(text, ids)
         return d.add(self.output.finish()) if finish else d
 
     def whole(self) -> tuple[Delta, str | None]:
         """Not streamed: the whole answer and its finish reason."""
         assert self.output is not None
-        whole = fold([self.delta("".join(self.parts), self.finish or "stop")])
+        whole = fold([self.delta("".join(self.parts), self.finish or "stop", self.ids)])
         return whole, finish_reason(self.finish, self.output)
 
     def logprobs_of(self, ev: Event) -> Any:
@@ -232,7 +247,7 @@ class ChatRenderer(Renderer):
     def chunk(self, ev: Event) -> dict[str, Any] | None:
         c = self.choices[ev.index]
         lp = c.logprobs_of(ev)
-        fields = c.delta(c.text_of(ev), ev.finish).fields()
+        fields = c.delta(c.text_of(ev), ev.finish, ev.text_ids).fields()
         finish = finish_reason(ev.finish, c.output)
         if not (fields or ev.finish or c.first or lp is not None):
             return None
@@ -266,7 +281,7 @@ class ResponsesRenderer(ChatRenderer):
         only = self.choices[0]
         async for ev in events:
             finish = ev.finish or finish
-            for e in self.events.push(only.delta(only.text_of(ev), ev.finish)):
+            for e in self.events.push(only.delta(only.text_of(ev), ev.finish, ev.text_ids)):
                 yield event_data(e)
         for e in self.events.end(finish, self.response_usage()):
             yield event_data(e)

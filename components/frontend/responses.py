@@ -46,6 +46,9 @@ class Event:
     token_ids: list[int] = field(default_factory=list)
     logprobs: TokenLogprobs | None = None
     prompt_logprobs: TokenLogprobs | None = None
+    text_ids: list[int] | None = None
+    """The token ids ``text`` was decoded from, when it is theirs alone
+    (``Detokenizer.text_ids``); None: unknown, a parser re-encodes the text."""
 
 
 @dataclass

@@ -17,7 +17,6 @@ and only the markers the chat template itself writes are special tokens.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,9 +153,8 @@ class TextCodec:
         real = render(messages, add_generation_prompt=True, tokenize=False)
         nonce = secrets.token_hex(8)
         marked = [{**m, "content": f"\ue000{nonce}:{i}\ue001"} for i, m in enumerate(messages)]
-        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001",
-                          render(marked, add_generation_prompt=True, tokenize=False))
-        literal, order = pieces[::2], [int(i) for i in pieces[1::2]]
+        literal, order = _split_marked(render(marked, add_generation_prompt=True,
+                                              tokenize=False), nonce)
         contents = [messages[i]["content"] for i in order]
         lit_ids = self._encode(True, literal)
         whole = self._encode(True, [real])[0]
@@ -198,6 +196,25 @@ class TextCodec:
         return Detokenizer(self, list(stop), keep_special_tokens=keep_special_tokens)
 
 
+def _split_marked(text: str, nonce: str) -> tuple[list[str], list[int]]:
+    """A template rendered with ``\ue000<nonce>:<i>\ue001`` in place of each message's
+    content: the template's own text between the markers, and each marker's message
+    index in order.  Plain string splits (a pattern with the per-request nonce in it
+    would be compiled anew for every request); a marker the template altered stays
+    part of the text around it."""
+    head = f"\ue000{nonce}:"
+    parts = text.split(head)
+    literal, order = [parts[0]], []
+    for part in parts[1:]:
+        index, end, rest = part.partition("\ue001")
+        if end and index.isdigit():
+            order.append(int(index))
+            literal.append(rest)
+        else:
+            literal[-1] += head + part
+    return literal, order
+
+
 def _fast_ids(fast, specials: bool, texts: list[str]) -> list[list[int]]:
     """Token ids of ``texts`` from a ``fastokens`` encoder, control tokens parsed
     (``specials``) or read as text."""
@@ -217,6 +234,12 @@ class Detokenizer:
     read_offset: int = 0
     held: str = ""
     stopped: bool = False
+    text_ids: list[int] | None = None
+    """The token ids the text the last ``push`` returned was decoded from (special
+    tokens among them even where the text leaves them out, as an engine's own output
+    reports them): a tool-call or reasoning parser's delta ids, which would otherwise
+    be re-encoded from the text.  None when the text is not theirs alone (held-back
+    text released with it, a stop string cut it)."""
 
     def _decode_new(self) -> str:
         # Decode a short window so that merges across token boundaries (spaces, multi-byte
@@ -232,10 +255,12 @@ class Detokenizer:
 
     def push(self, token_ids: list[int]) -> str:
         """Add tokens; return the text that is now safe to send (may be empty)."""
+        self.text_ids = None
         if self.stopped:
             return ""
         if self.keep_special_tokens:
             token_ids = [t for t in token_ids if t not in self.codec.eos_token_ids]
+        start = self.read_offset
         self.ids.extend(token_ids)
         text = self.held + self._decode_new()
         if self.stop:
@@ -245,9 +270,14 @@ class Detokenizer:
                 self.held = ""
                 return text[:hit]
             keep = _longest_stop_prefix_suffix(text, self.stop)
+            if not keep and not self.held:
+                self.text_ids = self.ids[start:self.read_offset]
             self.held = text[len(text) - keep:] if keep else ""
             return text[:len(text) - keep] if keep else text
+        self.text_ids = self.ids[start:self.read_offset]
         return text
+
+
 
     def flush(self) -> str:
         """At the end of generation: release any held-back text (no stop matched)."""

@@ -217,3 +217,30 @@ def test_calls_marked_with_special_tokens_reach_the_parser(kimi_codec):
     # Without tools the same markers are special tokens, skipped as before.
     plain = c.post("/v1/chat/completions", json=chat()).json()["choices"][0]["message"]
     assert "<|tool_call_begin|>" not in plain["content"]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_parser_reads_the_workers_token_ids_not_the_text_encoded_again(
+        codec, monkeypatch, stream):
+    """A delta's token ids come from the worker's chunk (as an engine's own server hands
+    them to its parsers); the text is re-encoded only where it is not theirs alone."""
+    from splitserve.components.frontend.chat_output import ChoiceOutput
+
+    def no_encode(self, text):
+        if text:
+            raise AssertionError(f"re-encoded {text!r}")
+        return []
+
+    monkeypatch.setattr(ChoiceOutput, "_encode", no_encode)
+    c, _ = scripted(codec, "Checking. " + CALL)
+    if stream:
+        events = sse_events(c, "/v1/chat/completions", chat(tools=TOOLS))
+        calls = [tc for e in events if e["choices"]
+                 for tc in e["choices"][0]["delta"].get("tool_calls") or []]
+        arguments = "".join(tc["function"].get("arguments", "") for tc in calls)
+    else:
+        body = c.post("/v1/chat/completions", json=chat(tools=TOOLS)).json()
+        calls = body["choices"][0]["message"]["tool_calls"]
+        arguments = calls[0]["function"]["arguments"]
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(arguments) == {"city": "Paris"}

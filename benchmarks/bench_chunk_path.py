@@ -1,0 +1,139 @@
+"""This frontend's own CPU per streamed chunk, alone: no HTTP server, no Dynamo client.
+
+The frontend's app (``build_app``, the packaged model's tokenizer and chat template) is
+called as an ASGI application in this process, over a backend that yields ``--tokens``
+one-token chunks as fast as they are read; each request streams a chat answer, with a
+tool in it (``--tools``: tool_choice auto, so the model's tool-call parser reads every
+chunk) or without.  What is measured is the process's CPU time per request and per
+chunk, over ``--requests`` requests after a warm-up, ``--rounds`` times: the parsing,
+routing-free preparation, the per-chunk layers (deadline, detokeniser, parser, metrics,
+SSE encoding) and Starlette's streaming response, which the end-to-end benchmark
+(``bench_frontend_cost.py``) measures only together with the HTTP server, Dynamo's
+client and a machine shared with the workers.  Deterministic enough to compare two
+trees on one machine.
+
+    python benchmarks/bench_chunk_path.py --tokens 350 --tools --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from splitserve.components.frontend.app import FrontendState, build_app  # noqa: E402
+from splitserve.components.frontend.textcodec import TextCodec  # noqa: E402
+from splitserve.components.worker.registry import request_params_of  # noqa: E402
+from splitserve.contracts.model_files import PACKAGED_MODEL, model_dir  # noqa: E402
+from splitserve.contracts.wire import output_chunk  # noqa: E402
+
+TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+class Backend:
+    """Yields the request's ``max_tokens`` one-token chunks, cycling over ``ids``."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def ready(self) -> bool:
+        return True
+
+    async def stream(self, call, meta, context):
+        req = call.to_wire()
+        n = req["stop_conditions"]["max_tokens"]
+        for i in range(n):
+            last = i == n - 1
+            await asyncio.sleep(0)  # a chunk arrives from elsewhere: the loop turns
+            yield output_chunk([self.ids[i % len(self.ids)]], "length" if last else None,
+                               prompt_tokens=len(req["token_ids"]) if last else None,
+                               completion_tokens=n if last else None)
+
+
+async def one(app, body: bytes) -> int:
+    """One streamed request through the ASGI app; returns the body parts sent."""
+    parts = 0
+    msgs = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if msgs:
+            return msgs.pop()
+        await asyncio.Event().wait()  # the client stays connected
+
+    async def send(m):
+        nonlocal parts
+        parts += m["type"] == "http.response.body"
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
+             "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000)}
+    await app(scope, receive, send)
+    return parts
+
+
+async def measure(args) -> dict:
+    codec = TextCodec.from_dir(model_dir(PACKAGED_MODEL))
+    ids = codec.prompt_ids("The weather in Paris is mild today, with a light wind from "
+                           "the west and clouds that clear by the evening. ")
+    state = FrontendState(model_name=PACKAGED_MODEL, codec=codec, backend=Backend(ids),
+                          engines=request_params_of(("torch",)),
+                          tool_call_parser="hermes" if args.tools else None)
+    app = build_app(state)
+    body = {"model": PACKAGED_MODEL, "max_tokens": args.tokens, "stream": True,
+            "messages": [{"role": "user", "content": "What is the weather? " * 20}]}
+    if args.tools:
+        body["tools"] = [TOOL]
+    raw = json.dumps(body).encode()
+    for _ in range(10):
+        await one(app, raw)
+    rounds = []
+    for _ in range(args.rounds):
+        t0 = time.process_time()
+        for _ in range(args.requests):
+            await one(app, raw)
+        cpu = time.process_time() - t0
+        rounds.append({"cpu_ms_per_request": round(cpu * 1000 / args.requests, 3),
+                       "cpu_us_per_chunk": round(cpu * 1e6 / args.requests / args.tokens, 2)})
+    return {"tokens": args.tokens, "tools": args.tools, "requests": args.requests,
+            "rounds": rounds,
+            "median_cpu_us_per_chunk": statistics.median(r["cpu_us_per_chunk"]
+                                                         for r in rounds),
+            "median_cpu_ms_per_request": statistics.median(r["cpu_ms_per_request"]
+                                                           for r in rounds)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=350, help="chunks per answer")
+    p.add_argument("--tools", action="store_true", help="a tool in every request (auto)")
+    p.add_argument("--requests", type=int, default=60, help="requests per round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=None, help="write the result here (JSON)")
+    args = p.parse_args(argv)
+    import uvloop
+
+    report = uvloop.run(measure(args))
+    report["command"] = "python benchmarks/bench_chunk_path.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    print(json.dumps(report))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
