@@ -64,6 +64,32 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def tree_threads_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of every thread of ``pid`` and its live descendants, summed by thread
+    name (``comm``: the interpreter's own threads share the process's name, Dynamo's
+    runtime threads are ``tokio-runtime-w``)."""
+    out: dict[str, float] = {}
+    todo, seen = [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                name = (task / "comm").read_text().strip()
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            except (OSError, IndexError, ValueError):
+                continue
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK
+    return out
+
+
 def prompt(i: int, words: int, rng: random.Random) -> str:
     return f"Request {i}: " + " ".join(rng.choice(WORDS) for _ in range(words))
 
@@ -124,11 +150,14 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 def one_round(url: str, pid: int, args, seed: int) -> dict:
-    c0 = tree_cpu_s(pid)
+    c0, th0 = tree_cpu_s(pid), tree_threads_cpu_s(pid)
     t0 = time.monotonic()
     res = asyncio.run(load(url, args.rate, args.seconds, args.words, seed, args.tools))
     wall = time.monotonic() - t0
     cpu = tree_cpu_s(pid) - c0
+    th1 = tree_threads_cpu_s(pid)
+    by_thread = {k: round(v - th0.get(k, 0.0), 2) for k, v in th1.items()
+                 if v - th0.get(k, 0.0) >= 0.01}
     ok = [r for r in res if r["status"] == 200]
     lat = [r["s"] for r in ok]
     tokens = sum(r["prompt_tokens"] for r in ok)
@@ -143,7 +172,8 @@ def one_round(url: str, pid: int, args, seed: int) -> dict:
             "mean_prompt_tokens": round(tokens / max(1, len(ok))),
             "latency_p50_ms": round(1000 * pct(lat, 0.5), 1) if lat else None,
             "latency_p99_ms": round(1000 * pct(lat, 0.99), 1) if lat else None,
-            "loadavg_1m": round(os.getloadavg()[0], 2)}
+            "loadavg_1m": round(os.getloadavg()[0], 2),
+            "cpu_s_by_thread": dict(sorted(by_thread.items(), key=lambda kv: -kv[1]))}
 
 
 def profile(pid: int, seconds: float, out: Path, native: bool,
