@@ -31,7 +31,8 @@ def request(**extra) -> ChatCompletionRequest:
 def read(case: Recorded, tok, stream: bool, group: int = 1, with_ids: bool = True,
          **extra):
     """The answer through a ChoiceOutput: ``group`` tokens per delta when streamed (with
-    their ids, or re-encoded from the text as the HTTP path does today)."""
+    their ids, as the chat stream hands them over, or without: re-encoded from the text,
+    as for a delta whose text is not its tokens' alone)."""
     plan = output_plan(request(stream=stream, **extra), case.tool, case.reasoning, tok)
     out = ChoiceOutput(plan)
     ids = tok.encode(case.text, add_special_tokens=False)
@@ -66,7 +67,8 @@ def test_each_family_reads_the_same_streamed_and_whole(case, smollm2_dir):
 @pytest.mark.parametrize("case", [c for c in RECORDED if c.tool != "openai"],
                          ids=[c.family for c in RECORDED if c.tool != "openai"])
 def test_text_only_deltas_are_re_encoded_for_the_parser(case, smollm2_dir):
-    """The chat stream hands the output stage text; the parser's token ids come from it."""
+    """A delta handed over as text only (held back for a stop string and released with
+    later text) gets its token ids from the text."""
     tok = tokenizer_for(str(smollm2_dir), case)
     whole, _ = read(case, tok, True, with_ids=False)
     assert calls_of(whole) == case.calls and whole.content.strip() == case.content
