@@ -5,9 +5,11 @@ called as an ASGI application in this process, over a backend that yields ``--to
 one-token chunks as fast as they are read; each request streams a chat answer, with a
 tool in it (``--tools``: tool_choice auto, so the model's tool-call parser reads every
 chunk) or without.  What is measured is the process's CPU time per request and per
-chunk, over ``--requests`` requests after a warm-up, ``--rounds`` times: the parsing,
-routing-free preparation, the per-chunk layers (deadline, detokeniser, parser, metrics,
-SSE encoding) and Starlette's streaming response, which the end-to-end benchmark
+chunk, over ``--requests`` requests after a warm-up, ``--rounds`` times: the parsing and
+preparation, the per-chunk layers (deadline, detokeniser, parser, metrics, SSE
+encoding) and Starlette's streaming response; with ``--backend in_process`` also the
+in-process routing service's placement and release and the backend's stream layers
+(stall deadline, migration), over a fake Dynamo client, which the end-to-end benchmark
 (``bench_frontend_cost.py``) measures only together with the HTTP server, Dynamo's
 client and a machine shared with the workers.  Deterministic enough to compare two
 trees on one machine.
@@ -61,6 +63,61 @@ class Backend:
                                completion_tokens=n if last else None)
 
 
+class Item:
+    """A response item as Dynamo's client yields it (its payload behind ``data()``)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict) -> None:
+        self._data = data
+
+    def data(self) -> dict:
+        return self._data
+
+
+class Workers:
+    """Dynamo's worker client as the in-process routing service and backend read it:
+    ``--workers`` instance ids, and each stream ``max_tokens`` one-token items."""
+
+    def __init__(self, n: int, ids: list[int]) -> None:
+        self.n, self.ids = n, ids
+
+    def instance_ids(self) -> list[int]:
+        return list(range(1, self.n + 1))
+
+    async def direct(self, request, worker_id, context=None):
+        return self._stream(request["stop_conditions"]["max_tokens"],
+                            len(request["token_ids"]))
+
+    async def _stream(self, n: int, prompt: int):
+        for i in range(n):
+            last = i == n - 1
+            await asyncio.sleep(0)
+            yield Item(output_chunk([self.ids[i % len(self.ids)]],
+                                    "length" if last else None,
+                                    prompt_tokens=prompt if last else None,
+                                    completion_tokens=n if last else None))
+
+
+def in_process_backend(ids: list[int], workers: int):
+    """The frontend's in-process routing (``Frontend.routing: in_process``, the README's
+    and the held-out benchmark's) over ``Workers``: placement, the backend's stream
+    layers and the release, as a served request goes through them."""
+    from splitserve.components.frontend.backend import BackendMetrics
+    from splitserve.components.frontend.inproc import InProcessBackend
+    from splitserve.components.router.service import RouterService
+    from splitserve.components.router.service_config import (
+        RouterComponentConfig,
+        load_policy,
+    )
+
+    client = Workers(workers, ids)
+    cfg = RouterComponentConfig.model_validate({"policy": "kv_aware",
+                                                "use_kv_events": False})
+    svc = RouterService(cfg, load_policy(cfg), client, worker_endpoint="bench.worker.generate")
+    return InProcessBackend(svc, client, metrics=BackendMetrics())
+
+
 async def one(app, body: bytes) -> int:
     """One streamed request through the ASGI app; returns the body parts sent."""
     parts = 0
@@ -89,7 +146,9 @@ async def measure(args) -> dict:
     codec = TextCodec.from_dir(model_dir(PACKAGED_MODEL))
     ids = codec.prompt_ids("The weather in Paris is mild today, with a light wind from "
                            "the west and clouds that clear by the evening. ")
-    state = FrontendState(model_name=PACKAGED_MODEL, codec=codec, backend=Backend(ids),
+    backend = in_process_backend(ids, args.workers) if args.backend == "in_process" \
+        else Backend(ids)
+    state = FrontendState(model_name=PACKAGED_MODEL, codec=codec, backend=backend,
                           engines=request_params_of(("torch",)),
                           tool_call_parser="hermes" if args.tools else None)
     app = build_app(state)
@@ -108,7 +167,8 @@ async def measure(args) -> dict:
         cpu = time.process_time() - t0
         rounds.append({"cpu_ms_per_request": round(cpu * 1000 / args.requests, 3),
                        "cpu_us_per_chunk": round(cpu * 1e6 / args.requests / args.tokens, 2)})
-    return {"tokens": args.tokens, "tools": args.tools, "requests": args.requests,
+    return {"tokens": args.tokens, "tools": args.tools, "backend": args.backend,
+            "requests": args.requests,
             "rounds": rounds,
             "median_cpu_us_per_chunk": statistics.median(r["cpu_us_per_chunk"]
                                                          for r in rounds),
@@ -121,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=350, help="chunks per answer")
     p.add_argument("--tools", action="store_true", help="a tool in every request (auto)")
     p.add_argument("--requests", type=int, default=60, help="requests per round")
+    p.add_argument("--backend", choices=("bare", "in_process"), default="bare",
+                   help="bare: chunks straight into the request's stream; in_process: "
+                   "through the in-process routing service and the backend's layers, "
+                   "from a fake Dynamo client")
+    p.add_argument("--workers", type=int, default=4, help="workers (in_process)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=None, help="write the result here (JSON)")
     args = p.parse_args(argv)
