@@ -118,9 +118,10 @@ def in_process_backend(ids: list[int], workers: int):
     return InProcessBackend(svc, client, metrics=BackendMetrics())
 
 
-async def one(app, body: bytes) -> int:
-    """One streamed request through the ASGI app; returns the body parts sent."""
-    parts = 0
+async def one(app, body: bytes) -> tuple[int, int]:
+    """One streamed request through the ASGI app; returns its status and the body parts
+    sent."""
+    parts, status = 0, 0
     msgs = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def receive():
@@ -129,8 +130,9 @@ async def one(app, body: bytes) -> int:
         await asyncio.Event().wait()  # the client stays connected
 
     async def send(m):
-        nonlocal parts
+        nonlocal parts, status
         parts += m["type"] == "http.response.body"
+        status = m.get("status", status)
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
              "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
@@ -139,7 +141,7 @@ async def one(app, body: bytes) -> int:
                          (b"content-length", str(len(body)).encode())],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000)}
     await app(scope, receive, send)
-    return parts
+    return status, parts
 
 
 async def measure(args) -> dict:
@@ -158,7 +160,10 @@ async def measure(args) -> dict:
         body["tools"] = [TOOL]
     raw = json.dumps(body).encode()
     for _ in range(10):
-        await one(app, raw)
+        status, parts = await one(app, raw)
+        if status != 200 or parts < args.tokens:
+            raise SystemExit(f"the app answered {status} with {parts} body parts, not a "
+                             f"stream of {args.tokens} chunks: nothing to measure")
     rounds = []
     for _ in range(args.rounds):
         t0 = time.process_time()

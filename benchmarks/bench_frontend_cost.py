@@ -46,47 +46,54 @@ WORDS = ("harbour lantern quiet river orbit velvet copper meadow signal thunder 
 CLK = os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its live descendants."""
-    total, todo, seen = 0.0, [pid], set()
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and its live descendants."""
+    out, todo, seen = [], [pid], set()
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
+        out.append(p)
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / CLK
             for task in Path(f"/proc/{p}/task").iterdir():
                 todo.extend(int(c) for c in (task / "children").read_text().split())
-        except (OSError, IndexError, ValueError):
+        except (OSError, ValueError):
             continue
-    return total
+    return out
+
+
+def _cpu_s(stat: Path) -> float:
+    """User + system CPU seconds from a ``stat`` file (0 when it is gone)."""
+    try:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants (each process's
+    own count, its ended threads included)."""
+    return sum(_cpu_s(Path(f"/proc/{p}/stat")) for p in tree_pids(pid))
 
 
 def tree_threads_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds of every thread of ``pid`` and its live descendants, summed by thread
-    name (``comm``: the interpreter's own threads share the process's name, Dynamo's
-    runtime threads are ``tokio-runtime-w``)."""
+    """CPU seconds of every live thread of ``pid`` and its live descendants, summed by
+    thread name (``comm``: the interpreter's own threads share the process's name,
+    Dynamo's runtime threads are ``tokio-rt-worker``)."""
     out: dict[str, float] = {}
-    todo, seen = [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
+    for p in tree_pids(pid):
         try:
             tasks = list(Path(f"/proc/{p}/task").iterdir())
         except OSError:
             continue
         for task in tasks:
             try:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
                 name = (task / "comm").read_text().strip()
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-            except (OSError, IndexError, ValueError):
+            except OSError:
                 continue
-            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK
+            out[name] = out.get(name, 0.0) + _cpu_s(task / "stat")
     return out
 
 
