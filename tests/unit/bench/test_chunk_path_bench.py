@@ -3,28 +3,15 @@ refuses to report a measurement of requests that did not stream."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from .loader import load_benchmark
+
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_chunk_path",
-                                                  REPO / "benchmarks" / "bench_chunk_path.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench_chunk_path = _load()
+bench_chunk_path = load_benchmark("bench_chunk_path")
 
 
 @pytest.mark.parametrize("backend", ["bare", "in_process"])

@@ -3,27 +3,21 @@ through a fresh predictor, give back the predictions the run made."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from .loader import load_benchmark
 
 from components.router.qos.predictor import LatencyPredictor
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[3]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_predictor_replay",
-                                                  REPO / "benchmarks" / "predictor_replay.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("predictor_replay")
 
 
 def _live_run(trace_to: Path) -> list:

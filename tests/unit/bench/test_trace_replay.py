@@ -4,28 +4,19 @@ the streaming client against a scripted local HTTP server."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
+from .loader import load_benchmark
+
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[3]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while building
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tr = _load("trace_replay")
+tr = load_benchmark("trace_replay")
 
 
 # ---- traces ----------------------------------------------------------------------------
