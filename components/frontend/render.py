@@ -112,8 +112,10 @@ class ChatChoice(Choice):
 
     def collect(self, ev: Event) -> None:
         super().collect(ev)
-        if self.ids is not None:
-            self.ids = None if ev.text_ids is None else self.ids + ev.text_ids
+        if ev.text_ids is None:
+            self.ids = None
+        elif self.ids is not None:
+            self.ids += ev.text_ids
 
     def delta(self, text: str, finish: str | None, ids: list[int] | None = None) -> Delta:
         """What ``text`` (decoded from ``ids``, when known) and the end, when ``finish``,

@@ -263,6 +263,7 @@ class Detokenizer:
         start = self.read_offset
         self.ids.extend(token_ids)
         text = self.held + self._decode_new()
+        exact = not self.held  # no earlier text released with it
         if self.stop:
             hit = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
             if hit >= 0:
@@ -270,14 +271,12 @@ class Detokenizer:
                 self.held = ""
                 return text[:hit]
             keep = _longest_stop_prefix_suffix(text, self.stop)
-            if not keep and not self.held:
-                self.text_ids = self.ids[start:self.read_offset]
+            exact = exact and not keep
             self.held = text[len(text) - keep:] if keep else ""
-            return text[:len(text) - keep] if keep else text
-        self.text_ids = self.ids[start:self.read_offset]
+            text = text[:len(text) - keep] if keep else text
+        if exact:
+            self.text_ids = self.ids[start:self.read_offset]
         return text
-
-
 
     def flush(self) -> str:
         """At the end of generation: release any held-back text (no stop matched)."""
