@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from .loader import load_benchmark
-
 from components.router.qos.predictor import LatencyPredictor
 
-pytestmark = pytest.mark.unit
+from .loader import load_benchmark
 
+pytestmark = pytest.mark.unit
 
 
 def _load():

@@ -14,8 +14,6 @@ from .loader import load_benchmark
 
 pytestmark = pytest.mark.unit
 
-
-
 tr = load_benchmark("trace_replay")
 
 
