@@ -74,6 +74,15 @@ class _RankBlocks:
         self.child: dict[tuple[int | None, int], int] = {}
         self.link: dict[int, tuple[int | None, int]] = {}  # block hash -> its key above
         self.tiers: dict[int, int] = {}  # block hash -> bit mask of the tiers holding it
+        # Blocks held per tier (``TIERS`` order), kept as the masks change, so that
+        # /metrics (served from a thread of its own) reads numbers, never these dicts.
+        self.counts: list[int] = [0] * len(TIERS)
+
+    def _count(self, bits: int, step: int) -> None:
+        while bits:
+            low = bits & -bits
+            self.counts[low.bit_length() - 1] += step
+            bits ^= low
 
     def store(self, bit: int, parent: int | None, blocks: Sequence[Mapping[str, Any]]) -> None:
         for block in blocks:
@@ -83,7 +92,9 @@ class _RankBlocks:
                 del self.child[old]
             self.child[key] = h
             self.link[h] = key
-            self.tiers[h] = self.tiers.get(h, 0) | bit
+            mask = self.tiers.get(h, 0)
+            self._count(bit & ~mask, 1)
+            self.tiers[h] = mask | bit
             parent = h
 
     def drop_tiers(self, bits: int) -> None:
@@ -93,7 +104,9 @@ class _RankBlocks:
 
     def remove(self, bit: int, hashes: Sequence[int]) -> None:
         for h in map(int, hashes):
-            mask = self.tiers.get(h, 0) & ~bit
+            held = self.tiers.get(h, 0)
+            self._count(held & bit, -1)
+            mask = held & ~bit
             if mask:
                 self.tiers[h] = mask
             elif self.tiers.pop(h, None) is not None:
@@ -181,14 +194,13 @@ class TierBlockIndex:
 
     def block_counts(self) -> dict[Tier, int]:
         """Blocks indexed per tier, over every worker (a block in two tiers counts in
-        both)."""
-        counts = dict.fromkeys(TIERS, 0)
-        for blocks in self._ranks.values():
-            for mask in blocks.tiers.values():
-                for tier in TIERS:
-                    if mask & _BIT[tier]:
-                        counts[tier] += 1
-        return counts
+        both).  Safe to call from another thread than the one applying events (the
+        metrics server's): it copies the list of ranks, then reads each rank's counts."""
+        counts = [0] * len(TIERS)
+        for blocks in list(self._ranks.values()):
+            for i, n in enumerate(blocks.counts):
+                counts[i] += n
+        return dict(zip(TIERS, counts, strict=True))
 
     def held(self, worker_id: int) -> dict[Tier, set[int]]:
         """The block hashes (unsigned, as on the wire) ``worker_id`` holds, per tier."""

@@ -26,7 +26,10 @@ def scrape(source: str) -> Samples:
     ``splitserve.contracts.prometheus.parse`` (names as written: a counter's
     ``foo_total``, a histogram's ``foo_bucket`` with its ``le``, ``foo_sum``, ``foo_count``)."""
     if source.startswith(("http://", "https://")):
-        source = httpx.get(source, timeout=10).text
+        response = httpx.get(source, timeout=10)
+        # A failing exporter answers with a plain-text page the parser would misread.
+        assert response.status_code == 200, (source, response.status_code, response.text[:300])
+        source = response.text
     return prometheus.parse(source)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 import shutil
+import sys
+import threading
 
 import pytest
 from dynamo.llm import compute_block_hash_for_seq
@@ -183,6 +185,67 @@ def test_a_worker_that_leaves_is_forgotten_in_every_tier():
     assert feed.index.tiers.held(1) == {tier: set() for tier in TIERS}
 
 
+def test_block_counts_follow_moves_drops_and_departures():
+    """/metrics' per-tier block counts are kept as events arrive (they are read from the
+    metrics server's thread, which must not walk dictionaries the events change)."""
+    feed = Feed()
+    index = feed.index.tiers
+    feed.index.sync_workers({1, 2})
+    feed.send(1, stored(0, 3), stored(2, 3, "host"), stored(3, 3, "disk"))
+    feed.send(2, stored(0, 1, "host"))
+    assert index.block_counts() == counts(device=4, host=4, disk=1)
+    feed.send(1, removed(2, 3), stored(0, 0))  # off the pool; a block stored again
+    assert index.block_counts() == counts(device=2, host=4, disk=1)
+    feed.send(1, removed(2, tier="host"), removed(2, tier="host"))  # the second: gone
+    assert index.block_counts() == counts(device=2, host=3, disk=1)
+    index.drop_tiers(1, ["host", "disk"])
+    assert index.block_counts() == counts(device=2, host=2)
+    feed.index.sync_workers({1})
+    assert index.block_counts() == counts(device=2)
+
+
+def test_block_counts_read_from_another_thread_while_events_apply():
+    """The metrics server's thread reads the counts while the event loop applies events;
+    walking the index's dictionaries there failed with "dictionary changed size during
+    iteration" (a 500 on /metrics)."""
+    feed = Feed()
+    feed.index.sync_workers({1})
+    prompt = list(range(1, 4 * 64 + 1))
+    hashes = chain(prompt)
+    blocks = [BlockStored(block_hashes=(hashes[i],), parent_hash=hashes[i - 1] if i else None,
+                          token_ids=tuple(prompt[i * BS:(i + 1) * BS]), num_block_tokens=(BS,))
+              for i in range(len(hashes))]
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def apply() -> None:
+        try:
+            for _ in range(40):
+                for block in blocks:
+                    feed.send(1, block)
+                feed.send(1, BlockRemoved(tuple(hashes)))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        writer = threading.Thread(target=apply)
+        writer.start()
+        reads = 0
+        while not done.is_set():
+            total = sum(feed.index.tiers.block_counts().values())
+            assert 0 <= total <= len(hashes)
+            reads += 1
+        writer.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == [] and reads > 0
+    assert feed.index.tiers.block_counts() == counts()
+
+
 # ---- a real KV cache with tiers -------------------------------------------------------
 NBYTES = block_nbytes(BS, 2, 1, 2)
 
@@ -223,6 +286,7 @@ def test_index_mirrors_a_tiered_kv_cache_block_for_block(tmp_path):
         assert held.keys() == set(TIERS)
         unsigned = {tier: {h & U64 for h in hashes} for tier, hashes in held.items()}
         assert feed.index.tiers.held(worker) == unsigned, step
+        assert feed.index.tiers.block_counts() == {t: len(unsigned[t]) for t in TIERS}, step
         seen_tiers |= {tier for tier, hashes in held.items() if hashes}
         for query, query_lora in prompts:
             want = expected_by_tier(held, query, query_lora)
