@@ -12,9 +12,12 @@ in-process routing service's placement and release and the backend's stream laye
 (stall deadline, migration), over a fake Dynamo client, which the end-to-end benchmark
 (``bench_frontend_cost.py``) measures only together with the HTTP server, Dynamo's
 client and a machine shared with the workers.  Deterministic enough to compare two
-trees on one machine.
+trees on one machine.  ``--prompt-ids N`` sends streamed ``/v1/completions`` of N
+random token ids instead (the held-out replays' requests), for the per-request cost of a
+long prompt: parsing, checking and placing it.
 
     python benchmarks/bench_chunk_path.py --tokens 350 --tools --out FILE.json
+    python benchmarks/bench_chunk_path.py --backend in_process --prompt-ids 8000 --tokens 4
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import sys
 import time
@@ -118,9 +122,9 @@ def in_process_backend(ids: list[int], workers: int):
     return InProcessBackend(svc, client, metrics=BackendMetrics())
 
 
-async def one(app, body: bytes) -> tuple[int, int]:
-    """One streamed request through the ASGI app; returns its status and the body parts
-    sent."""
+async def one(app, body: bytes, path: str = "/v1/chat/completions") -> tuple[int, int]:
+    """One streamed request to ``path`` through the ASGI app; returns its status and the
+    body parts sent."""
     parts, status = 0, 0
     msgs = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -135,13 +139,30 @@ async def one(app, body: bytes) -> tuple[int, int]:
         status = m.get("status", status)
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
-             "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "method": "POST", "scheme": "http", "path": path,
+             "raw_path": path.encode(), "query_string": b"",
              "headers": [(b"content-type", b"application/json"),
                          (b"content-length", str(len(body)).encode())],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000)}
     await app(scope, receive, send)
     return status, parts
+
+
+def request_bodies(args, vocab: int) -> tuple[str, list[bytes]]:
+    """The endpoint and the request bodies: one chat body, or (``--prompt-ids N``)
+    streamed completions of N random token ids each, a different prompt per request
+    (warm-up and every round)."""
+    if args.prompt_ids:
+        rng = random.Random(0)
+        return "/v1/completions", [json.dumps({
+            "model": PACKAGED_MODEL, "max_tokens": args.tokens, "stream": True,
+            "prompt": [rng.randrange(vocab) for _ in range(args.prompt_ids)]}).encode()
+            for _ in range(10 + args.rounds * args.requests)]
+    body = {"model": PACKAGED_MODEL, "max_tokens": args.tokens, "stream": True,
+            "messages": [{"role": "user", "content": "What is the weather? " * 20}]}
+    if args.tools:
+        body["tools"] = [TOOL]
+    return "/v1/chat/completions", [json.dumps(body).encode()]
 
 
 async def measure(args) -> dict:
@@ -154,25 +175,22 @@ async def measure(args) -> dict:
                           engines=request_params_of(("torch",)),
                           tool_call_parser="hermes" if args.tools else None)
     app = build_app(state)
-    body = {"model": PACKAGED_MODEL, "max_tokens": args.tokens, "stream": True,
-            "messages": [{"role": "user", "content": "What is the weather? " * 20}]}
-    if args.tools:
-        body["tools"] = [TOOL]
-    raw = json.dumps(body).encode()
-    for _ in range(10):
-        status, parts = await one(app, raw)
+    path, bodies = request_bodies(args, codec.vocab_size)
+    for raw in bodies[:10]:
+        status, parts = await one(app, raw, path)
         if status != 200 or parts < args.tokens:
             raise SystemExit(f"the app answered {status} with {parts} body parts, not a "
                              f"stream of {args.tokens} chunks: nothing to measure")
     rounds = []
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         t0 = time.process_time()
-        for _ in range(args.requests):
-            await one(app, raw)
+        for i in range(args.requests):
+            await one(app, bodies[(10 + r * args.requests + i) % len(bodies)], path)
         cpu = time.process_time() - t0
         rounds.append({"cpu_ms_per_request": round(cpu * 1000 / args.requests, 3),
                        "cpu_us_per_chunk": round(cpu * 1e6 / args.requests / args.tokens, 2)})
     return {"tokens": args.tokens, "tools": args.tools, "backend": args.backend,
+            "prompt_ids": args.prompt_ids,
             "requests": args.requests,
             "rounds": rounds,
             "median_cpu_us_per_chunk": statistics.median(r["cpu_us_per_chunk"]
@@ -185,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=350, help="chunks per answer")
     p.add_argument("--tools", action="store_true", help="a tool in every request (auto)")
+    p.add_argument("--prompt-ids", type=int, default=0, help="streamed /v1/completions "
+                   "with prompts of this many random token ids instead of chat")
     p.add_argument("--requests", type=int, default=60, help="requests per round")
     p.add_argument("--backend", choices=("bare", "in_process"), default="bare",
                    help="bare: chunks straight into the request's stream; in_process: "

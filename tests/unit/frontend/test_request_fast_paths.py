@@ -14,7 +14,7 @@ import pytest
 
 from splitserve.components.frontend.backlog import TokenizeBacklog
 from splitserve.components.frontend.errors import APIError
-from splitserve.components.frontend.openai_types import parse_json
+from splitserve.components.frontend.openai_types import _parse_json_lenient, parse_json
 from splitserve.components.frontend.pipeline import INLINE_PREPARE_BYTES, parse_and_prepare
 from splitserve.components.frontend.request import Endpoint
 
@@ -31,6 +31,30 @@ def test_every_form_of_a_lone_surrogate_is_still_refused(raw):
     with pytest.raises(APIError) as err:
         parse_json(raw)
     assert err.value.status == 400
+
+
+BODIES = [
+    b'{"a": 123456789012345678901234567890, "b": -9223372036854775809}',
+    b'{"a": 1e400}', b'{"a": NaN}', b'{"a": -Infinity}', b'{"a": 1, "a": 2}',
+    b'{"a": 1} x', b' {"a": [1.5e3, -0, true, null]} \n', b'\xef\xbb\xbf{"a": 1}',
+    b'{"a": "x\x00y"}', b'{"a": 1' + b"0" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000,
+    b'{"a": "\\ud83d\\ude00 \\udbff\\udfff"}', b'{"a": "\\ud83d x"}',
+    b'{"a": "\\ude00"}', b'{"a": "\xf4\x90\x80\x80"}', b'{"a": "\xc0\x80"}',
+    b'[1, 2]', b'"text"', b"", b"{", json.dumps({"a": "x"}).encode("utf-16"),
+]
+
+
+@pytest.mark.parametrize("raw", BODIES, ids=range(len(BODIES)))
+def test_the_strict_decoder_reads_each_body_as_json_does(raw):
+    """msgspec decodes first; whatever it accepts json reads the same, and what it refuses
+    json reads or refuses with the messages it always gave."""
+    def outcome(parse):
+        try:
+            return "ok", parse(raw)
+        except APIError as exc:
+            return exc.status, exc.message
+
+    assert outcome(parse_json) == outcome(_parse_json_lenient)
 
 
 def test_a_body_without_surrogates_parses_as_before():
