@@ -332,7 +332,7 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
         with deployment(name, case, args) as (url, metrics, own_view):
             la = os.getloadavg()[0]
             busy0, total0 = cpu_ticks()
-            with Sampler(metrics) as sampled:
+            with Sampler(metrics if args.sample_s > 0 else None, args.sample_s) as sampled:
                 res = rp.run_replay(url, cfg, label=f"{case_name} {name}",
                                     progress_s=args.progress_s,
                                     deadline_s=work["replay_span_s"] + args.drain_s,
@@ -347,6 +347,9 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
             # Admitted and missed as the client saw it (answered, not within the SLO),
             # beside the confusion table the frontend keeps.
             out["client_admitted_missed"] = max(0, out["ok"] - res["summary"]["slo_met"])
+            # How late the load generator sent (its own loop's health): a stall here
+            # delays the sends and the first-token stamps of whatever it carries.
+            out["send_lateness_ms"] = res["summary"].get("send_lateness_ms")
             out["case"] = case_name
             out["loadavg_1m"] = [round(la, 2), round(os.getloadavg()[0], 2)]
             # The machine's CPU busy over the replay (every process: the load generator,
@@ -476,6 +479,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--request-timeout", type=float, default=60.0)
     p.add_argument("--startup-timeout-s", type=float, default=180.0)
     p.add_argument("--progress-s", type=float, default=15.0)
+    p.add_argument("--sample-s", type=float, default=0.5, help="read our frontend's loop "
+                   "lag and requests in flight from its /metrics this often (0: never)")
     p.add_argument("--keep-requests", action="store_true")
     p.add_argument("--capacity-rps", type=float, default=None,
                    help="override the cases' capacity (to find a fleet's knee)")
