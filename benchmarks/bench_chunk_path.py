@@ -148,6 +148,10 @@ async def one(app, body: bytes, path: str = "/v1/chat/completions") -> tuple[int
     return status, parts
 
 
+WARMUP = 10
+"""Requests sent before measuring (each must stream, or nothing is measured)."""
+
+
 def request_bodies(args, vocab: int) -> tuple[str, list[bytes]]:
     """The endpoint and the request bodies: one chat body, or (``--prompt-ids N``)
     streamed completions of N random token ids each, a different prompt per request
@@ -157,7 +161,7 @@ def request_bodies(args, vocab: int) -> tuple[str, list[bytes]]:
         return "/v1/completions", [json.dumps({
             "model": PACKAGED_MODEL, "max_tokens": args.tokens, "stream": True,
             "prompt": [rng.randrange(vocab) for _ in range(args.prompt_ids)]}).encode()
-            for _ in range(10 + args.rounds * args.requests)]
+            for _ in range(WARMUP + args.rounds * args.requests)]
     body = {"model": PACKAGED_MODEL, "max_tokens": args.tokens, "stream": True,
             "messages": [{"role": "user", "content": "What is the weather? " * 20}]}
     if args.tools:
@@ -176,8 +180,8 @@ async def measure(args) -> dict:
                           tool_call_parser="hermes" if args.tools else None)
     app = build_app(state)
     path, bodies = request_bodies(args, codec.vocab_size)
-    for raw in bodies[:10]:
-        status, parts = await one(app, raw, path)
+    for i in range(WARMUP):
+        status, parts = await one(app, bodies[i % len(bodies)], path)
         if status != 200 or parts < args.tokens:
             raise SystemExit(f"the app answered {status} with {parts} body parts, not a "
                              f"stream of {args.tokens} chunks: nothing to measure")
@@ -185,7 +189,7 @@ async def measure(args) -> dict:
     for r in range(args.rounds):
         t0 = time.process_time()
         for i in range(args.requests):
-            await one(app, bodies[(10 + r * args.requests + i) % len(bodies)], path)
+            await one(app, bodies[(WARMUP + r * args.requests + i) % len(bodies)], path)
         cpu = time.process_time() - t0
         rounds.append({"cpu_ms_per_request": round(cpu * 1000 / args.requests, 3),
                        "cpu_us_per_chunk": round(cpu * 1e6 / args.requests / args.tokens, 2)})

@@ -39,3 +39,15 @@ def test_a_request_that_does_not_stream_stops_it(monkeypatch):
     monkeypatch.setattr(bench_chunk_path, "one", refused)
     with pytest.raises(SystemExit, match="answered 400"):
         bench_chunk_path.main(["--tokens", "8", "--requests", "1", "--rounds", "1"])
+
+
+def test_every_warm_up_request_is_sent_before_measuring(monkeypatch):
+    sent = []
+
+    async def counted(app, body, path="/v1/chat/completions"):
+        sent.append(path)
+        return 200, 8
+
+    monkeypatch.setattr(bench_chunk_path, "one", counted)
+    assert bench_chunk_path.main(["--tokens", "8", "--requests", "3", "--rounds", "2"]) == 0
+    assert len(sent) == bench_chunk_path.WARMUP + 2 * 3
