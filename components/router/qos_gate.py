@@ -230,14 +230,22 @@ class QosGate:
         first = judge(chosen) if chosen is not None else None
         enforce = self.config.mode == "enforce"
         if (enforce and first is not None and first.verdict.reason == "within-slo"
-                and self.config.placement == "slo"):
+                and self.config.placement in ("slo", "slo-prefix")):
             # Admission is on for this class and its rules ran on learned fits: place it
             # where it uses the least of its targets.  The others are predicted only;
             # the one that would use less is judged in full (it must pass the rules too).
             cls = self.config.class_named(first.verdict.class_name)
             mine = slo_usage(first.estimate, cls)
+            others = self._alternatives(ids, chosen, cached)
+            if self.config.placement == "slo-prefix":
+                # Only where as much of the prompt is held as on the pick: a request
+                # moved off the worker holding its prefix, for a smaller batch or queue,
+                # has the prefix computed again, the requests sharing it then find it on
+                # two workers, and the whole fleet's prefill load rises.
+                kept = cached.get(chosen, 0)
+                others = [wid for wid in others if cached.get(wid, 0) >= kept]
             better = min(
-                ((usage, wid) for wid in self._alternatives(ids, chosen, cached)
+                ((usage, wid) for wid in others
                  if (usage := slo_usage(self._estimate(
                      call, wid, cached.get(wid, 0), now, held_ms, cls.name,
                      restore_ms=restores.get(wid, 0.0)), cls)) < mine),

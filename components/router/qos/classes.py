@@ -92,12 +92,15 @@ class QosConfig(StrictModel):
         default="enforce", description="enforce: refuse (or hold) what is predicted to miss "
         "its class's targets; shadow: decide and record the same way (metrics, calibration) "
         "but admit everything, hold nothing and degrade nothing.")
-    placement: Literal["slo", "policy"] = Field(
-        default="slo", description="slo: among the routing policy's candidates, place each "
-        "request where its predicted TTFT and TPOT use the smallest share of its class's "
-        "targets (the prefix hit counts: cached tokens are not prefilled); policy: keep the "
-        "routing policy's pick unless it would miss the targets. Learned fits only; during "
-        "warm-up the policy's pick stands either way. Shadow mode moves nothing.")
+    placement: Literal["slo-prefix", "slo", "policy"] = Field(
+        default="slo-prefix", description="slo-prefix: among the routing policy's candidates "
+        "holding at least as much of the prompt as its pick, place each request where its "
+        "predicted TTFT and TPOT use the smallest share of its class's targets (the prefix "
+        "hit counts: cached tokens are not prefilled), so that a prefix is not computed "
+        "again elsewhere for a smaller batch; slo: the same among all candidates; policy: "
+        "keep the routing policy's pick unless it would miss the targets. "
+        "Learned fits only; during warm-up the policy's pick stands either way. Shadow "
+        "mode moves nothing.")
     enable_early_rejection: bool = Field(
         default=True, description="Master switch: false and admission never rejects.")
     reject_on_slo_violation: bool = Field(

@@ -145,7 +145,7 @@ def test_a_worker_that_would_miss_hands_the_request_to_one_that_meets_the_target
     assert adm.verdict.admit and adm.rerouted and adm.worker_id != 1
 
 
-@pytest.mark.parametrize("placement", ["slo", "policy"])
+@pytest.mark.parametrize("placement", ["slo-prefix", "slo", "policy"])
 def test_a_pick_with_prompts_queued_ahead_moves_to_the_worker_that_serves_it_sooner(
         placement):
     fleet = Fleet(QosGate(qos(placement=placement), CollectorRegistry()))
@@ -174,6 +174,29 @@ def test_slo_placement_counts_the_prefix_each_worker_holds():
     stay = fleet.gate.check(route("again", 1000), fleet.workers, {3: 900}, fleet.now,
                             False, chosen=3, candidates=WORKERS)
     assert (stay.worker_id, stay.rerouted) == (3, False)
+
+
+def test_slo_prefix_placement_never_trades_the_prefix_holder_for_a_smaller_queue():
+    """Worker 1 holds 500 of the prompt's tokens and has a prompt queued ahead; the idle
+    workers hold none.  `slo` moves the request to an idle one (it prefills the 500
+    again there); `slo-prefix` only looks among workers holding as much (worker 2) and
+    moves it there, and with no such worker it keeps the pick."""
+    for placement, cached, expect in (("slo", {1: 500}, {2, 3, 4}),
+                                      ("slo-prefix", {1: 500}, {1}),
+                                      ("slo-prefix", {1: 500, 2: 500}, {2}),
+                                      ("slo-prefix", {1: 500, 2: 600}, {2})):
+        fleet = Fleet(QosGate(qos(placement=placement), CollectorRegistry()))
+        fleet.teach()
+        fleet.admit("long", 1, tokens=6000)
+        adm = fleet.gate.check(route("next", 1000), fleet.workers, cached, fleet.now,
+                               False, chosen=1, candidates=WORKERS)
+        assert adm.verdict.admit and adm.worker_id in expect, (placement, cached)
+        assert adm.rerouted == (adm.worker_id != 1)
+    # With nothing cached on the pick every candidate may take it, as with `slo`.
+    fleet = Fleet(QosGate(qos(placement="slo-prefix"), CollectorRegistry()))
+    fleet.teach()
+    fleet.admit("long", 1, tokens=6000)
+    assert fleet.admit("next", 1, record=False).worker_id != 1
 
 
 def test_a_class_that_is_always_admitted_keeps_the_policys_pick():
