@@ -236,16 +236,17 @@ class QosGate:
             # the one that would use less is judged in full (it must pass the rules too).
             cls = self.config.class_named(first.verdict.class_name)
             mine = slo_usage(first.estimate, cls)
-            others = self._alternatives(ids, chosen, cached)
+            movable = ids
             if self.config.placement == "slo-prefix":
                 # Only where as much of the prompt is held as on the pick: a request
                 # moved off the worker holding its prefix, for a smaller batch or queue,
                 # has the prefix computed again, the requests sharing it then find it on
-                # two workers, and the whole fleet's prefill load rises.
+                # two workers, and the whole fleet's prefill load rises.  Filtered before
+                # the few alternatives are chosen, so that those are the best of these.
                 kept = cached.get(chosen, 0)
-                others = [wid for wid in others if cached.get(wid, 0) >= kept]
+                movable = [wid for wid in ids if cached.get(wid, 0) >= kept]
             better = min(
-                ((usage, wid) for wid in others
+                ((usage, wid) for wid in self._alternatives(movable, chosen, cached)
                  if (usage := slo_usage(self._estimate(
                      call, wid, cached.get(wid, 0), now, held_ms, cls.name,
                      restore_ms=restores.get(wid, 0.0)), cls)) < mine),

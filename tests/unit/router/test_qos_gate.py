@@ -199,6 +199,25 @@ def test_slo_prefix_placement_never_trades_the_prefix_holder_for_a_smaller_queue
     assert fleet.admit("next", 1, record=False).worker_id != 1
 
 
+def test_slo_prefix_placement_looks_at_every_prefix_holder_on_a_large_fleet():
+    """On a fleet of more than five only a few alternatives are judged (the least loaded
+    and those holding the most of the prompt); with `slo-prefix` they are chosen among
+    the workers holding as much as the pick.  Worker 8, idle and holding 600 tokens, is
+    neither among the four least loaded of the whole fleet (idle 4 to 7 hold nothing) nor
+    among the two holding the most (2 and 3, 700 each, both with a prompt queued)."""
+    fleet = Fleet(QosGate(qos(placement="slo-prefix"), CollectorRegistry()))
+    fleet.workers = tuple(WorkerState(worker_id=w) for w in (*range(1, 9), TEACHER))
+    fleet.teach()
+    everyone = tuple(range(1, 9))
+    for wid in (2, 3, 1):
+        assert fleet.admit(f"ahead-{wid}", wid, tokens=6000,
+                           candidates=everyone).worker_id == wid
+    adm = fleet.gate.check(route("next", 1000), fleet.workers,
+                           {1: 500, 2: 700, 3: 700, 8: 600}, fleet.now, False, chosen=1,
+                           candidates=everyone)
+    assert adm.verdict.admit and (adm.worker_id, adm.rerouted) == (8, True)
+
+
 def test_a_class_that_is_always_admitted_keeps_the_policys_pick():
     fleet = Fleet(QosGate(qos(classes=[{"name": "default", "ttft_ms": 2000, "tpot_ms": 50,
                                          "may_reject": False}]), CollectorRegistry()))
