@@ -470,7 +470,8 @@ def table(points: list[dict]) -> tuple[str, list[dict]]:
     return "\n".join(lines), rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``main``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--configs", nargs="+", default=ALL, choices=ALL)
@@ -484,11 +485,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keep-requests", action="store_true")
     p.add_argument("--capacity-rps", type=float, default=None,
                    help="override the cases' capacity (to find a fleet's knee)")
-    p.add_argument("--ours-set", nargs="*", default=[], metavar="--SECTION.FIELD=VALUE",
+    p.add_argument("--ours-set", nargs="*", action="extend", default=[],
+                   metavar="--SECTION.FIELD=VALUE",
                    help="extra overrides for this project's configurations (experiments; "
-                   "the results page uses none)")
+                   "the results page uses none): --ours-set=--SECTION.FIELD=VALUE, repeated for more")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/heldout.json"))
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     t0 = time.monotonic()
     points, workloads = [], {}
     for case_name in args.cases:

@@ -104,3 +104,12 @@ def test_the_frontend_sampler_keeps_the_highest_reading_per_window():
     assert sampler.windows() == [
         {"from_s": 0.0, "max_loop_lag_s": 0.2, "max_inflight": 3},
         {"from_s": 5.0, "max_loop_lag_s": 0.0, "max_inflight": 9}]
+
+
+def test_repeated_ours_set_keeps_every_override():
+    args = _load().parser().parse_args([
+        "--ours-set=--Frontend.router.qos.placement=slo",
+        "--ours-set=--Frontend.router.qos.hold.enabled=false"])
+    assert args.ours_set == ["--Frontend.router.qos.placement=slo",
+                             "--Frontend.router.qos.hold.enabled=false"]
+    assert _load().parser().parse_args([]).ours_set == []
