@@ -41,7 +41,10 @@ class FleetState:
         self.live: set[int] = set()
         self.reports: dict[int, tuple[WorkerLoad, float]] = {}
         self.placed: dict[str, _Placed] = {}
+        """Unreleased placements, oldest first while ``_in_order`` (``expire`` stops at
+        the first one not expired)."""
         self.inflight: dict[int, int] = {}
+        self._in_order = True
 
     def set_live(self, worker_ids: list[int]) -> None:
         """Called whenever discovery's instance list is read."""
@@ -76,23 +79,40 @@ class FleetState:
         return out
 
     def place(self, request_id: str, worker_id: int, now: float) -> None:
-        """Called after a decision: the request now loads ``worker_id``."""
+        """Called after a decision: the request now loads ``worker_id`` (and no longer
+        the worker it was placed on before, if it was)."""
+        if request_id in self.placed:
+            self.release(request_id)
+        if self.placed and now < next(reversed(self.placed.values())).at:
+            self._in_order = False  # a clock that went back: ``expire`` scans them all
         self.placed[request_id] = _Placed(worker_id, now)
         self.inflight[worker_id] = self.inflight.get(worker_id, 0) + 1
 
-    def release(self, request_id: str) -> int | None:
-        """Called when the frontend reports the request over; returns its worker."""
-        p = self.placed.pop(request_id, None)
-        if p is None:
+    def release(self, request_id: str, worker_id: int | None = None) -> int | None:
+        """Called when the frontend reports the request over; returns its worker.  With
+        ``worker_id`` (the worker the release is from), a placement on another worker is
+        kept: the request was placed again (migrated) before this release arrived."""
+        p = self.placed.get(request_id)
+        if p is None or (worker_id and p.worker_id != worker_id):
             return None
+        del self.placed[request_id]
         self.inflight[p.worker_id] = max(0, self.inflight.get(p.worker_id, 0) - 1)
         return p.worker_id
 
     def expire(self, now: float) -> int:
-        """Forget placements older than the TTL; returns how many were dropped."""
-        old = [rid for rid, p in self.placed.items() if now - p.at > self.inflight_ttl_s]
+        """Forget placements older than the TTL; returns how many were dropped.  Called
+        for every decision: placements are kept oldest first, so it reads only the
+        expired ones and the first that is not (not every request in flight)."""
+        old = []
+        for rid, p in self.placed.items():
+            if now - p.at > self.inflight_ttl_s:
+                old.append(rid)
+            elif self._in_order:
+                break
         for rid in old:
             self.release(rid)
+        if not self.placed:
+            self._in_order = True
         self._lift_old_marks(now)
         return len(old)
 

@@ -466,7 +466,10 @@ class RouterService:
         """A placed request is over: free its slot, learn from it, and mark its worker
         down if it was unreachable.  Called by the ``release`` endpoint and, in process,
         by the frontend."""
-        self.fleet.release(call.request_id)
+        placed = self.fleet.placed.get(call.request_id)
+        stale = placed is not None and bool(call.worker_id) and \
+            placed.worker_id != call.worker_id  # placed again (migrated) before it came
+        self.fleet.release(call.request_id, call.worker_id)
         self.admission.dispatch(time.monotonic(), len(self.fleet.placed),
                                 len(self.fleet.candidates(time.monotonic())))
         self.metrics.released.labels(call.outcome).inc()
@@ -474,7 +477,8 @@ class RouterService:
         if call.outcome == "unreachable":
             self._refresh_live()
             self.mark_down(call.worker_id, time.monotonic())
-        self.qos.observe(call, time.monotonic())
+        if not stale:  # a stale one would finish the new placement's ticket
+            self.qos.observe(call, time.monotonic())
 
     def first_token(self, request_id: str) -> None:
         """A placed request's first token reached the client: called in process by the

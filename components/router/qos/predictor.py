@@ -550,6 +550,9 @@ class LatencyPredictor:
                         "queue_wait_ms": estimate.queue_wait_ms, "class": class_name,
                         "would_reject": would_reject, "max_tokens": max_tokens,
                         "tpot_budget_ms": tpot_budget_ms})
+        old = self.tickets.pop(request_id, None)
+        if old is not None:  # placed again (migrated) before its release: move its load
+            self._drop(old, now, request_id)
         w = self._worker(worker, now)
         w.running += 1
         w.kv += _kv_of(estimate)

@@ -345,3 +345,18 @@ def test_lateness_is_not_read_without_first_token_reports():
     t = teach(p)
     p.place("q", "a", p.predict("a", 1000, t), t, class_name="default")
     assert p.predict("a", 500, t + 30.0).ttft_lag == 1.0
+
+
+def test_a_request_placed_again_before_its_release_moves_its_load():
+    """A request migrated to another worker is placed again under the same id, and the
+    release of its first placement may come after that: the first worker's queue and
+    batch must not keep it forever."""
+    p = LatencyPredictor()
+    p.place("m", "a", p.predict("a", 800, 0.0), 0.0, class_name="default")
+    p.place("m", "b", p.predict("b", 800, 1.0), 1.0, class_name="default")
+    a, b = p.workers["a"], p.workers["b"]
+    assert (a.running, a.kv, a.pending_tokens, len(a.waiting)) == (0, 0.0, 0.0, 0)
+    assert (b.running, b.pending_tokens) == (1, 800.0)
+    assert p.predict("a", 100, 1.0).prefill_queued_tokens == 0
+    p.finish("m", 2.0, ok=True, ttft_s=0.2, duration_s=1.0, output_tokens=11)
+    assert (b.running, b.kv, b.pending_tokens) == (0, 0.0, 0.0)

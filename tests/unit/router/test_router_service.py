@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from splitserve.contracts.wire import RouteCall, WorkerLoad
+from splitserve.contracts.wire import ReleaseCall, RouteCall, WorkerLoad
 from splitserve.components.router.fleet import FleetState
 from splitserve.components.router.service import RouterService
 from splitserve.components.router.service_config import load_policy
@@ -50,6 +50,46 @@ def test_fleet_inflight_and_release():
     assert f.release("a") == 1 and f.release("a") is None
     assert f.expire(now=11) == 1
     assert f.workers(11)[0].active_requests == 0
+
+
+def test_fleet_placing_a_request_again_moves_its_load():
+    f = FleetState(inflight_ttl_s=10)
+    f.set_live([1, 2])
+    f.place("a", 1, now=0)
+    f.place("a", 2, now=1)  # routed again (its first worker failed)
+    assert {w.worker_id: w.active_requests for w in f.workers(1)} == {1: 0, 2: 1}
+    assert f.release("a") == 2
+    assert {w.worker_id: w.active_requests for w in f.workers(1)} == {1: 0, 2: 0}
+
+
+def test_fleet_expire_drops_exactly_the_old_placements():
+    f = FleetState(inflight_ttl_s=10)
+    f.set_live([1])
+    for i in range(100):
+        f.place(f"r{i}", 1, now=i * 0.1)  # 0.0 .. 9.9
+    f.place("r0", 1, now=10.0)  # placed again: young now
+    assert f.expire(now=15.05) == 50  # r1 .. r50 are older than 10 s
+    assert sorted(f.placed) == sorted(["r0", *(f"r{i}" for i in range(51, 100))])
+    # A clock that went back (placements out of order): still every old one, none else.
+    f.place("late", 1, now=2.0)
+    assert f.expire(now=12.5) == 1 and "late" not in f.placed and len(f.placed) == 50
+    assert f.expire(now=100) == 50 and f.workers(100)[0].active_requests == 0
+
+
+def test_a_late_release_of_a_migrated_request_keeps_its_new_placement():
+    """The frontend releases a placement in the background: a request migrated to
+    another worker can be placed again before the release of its first placement
+    arrives, and that release must not end the new one."""
+    svc = service(scores={3: 4})
+    first = svc.decide(call("m"))[0].worker_id
+    again = svc.decide(call("m").model_copy(update={"failed_workers": [first]}))[0].worker_id
+    assert again != first
+    svc.complete(ReleaseCall(request_id="m", worker_id=first, outcome="unreachable"))
+    assert svc.fleet.placed["m"].worker_id == again
+    assert svc.qos.predictor.tickets["m"].worker == f"{again:x}"
+    svc.complete(ReleaseCall(request_id="m", worker_id=again, outcome="ok"))
+    assert "m" not in svc.fleet.placed and "m" not in svc.qos.predictor.tickets
+    assert all(w.active_requests == 0 for w in svc.fleet.workers(0))
 
 
 def test_fleet_merges_reports_and_drops_dead_workers():
