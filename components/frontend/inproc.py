@@ -28,7 +28,7 @@ from .request import WorkerCall
 
 log = logging.getLogger(__name__)
 
-PROGRESS_TOKENS = 16  # output tokens after which a request's TPOT so far is reported
+PROGRESS_TOKENS = 16  # a request's progress is reported each time this many more streamed
 
 
 class InProcessBackend(RoutedBackend):
@@ -77,23 +77,32 @@ class InProcessBackend(RoutedBackend):
                              context) -> AsyncIterator[dict]:
         """The worker's stream, telling the service when the first token arrives (its
         prompt then leaves the work ahead of later requests on that worker, and its TTFT
-        teaches admission at once) and when PROGRESS_TOKENS have streamed (its TPOT so
-        far teaches admission before a long answer ends)."""
+        teaches admission at once) and each time PROGRESS_TOKENS more have streamed (its
+        TPOT so far teaches admission before a long answer ends, and its pace says how
+        fast the batch decodes now)."""
         tokens = 0
+        due = PROGRESS_TOKENS
         async with contextlib.aclosing(
                 super()._stream_placed(call, reply, meta, context)) as placed:
             async for chunk in placed:
-                if tokens < PROGRESS_TOKENS and chunk.get("token_ids"):
-                    before, tokens = tokens, tokens + len(chunk["token_ids"])
-                    self._report(meta.request_id, before, tokens)
+                ids = chunk.get("token_ids")
+                if ids:
+                    before, tokens = tokens, tokens + len(ids)
+                    if before == 0 or tokens >= due:
+                        self._report(meta.request_id, before, tokens, due)
+                        while due <= tokens:
+                            due += PROGRESS_TOKENS
                 yield chunk
 
-    def _report(self, request_id: str, before: int, tokens: int) -> None:
+    def _report(self, request_id: str, before: int, tokens: int, due: int) -> None:
         try:
             if before == 0:
                 self.service.first_token(request_id)
-            if tokens >= PROGRESS_TOKENS:
-                self.service.decode_progress(request_id, tokens)
+            if tokens >= due:
+                # Held requests are judged again on the first report (it teaches the
+                # TPOT fit); the later ones wait for the next tick.
+                self.service.decode_progress(request_id, tokens,
+                                             wake=due == PROGRESS_TOKENS)
         except Exception:
             log.exception("progress report of %s failed", request_id)
 

@@ -486,11 +486,13 @@ class RouterService:
         self.qos.first_token(request_id, time.monotonic())
         self._wake_held()
 
-    def decode_progress(self, request_id: str, tokens: int) -> None:
-        """A placed request has streamed ``tokens`` output tokens: called once per request
-        in process by the frontend, so TPOT is learned before long answers end."""
+    def decode_progress(self, request_id: str, tokens: int, wake: bool = True) -> None:
+        """A placed request has streamed ``tokens`` output tokens: called in process by the
+        frontend every few tokens, so TPOT is learned before long answers end and the
+        answers' measured pace is known; ``wake``: judge the held requests again now."""
         self.qos.decode_progress(request_id, tokens, time.monotonic())
-        self._wake_held()
+        if wake:
+            self._wake_held()
 
     async def status_handler(self, request: dict, context=None):
         """Endpoint handler: one RouterStatus."""

@@ -48,6 +48,16 @@ Both are lines learned per worker and for the pool, from every request, loaded o
   The tokens an answer has decoded are not counted (a few percent of the context where
   prompts are long).
 
+- The answers' measured pace: the frontend reports each answer's progress every few
+  tokens (``decode_progress``), and each report gives its stall-free step over the
+  tokens since the one before.  A new request's step is never predicted below the
+  median of those of the answers decoding on the worker now, plus what its own context
+  adds on the line, and a running answer's remaining tokens are charged at its own pace
+  when that is slower than the line (``running_slack_ms``).  The line is taught on the
+  loads a fleet has run at: what decodes slower per token as the load grows (an engine
+  past its sweet spot, or a frontend near the end of its stream rate) shows in the pace
+  at once and in the line only after its first samples at that load.
+
 - Prefill stalls: an engine that prefills a long prompt pauses its running decodes (or
   shares the step with them), so a worker that is prefilling a share ``busy`` of the time
   decodes ``1 / (1 - busy)`` slower.  The fit is taught the stall-free step (the measured
@@ -99,6 +109,7 @@ KV_UNIT = 1024.0  # context tokens per unit of the TPOT line's x
 BIN_RATIO = 1.25  # the TPOT line's bins: x within this ratio of each other share one
 LAG_SLACK_MS = 250.0  # lateness below this (network, a step) is no evidence (``lag``)
 MAX_LAG = 100.0
+PACE_MAX_AGE_S = 2.0  # an answer's measured pace counts this long after its last report
 
 
 @dataclass
@@ -143,8 +154,10 @@ class _Bins:
             return None
         pts = [(x, ema, min(n, BIN_WEIGHT_CAP)) for ema, n, x in self.bins.values()]
         total = sum(w for _, _, w in pts)
-        mx = sum(b * w for b, _, w in pts) / total
         my = sum(y * w for _, y, w in pts) / total
+        if len(pts) < 2:  # (exactly flat: rounding would make a slope of the noise)
+            return my, 0.0
+        mx = sum(b * w for b, _, w in pts) / total
         var = sum(w * (b - mx) ** 2 for b, _, w in pts)
         slope = sum(w * (b - mx) * (y - my) for b, y, w in pts) / var if var > 0 else 0.0
         if slope <= 0:
@@ -258,6 +271,10 @@ class LatencyPredictor:
         self.at_first: dict[str, tuple[float, float, float]] = {}
         """rid -> (time, its worker's ``busy_area``, its worker's ``prefilled``) at its
         first token."""
+        self.progress: dict[str, tuple[int, float, float, float]] = {}
+        """rid -> (output tokens streamed, time, its worker's ``busy_area``, its measured
+        stall-free step in ms over the interval since the report before) at its latest
+        ``decode_progress``: an answer's measured pace (``_measured_step``)."""
         self.first_tokens_reported = False
         self.trace: Callable[[dict], None] | None = None
         """Diagnostics: called with each first token's prediction against its measure
@@ -400,12 +417,13 @@ class LatencyPredictor:
         answer only makes the budget looser).
 
         - An answer decoding now: less the time it has decoded, what its remaining
-          tokens take at the worker's stall-free step, and every prompt queued on the
-          worker (``per_token_ms`` a token), all prefilled before a new one.  Its
-          progress is the time since its first token that the worker had no prompt to
-          prefill, at that step; until its release at least one token is left.  (An
-          estimate from the recent busy share read a stalled answer as done and dropped
-          its protection exactly while prompts were stalling it.)
+          tokens take at the worker's stall-free step (at its own measured pace when
+          that is slower), and every prompt queued on the worker (``per_token_ms`` a
+          token), all prefilled before a new one.  Its progress is the tokens it was
+          last reported at (``decode_progress``), then the time since that the worker
+          had no prompt to prefill, at that step; until its release at least one token
+          is left.  (An estimate from the recent busy share read a stalled answer as
+          done and dropped its protection exactly while prompts were stalling it.)
         - An answer still waiting for its first token: less its whole answer at the
           stall-free step and the prompts placed after it, which are prefilled while it
           decodes.
@@ -441,13 +459,25 @@ class LatencyPredictor:
                 continue
             elapsed = (now - ticket.placed_at) * 1000.0 - first_ms
             tokens = ticket.max_tokens - 1
-            # Its progress: the time since its first token that the worker had no prompt
-            # to prefill, at the stall-free step (the stalls to come are the prompts
-            # charged here); until its release at least one token is left.
-            start = self.at_first.get(rid)
-            stalled = (w.busy_area - start[1]) * 1000.0 if start is not None else 0.0
-            remaining = max(1.0, tokens - max(0.0, elapsed - stalled) / step)
-            left = ticket.tpot_budget_ms * tokens - elapsed - remaining * step - ahead_ms
+            # Its progress: the tokens it was last reported at (none before a report),
+            # then the time since that the worker had no prompt to prefill, at the
+            # stall-free step: the line's, or the answer's own measured one when slower
+            # (the stalls to come are the prompts charged here); until its release at
+            # least one token is left.
+            pace = self.progress.get(rid)
+            own = step
+            if pace is not None:
+                done, since, busy_at = pace[0] - 1, pace[1], pace[2]
+                if now - since <= PACE_MAX_AGE_S:
+                    own = max(step, pace[3])
+            else:
+                start = self.at_first.get(rid)
+                done, since = 0, now - elapsed / 1000.0
+                busy_at = start[1] if start is not None else w.busy_area
+            stalled = (w.busy_area - busy_at) * 1000.0
+            run_ms = max(0.0, (now - since) * 1000.0 - stalled)
+            remaining = max(1.0, tokens - done - run_ms / own)
+            left = ticket.tpot_budget_ms * tokens - elapsed - remaining * own - ahead_ms
             if left >= 0:
                 kept.append(left - headroom * ticket.tpot_budget_ms * tokens)
         behind = 0.0  # prompt tokens placed after the ticket, newest first
@@ -493,7 +523,11 @@ class LatencyPredictor:
         # the queue's part carries it, so the SLO limit (at least ``own_ms``) is not
         # raised by it.
         queue_ms = (own_ms + ahead * per_token) * lag - own_ms + max(0.0, held_ms)
-        step = max(1e-3, base + slope * (w.kv + context) / KV_UNIT)
+        # The batch it joins decodes no faster than its answers were just measured to,
+        # plus what its own context adds: a line taught on lighter loads can be far
+        # below that (an engine, or a frontend, slower per token as the load grows).
+        step = max(1e-3, base + slope * (w.kv + context) / KV_UNIT,
+                   self._measured_step(w, now) + slope * context / KV_UNIT)
         busy = self._answer_busy(w, step, output_tokens, ahead * per_token * lag)
         tpot = step / (1.0 - busy)
         spread = 0.0
@@ -613,7 +647,10 @@ class LatencyPredictor:
                         "at": now})
         ticket = self.tickets.get(request_id)
         first_ms = self.first_tokens.get(request_id)
-        if ticket is None or first_ms is None or tokens < 2 or request_id in self.decode_seen:
+        if ticket is None or first_ms is None or tokens < 2:
+            return
+        self._note_pace(request_id, tokens, now)
+        if request_id in self.decode_seen:
             return
         decode_s = now - ticket.placed_at - first_ms / 1000.0
         span = now - ticket.placed_at
@@ -627,6 +664,31 @@ class LatencyPredictor:
                                    decode_s * 1000.0 / (tokens - 1))
         for holder in (w, self.pool):
             holder.tpot.update(self.params.smoothing, mean_load, tpot_ms, mean_batch)
+
+    def _note_pace(self, request_id: str, tokens: int, now: float) -> None:
+        """Keep an answer's latest progress report and its stall-free step since the
+        report before (since its first token for the first report)."""
+        last = self.progress.get(request_id)
+        if last is None:
+            start = self.at_first.get(request_id)
+            if start is None:
+                return
+            last = (1, start[0], start[1], 0.0)
+        n, at, busy_at, _ = last
+        if tokens <= n or now <= at:
+            return
+        w = self._worker(self.tickets[request_id].worker, now)
+        busy = min(MAX_BUSY, max(0.0, (w.busy_area - busy_at) / (now - at)))
+        step = (now - at) * 1000.0 / (tokens - n) * (1.0 - busy)
+        self.progress[request_id] = (tokens, now, w.busy_area, step)
+
+    def _measured_step(self, w: _Worker, now: float) -> float:
+        """The median stall-free step the answers decoding on ``w`` were measured at over
+        their latest reported tokens (``PACE_MAX_AGE_S`` old at most; 0 without one)."""
+        steps = sorted(p[3] for rid in w.decoding
+                       if (p := self.progress.get(rid)) is not None
+                       and now - p[1] <= PACE_MAX_AGE_S)
+        return steps[len(steps) // 2] if steps else 0.0
 
     @staticmethod
     def _stall_free(start: tuple[float, float, float] | None, w: _Worker, now: float,
@@ -685,6 +747,7 @@ class LatencyPredictor:
         self._slack.clear()
         self.decode_seen.discard(rid)
         self.at_first.pop(rid, None)
+        self.progress.pop(rid, None)
         w = self._worker(ticket.worker, now)
         w.decoding.pop(rid, None)
         if self.first_tokens.pop(rid, None) is None:

@@ -147,3 +147,24 @@ def test_admissions_prediction_reaches_the_request_and_its_response_header():
     assert _predicted([meta]) == {PREDICTED_TTFT_HEADER: f"{meta.predicted_ttft_ms:.0f}"}
     assert _predicted([StreamMeta("unrouted", None)]) == {}
     assert READ_BY_THE_METER == PREDICTED_TTFT_HEADER
+
+
+class LongAnswers(Workers):
+    """Every stream: 40 one-token chunks, the last one finished."""
+
+    async def _stream(self, worker_id):
+        for i in range(40):
+            yield {"token_ids": [5], "finish_reason": "length" if i == 39 else None}
+
+
+def test_progress_is_reported_every_sixteen_tokens_and_wakes_the_held_once():
+    backend, svc = in_process(LongAnswers([1]))
+    seen: list[tuple[int, bool]] = []
+    svc.decode_progress = lambda rid, tokens, wake=True: seen.append((tokens, wake))
+
+    async def go():
+        meta = StreamMeta("r", None)
+        async for _ in backend.stream(request(max_tokens=40), meta, None):
+            pass
+    asyncio.run(go())
+    assert seen == [(16, True), (32, False)]

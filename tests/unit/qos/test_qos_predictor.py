@@ -360,3 +360,52 @@ def test_a_request_placed_again_before_its_release_moves_its_load():
     assert p.predict("a", 100, 1.0).prefill_queued_tokens == 0
     p.finish("m", 2.0, ok=True, ttft_s=0.2, duration_s=1.0, output_tokens=11)
     assert (b.running, b.kv, b.pending_tokens) == (0, 0.0, 0.0)
+
+
+def _streaming(p: LatencyPredictor, n: int, *, step_s: float, until: float,
+               worker: str = "a", t0: float = 100.0, max_tokens: int = 400) -> None:
+    """``n`` answers placed on ``worker`` at ``t0``, first token 0.1 s later, then each
+    reporting its progress every 16 tokens at ``step_s`` a token until ``until``."""
+    for i in range(n):
+        rid = f"s{i}"
+        p.place(rid, worker, p.predict(worker, 100, t0), t0, class_name="default",
+                max_tokens=max_tokens, tpot_budget_ms=50.0)
+        p.first_token(rid, t0 + 0.1)
+    tokens, t = 1, t0 + 0.1
+    while t + 16 * step_s <= until:
+        tokens, t = tokens + 16, t + 16 * step_s
+        for i in range(n):
+            p.decode_progress(f"s{i}", tokens, t)
+
+
+def test_the_batch_decodes_no_faster_than_its_answers_were_just_measured_to():
+    """A line taught on light loads (20 ms a token here) is no bound on what a fuller
+    batch decodes at now: the answers' measured pace is (40 ms here)."""
+    p = LatencyPredictor()
+    t = teach(p, "a", tpot_ms=20.0)
+    line = p.predict("a", 100, t).est_tpot_ms
+    assert line == pytest.approx(20.0, rel=0.05)
+    _streaming(p, 4, step_s=0.040, until=t + 5.0, t0=t)
+    assert p.predict("a", 100, t + 5.0).est_tpot_ms == pytest.approx(40.0, rel=0.05)
+    # A pace not reported for PACE_MAX_AGE_S no longer counts (the line, which the
+    # first reports taught in between, is then what the step is); nor on another worker.
+    base, slope, _ = p.tpot_line("a", t + 9.0)
+    by_line = base + slope * (p.workers["a"].kv + 100) / 1024
+    assert p.predict("a", 100, t + 9.0).est_tpot_ms == pytest.approx(by_line)
+    assert by_line < 35.0
+    assert p.predict("b", 100, t + 5.0).est_tpot_ms < 35.0
+
+
+def test_a_running_answer_is_judged_on_its_measured_pace():
+    """An answer measured at 45 ms a token against a 50 ms target has little of its
+    budget left for new prompts' prefills, whatever the line says its step is."""
+    fast, slow = LatencyPredictor(), LatencyPredictor()
+    for p, step_s in ((fast, 0.020), (slow, 0.045)):
+        t = teach(p, "a", tpot_ms=20.0)
+        _streaming(p, 1, step_s=step_s, until=t + 3.0, t0=t, max_tokens=200)
+    slack_fast = fast.running_slack_ms("a", fast.progress["s0"][1])
+    slack_slow = slow.running_slack_ms("a", slow.progress["s0"][1])
+    # 199 tokens at 50 ms: 9,950 ms of budget.  At 20 ms a token about 60% of it is left;
+    # at 45 ms, what its measured tokens and the rest at 45 ms leave: about 10%.
+    assert slack_fast == pytest.approx(9950 - 199 * 20.0 - 100, rel=0.05)
+    assert slack_slow == pytest.approx(9950 - 199 * 45.0 - 100, rel=0.15)
