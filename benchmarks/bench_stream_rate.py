@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
+import importlib
 import itertools
 import json
 import random
@@ -46,12 +46,7 @@ WINDOW = (1.0, 7.0)  # seconds after the settling, where the steps are read
 def _heldout():
     """benchmarks/heldout.py, for its fleet and its ``deployment``."""
     sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_heldout", REPO / "benchmarks" /
-                                                  "heldout.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("heldout")
 
 
 async def one(client: aiohttp.ClientSession, url: str, prompt: list[int], output: int,
@@ -142,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
                                             args.output, seed=1000 * rnd + i))
                     row.update(config=config, round=rnd)
                     print(json.dumps(row), flush=True)
+                    if not row["answers"]:
+                        print("no answer was still streaming in the window: raise "
+                              "--output", file=sys.stderr, flush=True)
                     rows.append(row)
                     time.sleep(2.0)
     Path(args.out).write_text(json.dumps({
