@@ -88,14 +88,22 @@ class FleetState:
         self.placed[request_id] = _Placed(worker_id, now)
         self.inflight[worker_id] = self.inflight.get(worker_id, 0) + 1
 
+    def placed_elsewhere(self, request_id: str, worker_id: int | None) -> bool:
+        """True when the request is placed on a worker other than ``worker_id`` (the one a
+        release is from; 0 or None: not said): it was placed again (migrated) before
+        that release arrived."""
+        p = self.placed.get(request_id)
+        return p is not None and bool(worker_id) and p.worker_id != worker_id
+
     def release(self, request_id: str, worker_id: int | None = None) -> int | None:
         """Called when the frontend reports the request over; returns its worker.  With
         ``worker_id`` (the worker the release is from), a placement on another worker is
-        kept: the request was placed again (migrated) before this release arrived."""
-        p = self.placed.get(request_id)
-        if p is None or (worker_id and p.worker_id != worker_id):
+        kept (``placed_elsewhere``)."""
+        if self.placed_elsewhere(request_id, worker_id):
             return None
-        del self.placed[request_id]
+        p = self.placed.pop(request_id, None)
+        if p is None:
+            return None
         self.inflight[p.worker_id] = max(0, self.inflight.get(p.worker_id, 0) - 1)
         return p.worker_id
 

@@ -466,9 +466,7 @@ class RouterService:
         """A placed request is over: free its slot, learn from it, and mark its worker
         down if it was unreachable.  Called by the ``release`` endpoint and, in process,
         by the frontend."""
-        placed = self.fleet.placed.get(call.request_id)
-        stale = placed is not None and bool(call.worker_id) and \
-            placed.worker_id != call.worker_id  # placed again (migrated) before it came
+        stale = self.fleet.placed_elsewhere(call.request_id, call.worker_id)
         self.fleet.release(call.request_id, call.worker_id)
         self.admission.dispatch(time.monotonic(), len(self.fleet.placed),
                                 len(self.fleet.candidates(time.monotonic())))
