@@ -353,6 +353,43 @@ class ReleaseCall(BaseModel):
     duration_s: float | None = None
 
 
+PROGRESS_BATCH_MAX = 4096
+"""Reports in one ``ProgressBatch`` at most (the frontend sends the rest in the next)."""
+
+
+class ProgressReport(BaseModel):
+    """One placed request's output so far, as the frontend streamed it."""
+
+    model_config = ConfigDict(extra="forbid")
+    request_id: str
+    worker_id: int
+    """The worker it streams from: a report from a worker the request is no longer placed
+    on (it migrated) is ignored."""
+    tokens: int = Field(ge=1)
+    """Output tokens streamed from this placement so far."""
+    age_s: float = Field(ge=0, le=3600)
+    """How long before the batch was sent the frontend saw them (the router dates the
+    report on its own clock: its receipt less this)."""
+    first_token: bool = False
+    """The request's first token is among them: its prompt is prefilled."""
+    progress: bool = False
+    """A decode progress report (every few tokens): its pace so far."""
+    wake: bool = False
+    """Judge the requests the router holds again now (the report teaches a fit)."""
+
+
+class ProgressBatch(BaseModel):
+    """Frontend → router (its ``progress`` endpoint, a few times a second): the first
+    tokens and decode progress of the requests that router placed, which the frontend
+    routing in process reports to its own routing service directly.  Without them a
+    router learns a request's TTFT and TPOT at its release only, and counts its prompt
+    as work ahead of later requests until then."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int = PROTOCOL_VERSION
+    reports: list[ProgressReport] = Field(max_length=PROGRESS_BATCH_MAX)
+
+
 class WorkerLoad(BaseModel):
     """Worker → routers (NATS, a few times a second): the worker's own view of its load."""
 

@@ -47,6 +47,7 @@ from splitserve.contracts.wire import (
 
 from .errors import APIError, overloaded, upstream_error
 from .migration import BackendMetrics, Resumable, WorkerUnreachable, final_chunk, migrate
+from .progress import PROGRESS_TOKENS, ProgressFeed, due_reports
 from .request import WorkerCall
 
 log = logging.getLogger(__name__)
@@ -264,6 +265,7 @@ class RoutedBackend:
         self.router = router_client
         self.stall_s = stall_s
         self.release_client = None
+        self.progress_feed: ProgressFeed | None = None
         self.status_client = status_client
         self.connect = connect
         self.clients: dict[str, Any] = {}
@@ -435,10 +437,18 @@ class RoutedBackend:
         started = time.monotonic()
         outcome = "error"
         state: dict = {}
+        tokens = 0
+        due = PROGRESS_TOKENS
         try:
             client = await self.worker_client(reply.endpoint, reply.worker_id)
             async for chunk in stream_from_worker(client, call, reply.worker_id, context,
                                                   state, self.stall_s):
+                ids = chunk.get("token_ids")
+                if ids:
+                    before, tokens = tokens, tokens + len(ids)
+                    if before == 0 or tokens >= due:
+                        first, progress, wake, due = due_reports(before, tokens, due)
+                        self._report(meta, tokens, first, progress, wake)
                 yield chunk
             outcome = "ok"
         except GeneratorExit:
@@ -451,6 +461,14 @@ class RoutedBackend:
             raise upstream_error(f"worker {reply.worker_id:x} failed: {exc}") from None
         finally:
             self._release(meta, outcome, started)
+
+    def _report(self, meta: StreamMeta, tokens: int, first: bool, progress: bool,
+                wake: bool) -> None:
+        """The request's first token came back (``first``) or ``tokens`` output tokens
+        have streamed (``progress``): tell the router replica that placed it, batched."""
+        if self.progress_feed is not None:
+            self.progress_feed.report(meta.router_id, meta.request_id, meta.worker_id,
+                                      tokens, first, progress, wake)
 
     def _release(self, meta: StreamMeta, outcome: str, started: float) -> None:
         call = ReleaseCall(

@@ -45,6 +45,14 @@ class FrontendConfig(ComponentConfig):
     route_timeout_s: float = Field(5.0, gt=0, description="Deadline of the router call "
                                    "(with routing in process: of the placement, admission "
                                    "queue wait included).")
+    progress_interval_ms: float = Field(
+        25.0, ge=0, le=1000, description="With a Router process (`routing: router`): "
+        "how often the frontend sends the router replicas that placed its requests their "
+        "first tokens and decode progress (every 16 output tokens), batched, one RPC per "
+        "replica and interval.  Admission there then sees a prompt leave the work ahead "
+        "when its first token comes back and learns TTFT and TPOT while the answers "
+        "stream, as routing in process does; without them it learns both at each "
+        "release.  0: off.  Not read with `routing: in_process` (reported directly).")
     stall_migration_s: float = Field(
         10.0, ge=0, description="A stream that has begun and then stays silent this long "
         "is taken as its worker lost (a host cut off from the network sends no reset) "

@@ -15,20 +15,18 @@ come from the workers, are seen by all).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 from splitserve.contracts import tracing
 from splitserve.contracts.wire import ReleaseCall, RouteCall, RouteReply
 
+from . import progress
 from .backend import BackendMetrics, RoutedBackend, StreamMeta
 from .errors import APIError, upstream_error
-from .request import WorkerCall
 
 log = logging.getLogger(__name__)
 
-PROGRESS_TOKENS = 16  # a request's progress is reported each time this many more streamed
+PROGRESS_TOKENS = progress.PROGRESS_TOKENS  # reported every so many output tokens
 
 
 class InProcessBackend(RoutedBackend):
@@ -73,38 +71,22 @@ class InProcessBackend(RoutedBackend):
             log.exception("routing %s failed", call.request_id)
             raise upstream_error(f"routing failed: {exc}", 503, "routing_failed") from None
 
-    async def _stream_placed(self, call: WorkerCall, reply: RouteReply, meta: StreamMeta,
-                             context) -> AsyncIterator[dict]:
-        """The worker's stream, telling the service when the first token arrives (its
-        prompt then leaves the work ahead of later requests on that worker, and its TTFT
-        teaches admission at once) and each time PROGRESS_TOKENS more have streamed (its
-        TPOT so far teaches admission before a long answer ends, and its pace says how
-        fast the batch decodes now)."""
-        tokens = 0
-        due = PROGRESS_TOKENS
-        async with contextlib.aclosing(
-                super()._stream_placed(call, reply, meta, context)) as placed:
-            async for chunk in placed:
-                ids = chunk.get("token_ids")
-                if ids:
-                    before, tokens = tokens, tokens + len(ids)
-                    if before == 0 or tokens >= due:
-                        self._report(meta.request_id, before, tokens, due)
-                        while due <= tokens:
-                            due += PROGRESS_TOKENS
-                yield chunk
-
-    def _report(self, request_id: str, before: int, tokens: int, due: int) -> None:
+    def _report(self, meta: StreamMeta, tokens: int, first: bool, progress: bool,
+                wake: bool) -> None:
+        """Tell the service at once when the first token arrives (its prompt then leaves
+        the work ahead of later requests on that worker, and its TTFT teaches admission
+        at once) and each time ``PROGRESS_TOKENS`` more have streamed (its TPOT so far
+        teaches admission before a long answer ends, and its pace says how fast the
+        batch decodes now)."""
         try:
-            if before == 0:
-                self.service.first_token(request_id)
-            if tokens >= due:
+            if first:
+                self.service.first_token(meta.request_id)
+            if progress:
                 # Held requests are judged again on the first report (it teaches the
                 # TPOT fit); the later ones wait for the next tick.
-                self.service.decode_progress(request_id, tokens,
-                                             wake=due == PROGRESS_TOKENS)
+                self.service.decode_progress(meta.request_id, tokens, wake=wake)
         except Exception:
-            log.exception("progress report of %s failed", request_id)
+            log.exception("progress report of %s failed", meta.request_id)
 
     def deliver_release(self, call: ReleaseCall, meta: StreamMeta) -> None:
         """Account the finished request at once (called as its stream closes)."""

@@ -21,6 +21,7 @@ from .inproc import InProcessBackend
 from .loop_lag import LoopLag
 from .loras import AdapterCatalog, EtcdAdapterStore
 from .metrics import FrontendMetrics
+from .progress import ProgressFeed, ProgressMetrics
 from .state import ModelLane
 from .textcodec import TextCodec, TokenizerBackend
 
@@ -107,6 +108,10 @@ async def main(ctx: ComponentContext) -> None:
     server.should_exit = True  # stop accepting, answer what was accepted, finish in-flight
     await asyncio.wait_for(serve_task, ctx.run.common.shutdown_timeout_s)
     await adapters.close()
+    for lane in state.lanes():
+        feed = getattr(lane.backend, "progress_feed", None)
+        if feed is not None:
+            await feed.close()
     if routing is not None:
         await routing.close()
 
@@ -163,6 +168,10 @@ async def _backend(ctx: ComponentContext, cfg: FrontendConfig, namespace: str,
                                 status_client=await client("Router", "status"),
                                 metrics=backend_metrics, stall_s=cfg.stall_migration_s)
         backend.release_client = await client("Router", "release")
+        if cfg.progress_interval_ms > 0:
+            backend.progress_feed = ProgressFeed(
+                await client("Router", "progress"), cfg.progress_interval_ms / 1000.0,
+                metrics=_progress_metrics(backend_metrics))
         watches.append(asyncio.create_task(backend.watch(ctx.stopping)))
         return backend
     target = next((n for n in links if n.endswith("Worker")), "Worker")
@@ -170,6 +179,14 @@ async def _backend(ctx: ComponentContext, cfg: FrontendConfig, namespace: str,
                          migration_limit=cfg.migration_limit, metrics=backend_metrics,
                          adapter_workers=adapters.holders(namespace),
                          stall_s=cfg.stall_migration_s)
+
+
+def _progress_metrics(backend_metrics: BackendMetrics) -> ProgressMetrics:
+    """The progress feeds' counters, one set in the registry whatever the pools."""
+    found = backend_metrics.progress
+    if found is None:
+        found = backend_metrics.progress = ProgressMetrics(backend_metrics.registry)
+    return found
 
 
 async def _pool_lane(ctx: ComponentContext, cfg: FrontendConfig, pool: str, common,

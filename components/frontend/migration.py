@@ -28,6 +28,9 @@ class BackendMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        self.progress = None
+        """The progress feeds' counters (``progress.ProgressMetrics``), made once in the
+        registry by the first feed (with a Router process only)."""
         self.retries = Counter(f"{PREFIX}_frontend_request_retries_total",
                                "Requests sent to another worker because theirs failed "
                                "before producing output", registry=r)

@@ -18,17 +18,19 @@ async def main(ctx: ComponentContext) -> None:
     route_ep = ctx.endpoint("Router", "route")
     release_ep = ctx.endpoint("Router", "release")
     status_ep = ctx.endpoint("Router", "status")
+    progress_ep = ctx.endpoint("Router", "progress")
     feeds = await start_routing(ctx, cfg, f"{route_ep.connection_id():x}")
     service = feeds.service
     ctx.serve_metrics(service.metrics.registry)
     serving = [asyncio.ensure_future(route_ep.serve_endpoint(service.route)),
                asyncio.ensure_future(release_ep.serve_endpoint(service.release)),
-               asyncio.ensure_future(status_ep.serve_endpoint(service.status_handler))]
+               asyncio.ensure_future(status_ep.serve_endpoint(service.status_handler)),
+               asyncio.ensure_future(progress_ep.serve_endpoint(service.progress))]
     ctx.report("ready", endpoint=f"{ctx.namespace}.router.route",
                detail=f"policy {cfg.policy if isinstance(cfg.policy, str) else 'inline'}")
     await ctx.stopping.wait()
     ctx.report("stopping")
-    for ep in (route_ep, release_ep, status_ep):
+    for ep in (route_ep, release_ep, status_ep, progress_ep):
         try:
             await ep.unregister_endpoint_instance()
         except Exception as exc:  # noqa: BLE001

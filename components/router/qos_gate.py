@@ -324,11 +324,11 @@ class QosGate:
         self.metrics.confusion.labels(class_name, "refused", "none").inc()
 
     def first_token(self, request_id: str, now: float) -> None:
-        """A placed request's first token reached the frontend (routing in process)."""
+        """A placed request's first token reached the frontend (which reports it)."""
         self.predictor.first_token(request_id, now)
 
     def decode_progress(self, request_id: str, tokens: int, now: float) -> None:
-        """A placed request streamed ``tokens`` output tokens (routing in process)."""
+        """A placed request streamed ``tokens`` output tokens (the frontend reports it)."""
         self.predictor.decode_progress(request_id, tokens, now)
 
     def observe(self, call: ReleaseCall, now: float) -> Calibration | None:

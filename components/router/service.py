@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -21,6 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from splitserve.contracts.block_events import LOWER_TIERS
 from splitserve.contracts.metrics import PREFIX, latency_buckets
 from splitserve.contracts.wire import (
+    ProgressBatch,
+    ProgressReport,
     ReleaseCall,
     RouteCall,
     RouteReply,
@@ -68,6 +71,12 @@ class RouterMetrics:
                                        registry=r)
         self.released = Counter(f"{PREFIX}_router_released_total",
                                 "Released requests by outcome", ["outcome"], registry=r)
+        self.progress = Counter(f"{PREFIX}_router_progress_reports_total",
+                                "First-token and decode-progress reports the frontends "
+                                "sent (the progress endpoint), by kind: first_token, "
+                                "progress; skipped: stale (from a worker the request is "
+                                "no longer placed on) or late (the request was released "
+                                "before its report came)", ["kind"], registry=r)
         self.marked_down = Counter(f"{PREFIX}_router_workers_marked_down_total",
                                    "Workers taken out of routing because a frontend could "
                                    "not reach them", registry=r)
@@ -478,19 +487,60 @@ class RouterService:
         if not stale:  # a stale one would finish the new placement's ticket
             self.qos.observe(call, time.monotonic())
 
-    def first_token(self, request_id: str) -> None:
-        """A placed request's first token reached the client: called in process by the
-        frontend (free there; the Router process learns it from the release instead)."""
-        self.qos.first_token(request_id, time.monotonic())
+    def first_token(self, request_id: str, at: float | None = None) -> None:
+        """A placed request's first token reached the frontend (at ``at`` on this
+        process's monotonic clock; default now): called in process by the frontend, and
+        by the ``progress`` endpoint for the frontends' batched reports."""
+        self.qos.first_token(request_id, time.monotonic() if at is None else at)
         self._wake_held()
 
-    def decode_progress(self, request_id: str, tokens: int, wake: bool = True) -> None:
-        """A placed request has streamed ``tokens`` output tokens: called in process by the
-        frontend every few tokens, so TPOT is learned before long answers end and the
-        answers' measured pace is known; ``wake``: judge the held requests again now."""
-        self.qos.decode_progress(request_id, tokens, time.monotonic())
+    def decode_progress(self, request_id: str, tokens: int, wake: bool = True,
+                        at: float | None = None) -> None:
+        """A placed request has streamed ``tokens`` output tokens (at ``at``; default
+        now): reported every few tokens, so TPOT is learned before long answers end and
+        the answers' measured pace is known; ``wake``: judge the held requests again
+        now."""
+        self.qos.decode_progress(request_id, tokens, time.monotonic() if at is None else at)
         if wake:
             self._wake_held()
+
+    async def progress(self, request: dict, context=None):
+        """Endpoint handler: a frontend's batch of first tokens and decode progress of
+        requests this router placed (``ProgressBatch``)."""
+        try:
+            batch = ProgressBatch.model_validate(request)
+        except ValueError as exc:
+            yield {"ok": False, "error": str(exc)}
+            return
+        yield {"ok": True, "applied": self.apply_progress(batch.reports, time.monotonic())}
+
+    def apply_progress(self, reports: Sequence[ProgressReport], now: float) -> int:
+        """Apply a batch of reports received at ``now``, each dated ``now`` less its age;
+        one from a worker its request is no longer placed on (it migrated), or one for a
+        request already released, is skipped.  Returns how many were applied."""
+        applied = 0
+        wake = False
+        counts = self.metrics.progress
+        for r in reports:
+            placed = self.fleet.placed.get(r.request_id)
+            if placed is None:
+                counts.labels("late").inc()
+                continue
+            if placed.worker_id != r.worker_id:
+                counts.labels("stale").inc()
+                continue
+            at = now - r.age_s
+            if r.first_token:
+                self.qos.first_token(r.request_id, at)
+                counts.labels("first_token").inc()
+            if r.progress:
+                self.qos.decode_progress(r.request_id, r.tokens, at)
+                counts.labels("progress").inc()
+            wake = wake or r.first_token or r.wake
+            applied += 1
+        if wake:
+            self._wake_held()
+        return applied
 
     async def status_handler(self, request: dict, context=None):
         """Endpoint handler: one RouterStatus."""

@@ -33,3 +33,33 @@ def test_each_router_replica_gets_the_releases_of_what_it_placed(tmp_path):
     assert len(counts) == 2
     assert all(placed > 0 for placed, _ in counts), counts  # both replicas routed
     assert all(placed == released for placed, released in counts), counts
+
+
+def test_each_router_replica_learns_first_tokens_and_progress_as_answers_stream(tmp_path):
+    run, url = start_graph(tmp_path, "graphs.agg_router:Frontend",
+                           "configs/mocker_agg_router.yaml", "--Router.replicas=2",
+                           "--Worker.replicas=2")
+    try:
+        for i in range(6):
+            with httpx.stream("POST", f"{url}/v1/completions", timeout=60, json={
+                    "model": "SmolLM2-135M-Instruct", "prompt": [1000 + i, 2000, 3000],
+                    "max_tokens": 200, "stream": True}) as r:
+                assert r.status_code == 200
+                assert sum(1 for line in r.iter_lines() if line.startswith("data: {")) > 0
+        time.sleep(1.0)  # reports and releases are sent in the background
+        routers = [(metric(m, "splitserve_router_decisions_total"),
+                    {k: metric(m, "splitserve_router_progress_reports_total", kind=k)
+                     for k in ("first_token", "progress", "late", "stale")})
+                   for m in (rep["metrics"] for rep in run.replicas("Router"))]
+        sent = metric(f"{url}/metrics",
+                      "splitserve_frontend_progress_reports_total", outcome="sent")
+    finally:
+        assert run.stop() == 0, run.output()[-3000:]
+    assert len(routers) == 2 and all(placed > 0 for placed, _ in routers), routers
+    # Every answer's first token and its progress every 16 tokens went to the replica
+    # that placed it (a report that came after the release is counted as late).
+    for placed, kinds in routers:
+        assert kinds["first_token"] + kinds["late"] + kinds["progress"] >= placed * 13, routers
+        assert kinds["stale"] == 0, routers
+    assert sum(k["first_token"] for _, k in routers) > 0, routers
+    assert sent == sum(sum(k.values()) for _, k in routers)

@@ -5,7 +5,7 @@ For one request with ``n`` uncached prompt tokens on worker ``w`` (after ``w``'s
 hit), at time ``now``::
 
     ahead      = uncached prompt tokens of the requests placed on w that have not
-                 produced a first token (reported in process) or finished
+                 produced a first token (reported by the frontend) or finished
     est_ttft   = (fixed + (ahead + n) x per_token) x lag          (TTFT fit of w)
     lag        = how late w's oldest request still without a first token already is
                  (its age over its prediction, at least 1: ``lag``)
@@ -25,8 +25,8 @@ Both are lines learned per worker and for the pool, from every request, loaded o
   request ahead has decoded, and the slope says so; an engine with a large batch
   overlaps them, and the slope is smaller.  No unloaded-only filter and no bootstrap are
   needed.  ``ahead`` counts what was placed and has neither shown a first token
-  (``first_token``, reported where that is free: routing in the frontend) nor been
-  released.  It is never a queue drained at the learned rate: that queue's length would
+  (``first_token``, reported by the frontend: a call when it routes in process, a
+  batched report to a Router process) nor been released.  It is never a queue drained at the learned rate: that queue's length would
   depend on the fit it teaches (a slope too low drains it too fast, the samples then
   show long TTFTs behind short queues, the slope swings up, and back); on a shared
   machine it oscillated.
@@ -65,8 +65,8 @@ Both are lines learned per worker and for the pool, from every request, loaded o
   worker's recent ``busy``.  Without this a burst of long prompts is admitted up to the
   TTFT target, the queue of prefills then keeps every running stream stalled, and the
   admitted miss their TPOT (measured: TPOT p50 129 ms against a 50 ms target).  ``busy``
-  is measured where first tokens are reported (routing in process): elsewhere a request
-  is "ahead" until its release and the share would read 1.
+  is measured where the frontend reports first tokens: without them a request is
+  "ahead" until its release and the share would read 1.
 
 A TTFT fit is not trusted for prompts far longer than it has seen: when a request's own
 ``n`` is more than ``EXTRAPOLATION`` times the largest ``ahead + n`` it was taught, its
@@ -184,8 +184,8 @@ class _Worker:
     ``tpot_budget_ms``), until their release."""
     waiting: OrderedDict[str, Ticket] = field(default_factory=OrderedDict)
     """The tickets of placed requests whose first token was not reported yet, oldest
-    placement first (first tokens are reported in process only; elsewhere a request
-    leaves at its release)."""
+    placement first (without the frontend's first-token reports a request leaves at
+    its release)."""
     ttft: _Fit | None = None
     tpot: _Bins = field(default_factory=_Bins)
     busy_area: float = 0.0  # integral of [prompt work ahead] over time, seconds
@@ -605,9 +605,10 @@ class LatencyPredictor:
             self._drop(old, now, rid)
 
     def first_token(self, request_id: str, now: float) -> None:
-        """Called when a placed request's first token reached the frontend (in process,
-        where that costs nothing): its prompt leaves the work ahead of later requests,
-        and its TTFT teaches the fit at once instead of at its release."""
+        """Called when a placed request's first token reached the frontend (reported by
+        it: a call in process, a batched report to a Router process): its prompt leaves
+        the work ahead of later requests, and its TTFT teaches the fit at once instead
+        of at its release."""
         self._slack.clear()
         ticket = self.tickets.get(request_id)
         if ticket is None or request_id in self.first_tokens:
@@ -636,11 +637,12 @@ class LatencyPredictor:
         self._learn_ttft(w, ticket.x_ttft, max(0.0, ttft_ms - ticket.estimate.restore_ms))
 
     def decode_progress(self, request_id: str, tokens: int, now: float) -> None:
-        """Called once per request, in process, after its first ``tokens`` output tokens
-        (the first one reported with ``first_token``): its TPOT so far, against the mean
-        KV of the batch it ran in so far, teaches the TPOT fit at once.  A long answer otherwise
-        teaches only at its end, and a fleet filling up under load for the first time
-        would be admitted blind for that long."""
+        """Called as a request streams, every few output tokens (the frontend reports
+        it; its first token came with ``first_token``).  The first report teaches the
+        TPOT fit at once with its TPOT so far, against the mean KV of the batch it ran
+        in so far (a long answer otherwise teaches only at its end, and a fleet filling
+        up under load for the first time would be admitted blind for that long); each
+        gives its measured pace."""
         self._slack.clear()
         if self.trace is not None:
             self.trace({"event": "progress", "request": request_id, "tokens": tokens,
