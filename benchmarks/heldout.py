@@ -12,6 +12,10 @@ Configurations:
   and exactly the one-line admission form of docs/qos.md ("Admission on"): the case's SLO
   as the default class, ``may_reject: true``, ``low_priority_threshold_ms: 0``; nothing
   else tuned, the same for every case;
+- ``splitserve-router`` (only when named): the same admission in a Router process
+  (``graphs.agg_router:Frontend`` with ``configs/mocker_agg_router.yaml``, the one-line
+  form under ``Router``), for comparing the two places admission runs; not compared
+  with Dynamo's;
 - ``dynamo-kv``: Dynamo's own frontend (``python -m dynamo.frontend --router-mode kv``)
   over the same kind of fleet;
 - ``dynamo-kv-busy-*``: the same with its busy-worker rejection
@@ -211,16 +215,19 @@ DYNAMO = {
 OURS = "splitserve-default"
 SHADOW = "splitserve-shadow"  # the same, qos.mode shadow: what it would refuse, and how
 # those requests ended (the false refusals of the default), never compared for goodput
-ALL = [OURS, *DYNAMO, SHADOW, *dp.DISAGG]
+ROUTER = "splitserve-router"  # the same admission in a Router process (graphs.agg_router)
+ALL = [OURS, *DYNAMO, SHADOW, ROUTER, *dp.DISAGG]
+DEFAULT_CONFIGS = [c for c in ALL if c != ROUTER]  # the Router process's only when named
 MINE = (OURS, dp.OURS_DISAGG)
 
 
-def one_line_default(slo: dict[str, float]) -> list[str]:
-    """docs/qos.md's "Admission on" form, routing in process, with the case's SLO."""
+def one_line_default(slo: dict[str, float], section: str = "Frontend.router") -> list[str]:
+    """docs/qos.md's "Admission on" form, routing in process, with the case's SLO
+    (``section``: ``Router`` for a Router process's)."""
     cls = (f"[{{name: default, ttft_ms: {slo['ttft_ms']:g}, tpot_ms: {slo['tpot_ms']:g}, "
            "may_reject: true}]")
-    return ["--Frontend.router.block_size=64", f"--Frontend.router.qos.classes={cls}",
-            "--Frontend.router.qos.low_priority_threshold_ms=0"]
+    return [f"--{section}.block_size=64", f"--{section}.qos.classes={cls}",
+            f"--{section}.qos.low_priority_threshold_ms=0"]
 
 
 def workload(case: Case, seed: int) -> tuple[list[rp.PreparedRequest], dict]:
@@ -301,6 +308,14 @@ def deployment(name: str, case: Case, args):
                       startup_timeout_s=args.startup_timeout_s) as g:
             wait_ready(g.url, 60, 2 * case.workers, case.warmup)
             yield g.url, f"{g.url}/metrics", None
+        return
+    if name == ROUTER:
+        slo = rp.parse_slo(case.slo)
+        with GraphRun("graphs.agg_router:Frontend", "configs/mocker_agg_router.yaml",
+                      [*fleet, *one_line_default(slo, "Router"), *args.ours_set],
+                      startup_timeout_s=args.startup_timeout_s) as g:
+            wait_ready(g.url, 60, 2 * case.workers, case.warmup)
+            yield g.url, g.replicas("Router")[0]["metrics"], None
         return
     with WorkersRun("graphs.agg_router:Worker", "configs/mocker_agg_router.yaml", fleet,
                     startup_timeout_s=args.startup_timeout_s) as w:
@@ -474,7 +489,7 @@ def parser() -> argparse.ArgumentParser:
     """The command line of ``main``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    p.add_argument("--configs", nargs="+", default=ALL, choices=ALL)
+    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=ALL)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--drain-s", type=float, default=40.0)
     p.add_argument("--request-timeout", type=float, default=60.0)
