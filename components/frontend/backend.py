@@ -467,8 +467,11 @@ class RoutedBackend:
         """The request's first token came back (``first``) or ``tokens`` output tokens
         have streamed (``progress``): tell the router replica that placed it, batched."""
         if self.progress_feed is not None:
-            self.progress_feed.report(meta.router_id, meta.request_id, meta.worker_id,
-                                      tokens, first, progress, wake)
+            try:
+                self.progress_feed.report(meta.router_id, meta.request_id, meta.worker_id,
+                                          tokens, first, progress, wake)
+            except Exception:  # a report is never worth the answer
+                log.exception("progress report of %s failed", meta.request_id)
 
     def _release(self, meta: StreamMeta, outcome: str, started: float) -> None:
         call = ReleaseCall(

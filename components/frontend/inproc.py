@@ -20,13 +20,10 @@ import logging
 from splitserve.contracts import tracing
 from splitserve.contracts.wire import ReleaseCall, RouteCall, RouteReply
 
-from . import progress
 from .backend import BackendMetrics, RoutedBackend, StreamMeta
 from .errors import APIError, upstream_error
 
 log = logging.getLogger(__name__)
-
-PROGRESS_TOKENS = progress.PROGRESS_TOKENS  # reported every so many output tokens
 
 
 class InProcessBackend(RoutedBackend):
@@ -75,9 +72,9 @@ class InProcessBackend(RoutedBackend):
                 wake: bool) -> None:
         """Tell the service at once when the first token arrives (its prompt then leaves
         the work ahead of later requests on that worker, and its TTFT teaches admission
-        at once) and each time ``PROGRESS_TOKENS`` more have streamed (its TPOT so far
-        teaches admission before a long answer ends, and its pace says how fast the
-        batch decodes now)."""
+        at once) and each time ``progress.PROGRESS_TOKENS`` more have streamed (its TPOT
+        so far teaches admission before a long answer ends, and its pace says how fast
+        the batch decodes now)."""
         try:
             if first:
                 self.service.first_token(meta.request_id)
