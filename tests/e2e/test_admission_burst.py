@@ -67,7 +67,7 @@ def test_a_burst_the_fleet_absorbs_is_admitted(tmp_path):
 LONG_ANSWERS = (
     "--Frontend.router.block_size=64",
     "--Worker.engine_args.block_size=64",
-    "--Frontend.router.qos.classes=[{name: default, ttft_ms: 2000, tpot_ms: 20, "
+    "--Frontend.router.qos.classes=[{name: default, ttft_ms: 2000, tpot_ms: 15, "
     "may_reject: true}]",
     "--Frontend.router.qos.low_priority_threshold_ms=0",
     # The frontend's own in-flight cap (256) would refuse first: these requests last
@@ -76,7 +76,10 @@ LONG_ANSWERS = (
 )
 # ~100-token prompts and 300-token answers at 40 req/s.  Measured on the mocker fleet with
 # everything admitted: TPOT p50 26 ms, p90 31 ms (batches ~75 per worker); it is lower
-# at light load, so a 20 ms target is crossed part-way through the run.  Prompts stay
+# at light load, so a 15 ms target is crossed part-way through the run.  (A 20 ms target
+# was too close: in one fresh-clone run the fleet's TPOT stayed under it and admission
+# rightly refused nothing; with a CPU burner beside the test the admitted measured p90
+# 19.6 ms.)  Prompts stay
 # short: with ~1,000-token prompts the frontend's tokenisation backlog refused requests
 # ('overloaded') before admission saw them.
 RPS, SECONDS, ANSWER = 40, 15, 300
