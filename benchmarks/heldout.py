@@ -222,7 +222,7 @@ MINE = (OURS, dp.OURS_DISAGG)
 
 
 def one_line_default(slo: dict[str, float], section: str = "Frontend.router") -> list[str]:
-    """docs/qos.md's "Admission on" form, routing in process, with the case's SLO
+    """docs/qos.md's "Admission on" form with the case's SLO, for routing in process
     (``section``: ``Router`` for a Router process's)."""
     cls = (f"[{{name: default, ttft_ms: {slo['ttft_ms']:g}, tpot_ms: {slo['tpot_ms']:g}, "
            "may_reject: true}]")

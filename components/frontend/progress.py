@@ -90,9 +90,18 @@ class ProgressFeed:
         self._count += 1
         if self._count > self.max_pending:
             self._drop_oldest()
+        self._arm()
+
+    def _arm(self) -> None:
+        """Flush in ``interval_s`` unless a flush is due already."""
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.interval_s,
                                                                 self._flush)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _drop_oldest(self) -> None:
         longest = max(self._pending.values(), key=len)
@@ -117,16 +126,14 @@ class ProgressFeed:
             task = asyncio.ensure_future(self._send(router_id, items))
             self._sending[router_id] = task
             task.add_done_callback(lambda _t, r=router_id: self._sent(r))
-        if self._pending and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.interval_s,
-                                                                self._flush)
+        if self._pending:
+            self._arm()
 
     def _sent(self, router_id: int) -> None:
         self._sending.pop(router_id, None)
-        if self._pending.get(router_id) and self._timer is None:
+        if self._pending.get(router_id):
             with contextlib.suppress(RuntimeError):  # the loop is closing
-                self._timer = asyncio.get_running_loop().call_later(self.interval_s,
-                                                                    self._flush)
+                self._arm()
 
     async def _send(self, router_id: int, items: list[tuple]) -> None:
         if router_id not in self.client.instance_ids():
@@ -151,12 +158,8 @@ class ProgressFeed:
 
     async def close(self) -> None:
         """Send what is pending and wait (bounded) for the batches on their way."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
         self._flush()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()  # what waits behind a batch still on its way is not sent
         if self._sending:
             await asyncio.wait(list(self._sending.values()), timeout=self.timeout_s)

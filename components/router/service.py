@@ -487,20 +487,19 @@ class RouterService:
         if not stale:  # a stale one would finish the new placement's ticket
             self.qos.observe(call, time.monotonic())
 
-    def first_token(self, request_id: str, at: float | None = None) -> None:
-        """A placed request's first token reached the frontend (at ``at`` on this
-        process's monotonic clock; default now): called in process by the frontend, and
-        by the ``progress`` endpoint for the frontends' batched reports."""
-        self.qos.first_token(request_id, time.monotonic() if at is None else at)
+    def first_token(self, request_id: str) -> None:
+        """A placed request's first token reached the frontend: called in process by the
+        frontend (a Router process gets the frontends' reports in batches:
+        ``apply_progress``)."""
+        self.qos.first_token(request_id, time.monotonic())
         self._wake_held()
 
-    def decode_progress(self, request_id: str, tokens: int, wake: bool = True,
-                        at: float | None = None) -> None:
-        """A placed request has streamed ``tokens`` output tokens (at ``at``; default
-        now): reported every few tokens, so TPOT is learned before long answers end and
+    def decode_progress(self, request_id: str, tokens: int, wake: bool = True) -> None:
+        """A placed request has streamed ``tokens`` output tokens: called in process by
+        the frontend every few tokens, so TPOT is learned before long answers end and
         the answers' measured pace is known; ``wake``: judge the held requests again
         now."""
-        self.qos.decode_progress(request_id, tokens, time.monotonic() if at is None else at)
+        self.qos.decode_progress(request_id, tokens, time.monotonic())
         if wake:
             self._wake_held()
 
@@ -522,11 +521,10 @@ class RouterService:
         wake = False
         counts = self.metrics.progress
         for r in reports:
-            placed = self.fleet.placed.get(r.request_id)
-            if placed is None:
+            if r.request_id not in self.fleet.placed:
                 counts.labels("late").inc()
                 continue
-            if placed.worker_id != r.worker_id:
+            if self.fleet.placed_elsewhere(r.request_id, r.worker_id):
                 counts.labels("stale").inc()
                 continue
             at = now - r.age_s

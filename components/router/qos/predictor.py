@@ -26,10 +26,10 @@ Both are lines learned per worker and for the pool, from every request, loaded o
   overlaps them, and the slope is smaller.  No unloaded-only filter and no bootstrap are
   needed.  ``ahead`` counts what was placed and has neither shown a first token
   (``first_token``, reported by the frontend: a call when it routes in process, a
-  batched report to a Router process) nor been released.  It is never a queue drained at the learned rate: that queue's length would
-  depend on the fit it teaches (a slope too low drains it too fast, the samples then
-  show long TTFTs behind short queues, the slope swings up, and back); on a shared
-  machine it oscillated.
+  batched report to a Router process) nor been released.  It is never a queue drained
+  at the learned rate: that queue's length would depend on the fit it teaches (a slope
+  too low drains it too fast, the samples then show long TTFTs behind short queues, the
+  slope swings up, and back); on a shared machine it oscillated.
 - TPOT: ``x`` = the mean KV the worker's batch held over the request's life so far
   (the integral of ``kv`` over time, divided by the time, in ``KV_UNIT`` tokens), ``y``
   = its measured time per output token, taught once per request: after its first
