@@ -16,7 +16,9 @@ a frontend's CPU per token is also taken from the workers beside it.
     python benchmarks/bench_stream_rate.py --points 40:0 40:2 --configs splitserve dynamo-kv
 
 This project's frontend runs its admission in shadow mode (nothing refused, so both
-frontends carry the same load).  Binds 127.0.0.1 only; every process started is stopped
+frontends carry the same load), routing in process (``splitserve``) or in a Router
+process (``splitserve-router``; with ``--ours-set=--Frontend.replicas=2`` two frontend
+processes share the port).  Binds 127.0.0.1 only; every process started is stopped
 (by process group and pid).
 """
 
@@ -107,7 +109,10 @@ async def point(url: str, workers: int, streams: int, rate: float, prompt: int,
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", nargs="+", default=["splitserve", "dynamo-kv"],
-                    choices=["splitserve", "dynamo-kv"])
+                    choices=["splitserve", "splitserve-router", "dynamo-kv"],
+                    help="splitserve: routing in the frontend (graphs.agg); "
+                    "splitserve-router: in a Router process (graphs.agg_router), e.g. with "
+                    "--ours-set=--Frontend.replicas=2")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--points", nargs="+", default=["10:0", "20:0", "30:0", "40:0", "40:2"],
                     metavar="STREAMS:RATE", help="answers per worker : short requests a "
@@ -124,13 +129,15 @@ def main(argv: list[str] | None = None) -> None:
     heldout = _heldout()
     case = heldout.Case("none", 1, 1.0, args.workers, "ttft=1000,tpot=50", 10.0,
                         ((1.0, 1.0),))
-    opts = types.SimpleNamespace(startup_timeout_s=180.0,
-                                 ours_set=["--Frontend.router.qos.mode=shadow",
-                                           *args.ours_set])
+    shadow = {"splitserve": "--Frontend.router.qos.mode=shadow",
+              "splitserve-router": "--Router.qos.mode=shadow"}
     rows = []
     for rnd in range(args.rounds):
         for config in args.configs if rnd % 2 == 0 else args.configs[::-1]:
-            name = heldout.OURS if config == "splitserve" else config
+            name = {"splitserve": heldout.OURS, "splitserve-router": heldout.ROUTER}.get(
+                config, config)
+            opts = types.SimpleNamespace(startup_timeout_s=180.0, ours_set=[
+                *([shadow[config]] if config in shadow else []), *args.ours_set])
             with heldout.deployment(name, case, opts) as (url, _, _):
                 for i, (streams, rate) in enumerate(points):
                     row = asyncio.run(point(url, args.workers, streams, rate, args.prompt,

@@ -279,6 +279,12 @@ class ComponentConfig(StrictModel):
                              "remove it from env")
         return self
 
+    def http_listener(self, common: CommonConfig) -> tuple[str, int] | None:
+        """The address of the HTTP API this component serves, which the supervisor binds
+        once and shares with all its replicas (``contracts/kit/shared_listener.py``);
+        None: it serves none."""
+        return None
+
     def replica_devices(self, replica: int) -> list[int] | None:
         """GPUs of one replica; None when none are assigned, [] when the device list
         has none left for it (a replica added beyond the list sees no GPU)."""

@@ -140,6 +140,11 @@ class FrontendConfig(ComponentConfig):
         "Router section: policy, block_size, use_kv_events, qos, ...); default: the "
         "Router section's defaults.  Not read with `routing: router`.")
 
+    def http_listener(self, common) -> tuple[str, int]:
+        """The API's address: every replica of this frontend accepts on one socket the
+        supervisor binds there, so ``replicas`` above 1 serve one port."""
+        return (self.host or common.bind_host, self.port)
+
     @field_validator("tool_call_parser")
     @classmethod
     def _known_tool_parser(cls, v: str | None) -> str | None:

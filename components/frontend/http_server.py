@@ -30,12 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
-import os
 import socket
-import struct
 import sys
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -45,6 +42,10 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from splitserve.contracts.kit.shared_listener import (
+    accept_queue_length,
+    refuse_new_connections,
+)
 from splitserve.contracts.kit.waiting import poll_until
 
 from .errors import APIError
@@ -298,52 +299,16 @@ def shutting_down() -> APIError:
                     type_="service_unavailable", code="shutting_down", retry_after_s=1)
 
 
-# SO_ATTACH_FILTER (asm-generic) with a one-instruction classic BPF program, "return 0":
-# every packet to the socket is dropped, a listener's SYNs included.
-SO_ATTACH_FILTER = 26
-_BPF_RET_K = 0x06
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                ("k", ctypes.c_uint32)]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-def refuse_new_connections(fd: int) -> bool:
-    """Make the listening socket ``fd`` drop new connection attempts (Linux); what its
-    accept queue holds stays there to be accepted.  A client whose SYN was dropped sends
-    it again about a second later.  Returns False where this is not possible."""
-    if not sys.platform.startswith("linux"):
-        return False
-    drop_all = _SockFilter(_BPF_RET_K, 0, 0, 0)
-    prog = _SockFprog(1, ctypes.pointer(drop_all))
-    try:
-        with socket.socket(fileno=os.dup(fd)) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, bytes(prog))
-    except OSError as exc:
-        log.debug("cannot stop new connections on fd %d: %s", fd, exc)
-        return False
-    return True
-
-
-def accept_queue_length(fd: int) -> int:
-    """Connections waiting in the accept queue of the listening socket ``fd`` (Linux:
-    ``tcpi_unacked`` of a listener); 0 where unknown."""
-    try:
-        with socket.socket(fileno=os.dup(fd)) as sock:
-            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
-    except (OSError, AttributeError):
-        return 0
-    return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else 0
-
-
 class FrontendServer(uvicorn.Server):
     """uvicorn's server with a stop that answers every connection it accepted, and
-    without its own signal handlers (the component runtime owns SIGTERM)."""
+    without its own signal handlers (the component runtime owns SIGTERM).
+
+    ``shared``: it accepts from the socket every replica of the frontend shares
+    (``contracts/kit/shared_listener.py``); its stop then only stops accepting, and what
+    waits in the accept queue is left to the other replicas (or, when the whole graph
+    stops, to the supervisor's drop filter)."""
+
+    shared = False
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -351,6 +316,9 @@ class FrontendServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.server_state.draining = True  # type: ignore[attr-defined]
+        if self.shared:
+            await super().shutdown(sockets)
+            return
         fds = [s.fileno() for server in self.servers for s in server.sockets]
         fds = [fd for fd in fds if refuse_new_connections(fd)]
         # The loop accepts what was queued before the filter; closing the listener with

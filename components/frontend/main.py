@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from splitserve.contracts.kit.component import ComponentContext, endpoint_path, run
+from splitserve.contracts.kit.shared_listener import InheritedListener, inherited_listener
 
 from . import formats
 from .app import FrontendState, build_app
@@ -74,14 +75,19 @@ async def main(ctx: ComponentContext) -> None:
                         max_header_bytes=cfg.max_header_bytes)
     host = cfg.host or ctx.run.common.bind_host
     server = FrontendServer(server_config(build_app(state), host, cfg.port, limits))
-    serve_task = asyncio.create_task(server.serve())
+    shared = inherited_listener()
+    server.shared = shared is not None
     watches.append(asyncio.create_task(state.loop_lag.run(ctx.stopping, metrics.loop_lag)))
-    while not server.started:
-        if serve_task.done():
-            serve_task.result()
+    serve_task = None
+    if shared is None or shared.early:  # accept now; requests get 503 while it loads
+        serve_task = await _start_serving(server, shared)
+        if serve_task is None:
             return
-        await asyncio.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    if shared is not None and ctx.run.config.get("replicas", 1) > 1:
+        # The API port's /metrics answers from whichever replica accepts: each replica's
+        # own counters are on a port of its own (`dynamo status` lists them).
+        ctx.serve_metrics(metrics.registry)
+    port = shared.port if shared is not None else server.servers[0].sockets[0].getsockname()[1]
     url = f"http://{host}:{port}"
     ctx.report("loading", endpoint=url, detail="loading tokenizer")
     state.codec = await asyncio.to_thread(_load_codec, cfg.model_dir, ctx.run.common.model,
@@ -100,6 +106,10 @@ async def main(ctx: ComponentContext) -> None:
         ctx.report("loading", endpoint=url, detail="importing the tool-call parsers")
         await preload
         await _preload_formats(list(state.pools.values()))
+    if serve_task is None:  # one of several replicas: accept only once it can answer
+        serve_task = await _start_serving(server, shared)
+        if serve_task is None:
+            return
     ctx.report("ready", endpoint=url)
     log.info("serving %s at %s (links: %s)", ", ".join(lane.name for lane in state.lanes()),
              url, ", ".join(links))
@@ -114,6 +124,20 @@ async def main(ctx: ComponentContext) -> None:
             await feed.close()
     if routing is not None:
         await routing.close()
+
+
+async def _start_serving(server: FrontendServer,
+                         shared: InheritedListener | None) -> asyncio.Task | None:
+    """Start accepting (on the socket the supervisor shares, or on one of its own);
+    returns the server's task once it accepts, None when it ended first (its error raised)."""
+    serve_task = asyncio.create_task(server.serve(
+        sockets=[shared.sock] if shared is not None else None))
+    while not server.started:
+        if serve_task.done():
+            serve_task.result()
+            return None
+        await asyncio.sleep(0.02)
+    return serve_task
 
 
 def _adapter_management() -> dict:

@@ -145,12 +145,20 @@ def serve(
             console.print(f"[bold]infrastructure[/] {infra}")
         raise typer.Exit(0)
     from splitserve.serve.runner import serve as run_serve
+    from splitserve.serve.supervisor import bind_http_listeners
 
+    try:  # the API's address first: a busy port is reported before anything starts
+        listeners = bind_http_listeners(plan)
+    except OSError as exc:
+        err.print("[red]error:[/] ", end="")
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(2) from None
     root = state_root(state_dir)
     run_dir = new_run_dir(root)
     access_env = {**access[0].env(), **access[1].env()} if access else {}
     code = asyncio.run(run_serve(plan, run_dir, external, control_port=control_port,
                                  live_status=status, registry_dir=registry_dir(root),
                                  console=console, ready_file=ready_file,
-                                 access_env=access_env, policy_key_file=policy_key_file))
+                                 access_env=access_env, policy_key_file=policy_key_file,
+                                 listeners=listeners))
     raise typer.Exit(code)

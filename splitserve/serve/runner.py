@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from splitserve.contracts.kit.credentials import (
 )
 from splitserve.serve.hosts import host_listener_env
 from splitserve.serve.plan import ServePlan
-from splitserve.serve.supervisor import Supervisor
+from splitserve.serve.supervisor import Supervisor, bind_http_listeners
 
 STATE_STYLE = {"ready": "green", "starting": "yellow", "loading": "yellow",
                "restarting": "magenta", "failed": "red", "exited": "red", "stopping": "cyan"}
@@ -47,15 +48,19 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
                 control_port: int = 0, live_status: bool | None = None,
                 registry_dir: Path | None = None, console: Console | None = None,
                 ready_file: Path | None = None, access_env: dict[str, str] | None = None,
-                policy_key_file: Path | None = None) -> int:
+                policy_key_file: Path | None = None,
+                listeners: dict[str, socket.socket] | None = None) -> int:
     """Run the plan until SIGINT/SIGTERM or a permanent failure; return the exit code.
 
     ``access_env`` holds the credentials/TLS variables of external etcd and NATS;
-    ``policy_key_file`` the operator's policy signing key (default: a new one per run).
+    ``policy_key_file`` the operator's policy signing key (default: a new one per run);
+    ``listeners`` the frontend's sockets (``bind_http_listeners``; default: bound here).
     """
     console = console or Console()
     live_status = console.is_terminal if live_status is None else live_status
     started = time.monotonic()
+    if listeners is None:  # raises ListenerError before anything starts
+        listeners = bind_http_listeners(plan)
     token, policy_key_file = _prepare_secrets(run_dir, policy_key_file)
     infra = None
     if external is None:
@@ -77,7 +82,8 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
     def printer(prefix: str, line: str) -> None:
         console.out(f"{prefix:>14} | {line}", highlight=False)
 
-    sup = Supervisor(plan, run_dir, env, printer=printer, infra=infra, endpoints=endpoints)
+    sup = Supervisor(plan, run_dir, env, printer=printer, infra=infra, endpoints=endpoints,
+                     listeners=listeners)
     control = ControlServer(supervisor_handler(sup, plan.to_dict()), token, port=control_port)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
 import signal
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +25,14 @@ from typing import BinaryIO
 
 from splitserve.contracts.kit.health import DependencyTracker, probe
 from splitserve.contracts.kit.procs import STACK_DUMP_SIGNAL, with_parent_death
+from splitserve.contracts.kit.shared_listener import (
+    LISTEN_EARLY_VAR,
+    LISTEN_FD_VAR,
+    accept_queue_length,
+    bind_listener,
+    refuse_new_connections,
+)
+from splitserve.contracts.kit.waiting import poll_until
 from splitserve.serve.plan import ComponentPlan, ServePlan
 
 log = logging.getLogger("splitserve.supervisor")
@@ -116,14 +126,50 @@ def removal_order(live: list[Replica]) -> list[Replica]:
     return sorted(live, key=lambda r: (r.state == "ready", -r.index))
 
 
+class ListenerError(OSError):
+    """A component's HTTP address cannot be listened on; the message names the field."""
+
+
+# When the graph stops: how long the frontend's replicas get to accept what waits in
+# the shared socket's accept queue once new connections are dropped.
+LISTENER_DRAIN_S = 1.0
+
+
+def bind_http_listeners(plan: ServePlan) -> dict[str, socket.socket]:
+    """One listening socket per component of ``plan`` that serves an HTTP API (the
+    frontend), bound before anything starts and shared by all its replicas; raises
+    ListenerError naming the section's field (the port is busy, the host not local)."""
+    bound: dict[str, socket.socket] = {}
+    for comp in plan.components:
+        addr = comp.config.http_listener(comp.common or plan.common)
+        if addr is None:
+            continue
+        host, port = addr
+        try:
+            bound[comp.name] = bind_listener(host, port)
+        except OSError as exc:
+            for sock in bound.values():
+                sock.close()
+            field_ = "port" if port and exc.errno == errno.EADDRINUSE else "host"
+            raise ListenerError(f"{comp.component}.{field_}: cannot listen on {host}:{port}: "
+                                f"{exc.strerror or exc}") from None
+    return bound
+
+
 class Supervisor:
-    """Executes a plan.  ``run()`` returns the process exit code for `dynamo serve`."""
+    """Executes a plan.  ``run()`` returns the process exit code for `dynamo serve`.
+
+    ``listeners``: the sockets of ``bind_http_listeners``, by component; each replica of
+    such a component inherits its socket (the supervisor closes them after the graph
+    stopped)."""
 
     def __init__(self, plan: ServePlan, run_dir: Path, env: dict[str, str],
                  printer: Callable[[str, str], None] | None = None, *,
                  infra=None, endpoints=None,
-                 prober: Callable[[str, str, float], dict[str, bool]] = probe) -> None:
+                 prober: Callable[[str, str, float], dict[str, bool]] = probe,
+                 listeners: dict[str, socket.socket] | None = None) -> None:
         self.plan = plan
+        self.listeners = dict(listeners or {})
         self.run_dir = Path(run_dir)
         self.env = env
         self.printer = printer or (lambda prefix, line: print(f"{prefix} | {line}", flush=True))
@@ -174,11 +220,18 @@ class Supervisor:
         env = {**os.environ, **self.env, **comp.config.env,
                **self.plan.replica_env(comp, rep.index),  # its GPUs, when assigned
                "PYTHONUNBUFFERED": "1", "SPLITSERVE_REPLICA": rep.name}
+        pass_fds: tuple[int, ...] = ()
+        listener = self.listeners.get(comp.name)
+        if listener is not None:  # the API's socket, shared by every replica
+            pass_fds = (listener.fileno(),)
+            env[LISTEN_FD_VAR] = str(listener.fileno())
+            if comp.config.replicas <= 1:  # the only replica accepts while it loads
+                env[LISTEN_EARLY_VAR] = "1"
         rep.status_file.unlink(missing_ok=True)
         rep.proc = await asyncio.create_subprocess_exec(
             *with_parent_death(self.plan.argv(comp, rep.config_file)), env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds)
         rep.state, rep.exit_code, rep.killed, rep.lease_lost = "starting", None, False, False
         rep.log_task = asyncio.create_task(self._pump_logs(rep, self._log_file(rep)))
         self._track(asyncio.create_task(self._watch(rep, rep.proc)))
@@ -423,12 +476,12 @@ class Supervisor:
             raise RuntimeError("graph is shutting down")
         live = [r for r in self.replicas[component] if not r.retiring]
         comp = self.plan.component(component)
+        comp.config.replicas = replicas  # before spawning: a new replica reads it
         for _ in range(replicas - len(live)):
             await self._spawn(self._new_replica(comp))
         for rep in removal_order(live)[:max(0, len(live) - replicas)]:
             rep.retiring = True
             self._track(asyncio.create_task(self._stop_replicas([rep], self.stop_grace_s(comp))))
-        comp.config.replicas = replicas
         return {"component": component, "replicas": replicas}
 
     def stop_grace_s(self, comp: ComponentPlan) -> float:
@@ -480,6 +533,7 @@ class Supervisor:
         """Stop everything in shutdown_rank order within one overall deadline."""
         self.shutting_down = True
         deadline = time.monotonic() + self.plan.common.shutdown_timeout_s
+        await self._drain_listeners()
         ranks = sorted({c.shutdown_rank for c in self.plan.components})
         for rank in ranks:
             reps = [r for c in self.plan.components if c.shutdown_rank == rank
@@ -488,6 +542,18 @@ class Supervisor:
         for t in list(self._watchers):
             t.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
+        for sock in self.listeners.values():
+            sock.close()
+
+    async def _drain_listeners(self) -> None:
+        """Drop new connections to the shared API sockets, and give the replicas still
+        accepting ``LISTENER_DRAIN_S`` to take what waits in the accept queue (closing a
+        listener resets what it still holds)."""
+        fds = [sock.fileno() for sock in self.listeners.values()
+               if refuse_new_connections(sock.fileno())]
+        if fds:
+            await poll_until(lambda: not any(accept_queue_length(fd) for fd in fds),
+                             LISTENER_DRAIN_S, poll_s=0.005)
 
     def exit_code(self) -> int:
         """0 when every replica stopped cleanly and none failed, else 1."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -189,6 +190,21 @@ def test_bad_config_starts_nothing(tmp_path):
     assert f"{cfg}: invalid config" in res.stderr
     assert "EchoWorker.replicas" in res.stderr
     assert not (tmp_path / "state").exists()
+
+
+def test_a_busy_frontend_port_starts_nothing(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = subprocess.run([*dynamo_cmd(), "serve", "graphs.agg_router:Frontend", "-f",
+                              "configs/mocker_agg_router.yaml", f"--Frontend.port={port}",
+                              "--state-dir", str(tmp_path / "state")], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"Frontend.port: cannot listen on 127.0.0.1:{port}: Address already in use" \
+        in res.stderr
+    assert not (tmp_path / "state").exists()  # no infrastructure, no replica
 
 
 def test_dry_run_prints_plan(tmp_path):

@@ -1,0 +1,71 @@
+"""Two frontend processes on one port (`Frontend.replicas: 2`): the supervisor's one
+socket on loopback, both replicas answering from it, and a replica killed without a
+connection refused or lost while the supervisor brings it back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.e2e.helpers import metric
+from tests.graphs import MOCKER_FLEET, start_graph
+from tests.integration.serve_helpers import wait_until
+from tests.security.test_listeners import listeners
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _ask(url: str, i: int) -> int:
+    # A connection of its own per request: the kernel hands each to whichever replica
+    # accepts first.
+    with httpx.Client(timeout=30) as client:
+        return client.post(f"{url}/v1/completions", headers={"connection": "close"}, json={
+            "model": "SmolLM2-135M-Instruct", "prompt": [1000 + i, 2000, 3000],
+            "max_tokens": 2}).status_code
+
+
+def _served(rep: dict) -> float:
+    return metric(rep["metrics"], "splitserve_frontend_requests_total", outcome="ok")
+
+
+@pytest.mark.timeout(300)
+def test_two_frontend_replicas_serve_one_port_and_survive_a_kill(tmp_path):
+    run, url = start_graph(tmp_path, *MOCKER_FLEET, "--Frontend.replicas=2")
+    try:
+        reps = run.replicas("Frontend")
+        assert len(reps) == 2 and all(r["metrics"] for r in reps), reps
+        port = int(url.rsplit(":", 1)[1])
+        held = {pid: [s for s in listeners(pid) if s[1] == port]
+                for pid in (run.proc.pid, *(r["pid"] for r in reps))}
+        # One socket, on loopback, held by the supervisor and both replicas.
+        assert all(socks == [("127.0.0.1", port)] for socks in held.values()), held
+
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda i: _ask(url, i), range(48)))
+        assert codes == [200] * 48
+        served = [_served(r) for r in reps]
+        assert sum(served) == 48 and all(n > 0 for n in served), served
+
+        victim = reps[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        after = [_ask(url, 100 + i) for i in range(20)]  # while it is down and restarting
+        assert after == [200] * 20
+
+        def back() -> bool:
+            now = run.replicas("Frontend")
+            return (len(now) == 2 and all(r["state"] == "ready" for r in now)
+                    and victim["pid"] not in {r["pid"] for r in now})
+        wait_until(back, 120, what="the killed frontend replica restarted and ready")
+        time.sleep(0.2)
+        reps = run.replicas("Frontend")
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda i: _ask(url, 200 + i), range(48)))
+        assert codes == [200] * 48
+        assert all(_served(r) > 0 for r in reps)  # the new one accepts too
+    finally:
+        run.stop()
