@@ -307,7 +307,10 @@ def deployment(name: str, case: Case, args):
                       [*fleet, *one_line_default(slo), *mode, *args.ours_set],
                       startup_timeout_s=args.startup_timeout_s) as g:
             wait_ready(g.url, 60, 2 * case.workers, case.warmup)
-            yield g.url, f"{g.url}/metrics", None
+            # Several frontend processes (--ours-set=--Frontend.replicas=N): each one's
+            # own /metrics port; the API port's answers from whichever accepts.
+            own = [r["metrics"] for r in g.replicas("Frontend") if r["metrics"]]
+            yield g.url, own or f"{g.url}/metrics", None
         return
     if name == ROUTER:
         slo = rp.parse_slo(case.slo)

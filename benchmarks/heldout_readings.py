@@ -11,44 +11,53 @@ import time
 from splitserve.bench.graphrun import parse_prometheus
 
 
-def confusion(metrics_url: str | None, family: str = "splitserve_qos_confusion_total",
-              keys: tuple[str, ...] = ("outcome",)) -> dict[str, float] | None:
-    """Our frontend's counters of ``family`` summed by the ``keys`` labels (joined by
-    '/'): the confusion table by default, the verdicts by outcome and reason with
-    ``verdicts``."""
-    if metrics_url is None:
-        return None
+MetricsUrls = str | list[str] | None
+"""One ``/metrics`` URL, or one per replica (several frontend processes), summed."""
+
+
+def _texts(metrics_urls: MetricsUrls, timeout_s: float = 10) -> list[str]:
     import urllib.request
 
-    with urllib.request.urlopen(metrics_url, timeout=10) as r:
-        fams = parse_prometheus(r.read().decode())
-    out: dict[str, float] = {}
-    for labels, v in fams.get(family, {}).items():
-        cell = "/".join(dict(labels).get(k, "") for k in keys)
-        out[cell] = out.get(cell, 0.0) + v
+    urls = [metrics_urls] if isinstance(metrics_urls, str) else list(metrics_urls or ())
+    out = []
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            out.append(r.read().decode())
     return out
 
 
-def prediction_error(metrics_url: str | None) -> dict[str, dict] | None:
+def confusion(metrics_urls: MetricsUrls, family: str = "splitserve_qos_confusion_total",
+              keys: tuple[str, ...] = ("outcome",)) -> dict[str, float] | None:
+    """Our frontend's counters of ``family`` summed by the ``keys`` labels (joined by
+    '/') over its replicas: the confusion table by default, the verdicts by outcome and
+    reason with ``verdicts``."""
+    if metrics_urls is None:
+        return None
+    out: dict[str, float] = {}
+    for text in _texts(metrics_urls):
+        for labels, v in parse_prometheus(text).get(family, {}).items():
+            cell = "/".join(dict(labels).get(k, "") for k in keys)
+            out[cell] = out.get(cell, 0.0) + v
+    return out
+
+
+def prediction_error(metrics_urls: MetricsUrls) -> dict[str, dict] | None:
     """Our frontend's prediction error over the run, per kind (``ttft``, ``tpot``): the
     p10, p50 and p90 of log2(measured / predicted) and the share within 2x, read from
-    its histogram as ``dynamo qos calibration`` reads it (bucket bounds)."""
-    if metrics_url is None:
+    its histograms (every replica's) as ``dynamo qos calibration`` reads them."""
+    if metrics_urls is None:
         return None
-    import urllib.request
-
     from splitserve.cli.qos_cmd import Calibration
 
-    with urllib.request.urlopen(metrics_url, timeout=10) as r:
-        text = r.read().decode()
     cal = Calibration()
-    cal.add(text)
+    for text in _texts(metrics_urls):
+        cal.add(text)
     return cal.summary()["calibration"]
 
 
-def verdicts(metrics_url: str | None) -> dict[str, float] | None:
+def verdicts(metrics_urls: MetricsUrls) -> dict[str, float] | None:
     """Admission's verdicts by outcome and reason (``no-estimate``: judged on no fit)."""
-    return confusion(metrics_url, "splitserve_qos_admissions_total", ("outcome", "reason"))
+    return confusion(metrics_urls, "splitserve_qos_admissions_total", ("outcome", "reason"))
 
 
 class Sampler:
@@ -58,24 +67,22 @@ class Sampler:
     GAUGES = {"splitserve_frontend_event_loop_lag_seconds": "loop_lag_s",
               "splitserve_frontend_inflight_requests": "inflight"}
 
-    def __init__(self, metrics_url: str | None, every_s: float = 0.5) -> None:
+    def __init__(self, metrics_urls: MetricsUrls, every_s: float = 0.5) -> None:
         import threading
 
-        self.url, self.every_s, self.rows = metrics_url, every_s, []
+        self.url, self.every_s, self.rows = metrics_urls, every_s, []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        import urllib.request
-
         t0 = time.monotonic()
         while not self._stop.wait(self.every_s):
             with contextlib.suppress(OSError, ValueError):
-                with urllib.request.urlopen(self.url, timeout=2) as r:
-                    fams = parse_prometheus(r.read().decode())
+                fams = [parse_prometheus(text) for text in _texts(self.url, 2)]
                 row = {"t_s": round(time.monotonic() - t0, 2)}
-                for fam, key in self.GAUGES.items():
-                    row[key] = sum(fams.get(fam, {}).values())
+                for fam, key in self.GAUGES.items():  # the replicas' loop lag: the worst
+                    values = [sum(f.get(fam, {}).values()) for f in fams]
+                    row[key] = max(values) if key == "loop_lag_s" else sum(values)
                 self.rows.append(row)
 
     def __enter__(self) -> Sampler:
