@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.helpers import metric
 from tests.graphs import MOCKER_FLEET, start_graph
-from tests.integration.serve_helpers import wait_until
+from tests.integration.serve_helpers import http_post_json, wait_until
 from tests.security.test_listeners import listeners
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -67,5 +67,14 @@ def test_two_frontend_replicas_serve_one_port_and_survive_a_kill(tmp_path):
             codes = list(pool.map(lambda i: _ask(url, 200 + i), range(48)))
         assert codes == [200] * 48
         assert all(_served(r) > 0 for r in reps)  # the new one accepts too
+
+        # Scaled down to one and back to two on the same socket, answering throughout.
+        for n in (1, 2):
+            code, body = http_post_json(run.control() + "/v1/components/Frontend/replicas",
+                                        {"replicas": n}, token=run.token())
+            assert code == 200, body
+            wait_until(lambda n=n: [r["state"] for r in run.replicas("Frontend")]
+                       == ["ready"] * n, 120, what=f"{n} frontend replicas ready")
+            assert [_ask(url, 300 + 10 * n + i) for i in range(10)] == [200] * 10
     finally:
-        run.stop()
+        assert run.stop() == 0, run.output()[-3000:]
