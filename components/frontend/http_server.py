@@ -42,11 +42,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from splitserve.contracts.kit.shared_listener import (
-    accept_queue_length,
-    refuse_new_connections,
-)
-from splitserve.contracts.kit.waiting import poll_until
+from splitserve.contracts.kit.shared_listener import stop_accepting_new
 
 from .errors import APIError
 
@@ -319,12 +315,9 @@ class FrontendServer(uvicorn.Server):
         if self.shared:
             await super().shutdown(sockets)
             return
-        fds = [s.fileno() for server in self.servers for s in server.sockets]
-        fds = [fd for fd in fds if refuse_new_connections(fd)]
-        # The loop accepts what was queued before the filter; closing the listener with
-        # connections still queued would reset them.
-        await poll_until(lambda: not any(accept_queue_length(fd) for fd in fds), DRAIN_S,
-                         poll_s=0.005)
+        # The loop accepts what was queued before the filter.
+        await stop_accepting_new([s.fileno() for server in self.servers
+                                  for s in server.sockets], DRAIN_S)
         await asyncio.sleep(0)  # let the protocols of the last accepted ones start
         await super().shutdown(sockets)
 

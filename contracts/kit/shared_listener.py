@@ -12,14 +12,14 @@ or while one of several drains, waits in the accept queue for the next replica t
 accept it instead of being refused or reset.  Hence two rules for a replica:
 
 - it accepts only when it can answer, unless it is its component's only replica
-  (``LISTEN_EARLY_VAR``), which accepts while loading and answers 503 ``loading`` as a
-  frontend that binds its own socket does;
-- on stop it only stops accepting: the drop filter (``refuse_new_connections``) is the
+  (``LISTEN_EARLY_VAR``), which accepts while loading and answers 503 ``not_ready`` as
+  a frontend that binds its own socket does;
+- on stop it only stops accepting: the drop filter (``stop_accepting_new``) is the
   supervisor's to attach, once, when the whole graph stops, since a filter on the shared
   socket would turn away its siblings' connections too.
 
-``refuse_new_connections`` and ``accept_queue_length`` are Linux socket facts used by
-both sides (and by a frontend that binds its own socket).
+``stop_accepting_new`` (the drop filter, then waiting for the accept queue to empty) is
+used by both the supervisor and a frontend that binds its own socket.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import struct
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from splitserve.contracts.kit.waiting import poll_until
 
 log = logging.getLogger(__name__)
 
@@ -130,3 +132,13 @@ def accept_queue_length(fd: int) -> int:
     except (OSError, AttributeError):
         return 0
     return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else 0
+
+
+async def stop_accepting_new(fds: list[int], timeout_s: float) -> None:
+    """Drop new connection attempts to the listening sockets ``fds`` and wait, at most
+    ``timeout_s``, until whoever accepts from them has taken what their accept queues
+    held: closing a listener resets every connection still queued on it."""
+    fds = [fd for fd in fds if refuse_new_connections(fd)]
+    if fds:
+        await poll_until(lambda: not any(accept_queue_length(fd) for fd in fds), timeout_s,
+                         poll_s=0.005)

@@ -28,11 +28,9 @@ from splitserve.contracts.kit.procs import STACK_DUMP_SIGNAL, with_parent_death
 from splitserve.contracts.kit.shared_listener import (
     LISTEN_EARLY_VAR,
     LISTEN_FD_VAR,
-    accept_queue_length,
     bind_listener,
-    refuse_new_connections,
+    stop_accepting_new,
 )
-from splitserve.contracts.kit.waiting import poll_until
 from splitserve.serve.plan import ComponentPlan, ServePlan
 
 log = logging.getLogger("splitserve.supervisor")
@@ -549,11 +547,8 @@ class Supervisor:
         """Drop new connections to the shared API sockets, and give the replicas still
         accepting ``LISTENER_DRAIN_S`` to take what waits in the accept queue (closing a
         listener resets what it still holds)."""
-        fds = [sock.fileno() for sock in self.listeners.values()
-               if refuse_new_connections(sock.fileno())]
-        if fds:
-            await poll_until(lambda: not any(accept_queue_length(fd) for fd in fds),
-                             LISTENER_DRAIN_S, poll_s=0.005)
+        await stop_accepting_new([sock.fileno() for sock in self.listeners.values()],
+                                 LISTENER_DRAIN_S)
 
     def exit_code(self) -> int:
         """0 when every replica stopped cleanly and none failed, else 1."""
