@@ -129,15 +129,15 @@ def main(argv: list[str] | None = None) -> None:
     heldout = _heldout()
     case = heldout.Case("none", 1, 1.0, args.workers, "ttft=1000,tpot=50", 10.0,
                         ((1.0, 1.0),))
-    shadow = {"splitserve": "--Frontend.router.qos.mode=shadow",
-              "splitserve-router": "--Router.qos.mode=shadow"}
+    # This project's configurations: heldout.py's deployment, admission in shadow mode.
+    ours = {"splitserve": (heldout.OURS, "--Frontend.router.qos.mode=shadow"),
+            "splitserve-router": (heldout.ROUTER, "--Router.qos.mode=shadow")}
     rows = []
     for rnd in range(args.rounds):
         for config in args.configs if rnd % 2 == 0 else args.configs[::-1]:
-            name = {"splitserve": heldout.OURS, "splitserve-router": heldout.ROUTER}.get(
-                config, config)
+            name, shadow = ours.get(config, (config, None))
             opts = types.SimpleNamespace(startup_timeout_s=180.0, ours_set=[
-                *([shadow[config]] if config in shadow else []), *args.ours_set])
+                *([shadow] if shadow else []), *args.ours_set])
             with heldout.deployment(name, case, opts) as (url, _, _):
                 for i, (streams, rate) in enumerate(points):
                     row = asyncio.run(point(url, args.workers, streams, rate, args.prompt,
