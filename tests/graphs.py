@@ -50,6 +50,9 @@ AGG_TORCH = ("graphs.agg:Frontend", "configs/agg.yaml")
 # agg_router with two mocker workers (sglang type) at high speedup.
 MOCKER_FLEET = ("graphs.agg_router:Frontend", "configs/mocker_agg_router.yaml",
                 "--Worker.replicas=2", "--Worker.engine_args.speedup_ratio=50")
+# The same fleet with routing in the frontend process (the default deployment).
+MOCKER_FLEET_INPROC = ("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
+                       "--Worker.replicas=2", "--Worker.engine_args.speedup_ratio=50")
 
 Key = tuple[str, str, tuple[str, ...]]
 

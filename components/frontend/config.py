@@ -133,8 +133,8 @@ class FrontendConfig(ComponentConfig):
         "after it; the Router section configures it); `in_process` runs the same "
         "routing service inside this frontend (no RPC, no Router process: serve a graph "
         "without one, e.g. graphs.agg or graphs.disagg_inproc; `router` below configures "
-        "it).  With several frontend replicas in process, each keeps its own "
-        "in-flight accounting and admission state.")
+        "it).  With several frontend replicas in process, each places its own requests "
+        "and follows the others' placements (router.share).")
     router: RouterComponentConfig | None = Field(
         None, description="Routing settings with `routing: in_process` (the fields of a "
         "Router section: policy, block_size, use_kv_events, qos, ...); default: the "

@@ -7,9 +7,10 @@ process.  Everything else is ``RoutedBackend``'s: streaming from the chosen work
 retrying a worker that failed before producing output (the failed worker is marked
 down in the service), and the release with its outcome.
 
-Each frontend replica keeps its own in-flight accounting and admission state; with
-several replicas none sees the others' placements (load reports and KV events, which
-come from the workers, are seen by all).
+With several frontend processes (``Frontend.replicas``) each places and admits its own
+requests, and follows every other's through ``router.share``: their placements, first
+tokens, progress and releases, so admission predicts each worker's whole queue and
+batch (load reports and KV events come from the workers and are seen by all).
 """
 
 from __future__ import annotations

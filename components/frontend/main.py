@@ -236,7 +236,8 @@ async def _in_process_backend(ctx: ComponentContext, cfg: FrontendConfig,
     from splitserve.components.router.feeds import start_routing
 
     instance = f"frontend-{ctx.run.replica}-{os.getpid():x}"
-    routing = await start_routing(ctx, cfg.router_settings(), instance, metrics.registry)
+    routing = await start_routing(ctx, cfg.router_settings(), instance, metrics.registry,
+                                  share=True)
     # `dynamo route explain` reaches this replica's routing here (read-only: explain is
     # forced on, nothing is recorded).
     routing.serving.append(asyncio.ensure_future(
@@ -244,8 +245,8 @@ async def _in_process_backend(ctx: ComponentContext, cfg: FrontendConfig,
     backend = InProcessBackend(routing.service, routing.worker_client, cfg.route_timeout_s,
                                migration_limit=cfg.migration_limit, metrics=backend_metrics,
                                stall_s=cfg.stall_migration_s)
-    log.info("routing in process (no Router process); this replica keeps its own "
-             "accounting")
+    log.info("routing in process (no Router process); placements shared with the "
+             "other frontend processes routing to the same workers")
     return backend, routing
 
 

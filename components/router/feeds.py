@@ -55,6 +55,8 @@ class RouterFeeds:
     loads: asyncio.Task
     watcher: Any
     serving: list[asyncio.Future] = field(default_factory=list)
+    sharing: asyncio.Task | None = None
+    """Placements shared with sibling frontend processes (``share.start_sharing``)."""
 
     async def close(self) -> None:
         """Called once the component's ``stopping`` event is set: stop following policy
@@ -68,6 +70,11 @@ class RouterFeeds:
             await asyncio.wait_for(self.loads, 5)
         except (TimeoutError, Exception) as exc:  # noqa: BLE001 - shutting down anyway
             log.debug("load reports did not stop cleanly: %s", exc)
+        if self.sharing is not None:
+            try:
+                await asyncio.wait_for(self.sharing, 5)
+            except (TimeoutError, Exception) as exc:  # noqa: BLE001 - shutting down anyway
+                log.debug("placement sharing did not stop cleanly: %s", exc)
         if self.indexer is not None:
             await self.indexer.close()
 
@@ -133,11 +140,14 @@ def policy_applier(service: RouterService, cfg: RouterComponentConfig):
 
 
 async def start_routing(ctx, cfg: RouterComponentConfig, instance: str,
-                        registry: CollectorRegistry | None = None) -> RouterFeeds:
+                        registry: CollectorRegistry | None = None,
+                        share: bool = False) -> RouterFeeds:
     """Build the RouterService for ``ctx``'s graph and start its feeds.
 
     ``instance`` names this process in `dynamo policy show`; ``registry`` is where the
-    router's metrics go (the frontend passes its own, so they appear on its /metrics).
+    router's metrics go (the frontend passes its own, so they appear on its /metrics);
+    ``share``: placements are shared with every other process that routes to the same
+    workers with it (``share.PlacementShare``: frontend processes routing in process).
     Returns once discovery, KV events, load reports and the policy watcher are running.
     """
     component = routed_component(cfg, ctx.run.links)
@@ -159,8 +169,15 @@ async def start_routing(ctx, cfg: RouterComponentConfig, instance: str,
     loads = asyncio.create_task(watch_loads(
         os.environ["NATS_SERVER"], load_subject(ctx.namespace, component), service,
         ctx.stopping))
+    sharing = None
+    if share:
+        from .share import share_subject, start_sharing
+
+        _, sharing = await start_sharing(os.environ["NATS_SERVER"],
+                                         share_subject(ctx.namespace, component), service,
+                                         ctx.stopping)
     watcher = await ctx.follow_policy("Router", instance, policy_applier(service, cfg))
     log.info("routing to %s.%s with profiles %s", ctx.namespace, component.lower(),
              router.profile_names)
     return RouterFeeds(service=service, component=component, worker_client=client,
-                       indexer=indexer, loads=loads, watcher=watcher)
+                       indexer=indexer, loads=loads, watcher=watcher, sharing=sharing)

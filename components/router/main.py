@@ -19,7 +19,9 @@ async def main(ctx: ComponentContext) -> None:
     release_ep = ctx.endpoint("Router", "release")
     status_ep = ctx.endpoint("Router", "status")
     progress_ep = ctx.endpoint("Router", "progress")
-    feeds = await start_routing(ctx, cfg, f"{route_ep.connection_id():x}")
+    # Placements shared with the other replicas routing to the same workers (a Router
+    # replica sees only the requests the frontends sent to it).
+    feeds = await start_routing(ctx, cfg, f"{route_ep.connection_id():x}", share=True)
     service = feeds.service
     ctx.serve_metrics(service.metrics.registry)
     serving = [asyncio.ensure_future(route_ep.serve_endpoint(service.route)),

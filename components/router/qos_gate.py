@@ -298,14 +298,10 @@ class QosGate:
         on its worker until its release (``check`` with record, or the verdict a request
         held in the admission queue leaves with)."""
         verdict = admission.verdict
-        if verdict.admit and admission.worker_id is not None and admission.estimate is not None:
-            cls = self.config.class_named(verdict.class_name)
+        ticket = self.ticket(call, admission)
+        if ticket is not None:
             self.predictor.place(call.request_id, f"{admission.worker_id:x}",
-                                 admission.estimate, now, class_name=verdict.class_name,
-                                 would_reject=verdict.would_reject,
-                                 max_tokens=verdict.max_tokens or call.max_tokens,
-                                 tpot_budget_ms=cls.tpot_ms if cls is not None
-                                 and cls.may_reject else 0.0)
+                                 admission.estimate, now, **ticket)
         if not verdict.admit:
             outcome = "rejected"
             worker = "none" if admission.worker_id is None else f"{admission.worker_id:x}"
@@ -317,6 +313,19 @@ class QosGate:
             self.metrics.degradations.labels(verdict.class_name, step.kind).inc()
         if verdict.est_ttft_ms is not None:
             self.metrics.est_ttft.labels(verdict.class_name).set(verdict.est_ttft_ms)
+
+    def ticket(self, call: RouteCall, admission: Admission) -> dict | None:
+        """What the predictor follows an admitted request with besides its worker and
+        estimate (``LatencyPredictor.place``'s keywords); None when it follows nothing
+        (refused, or no worker could be judged)."""
+        verdict = admission.verdict
+        if not verdict.admit or admission.worker_id is None or admission.estimate is None:
+            return None
+        cls = self.config.class_named(verdict.class_name)
+        return {"class_name": verdict.class_name, "would_reject": verdict.would_reject,
+                "max_tokens": verdict.max_tokens or call.max_tokens,
+                "tpot_budget_ms": cls.tpot_ms if cls is not None and cls.may_reject
+                else 0.0}
 
     def refused(self, class_name: str, reason: str) -> None:
         """Count a refusal made outside ``check`` (the admission queue shed it)."""

@@ -30,7 +30,7 @@ from splitserve.contracts.wire import (
     RouterStatus,
     WorkerLoad,
 )
-from splitserve.components.router.qos import Verdict
+from splitserve.components.router.qos import Estimate, Verdict
 from splitserve.contracts import tracing
 
 from .admission_queue import AdmissionQueue
@@ -105,6 +105,9 @@ class RouterService:
         self._pump_soon: asyncio.Handle | None = None
         self._pump_timer: asyncio.TimerHandle | None = None
         self._pump_loop: asyncio.AbstractEventLoop | None = None
+        self.share = None
+        """The sibling frontend processes' side (``share.PlacementShare``), when this
+        service routes in a frontend process beside others; None otherwise."""
 
     def on_load(self, payload: bytes) -> None:
         """A WorkerLoad message from NATS."""
@@ -244,6 +247,9 @@ class RouterService:
         wid = decision.worker_id
         if record:
             self._commit(call, decision, hashes, overlap.get(wid, 0) if wid else 0, now)
+            if wid is not None and self.share is not None:
+                self.share.placed(call.request_id, wid, hashes, adm.estimate,
+                                  self.qos.ticket(call, adm))
         detail = decision.model_dump(mode="json") if call.explain else None
         # The class's level in this router's table travels with the request, so every
         # engine schedules by the QoS classes' order (a class a reload removed while the
@@ -475,6 +481,8 @@ class RouterService:
         """A placed request is over: free its slot, learn from it, and mark its worker
         down if it was unreachable.  Called by the ``release`` endpoint and, in process,
         by the frontend."""
+        if self.share is not None:
+            self.share.released(call)
         stale = self.fleet.placed_elsewhere(call.request_id, call.worker_id)
         self.fleet.release(call.request_id, call.worker_id)
         self.admission.dispatch(time.monotonic(), len(self.fleet.placed),
@@ -492,6 +500,8 @@ class RouterService:
         frontend (a Router process gets the frontends' reports in batches:
         ``apply_progress``)."""
         self.qos.first_token(request_id, time.monotonic())
+        if self.share is not None:
+            self.share.first_token(request_id)
         self._wake_held()
 
     def decode_progress(self, request_id: str, tokens: int, wake: bool = True) -> None:
@@ -500,6 +510,8 @@ class RouterService:
         the answers' measured pace is known; ``wake``: judge the held requests again
         now."""
         self.qos.decode_progress(request_id, tokens, time.monotonic())
+        if self.share is not None:
+            self.share.progress(request_id, tokens)
         if wake:
             self._wake_held()
 
@@ -531,14 +543,85 @@ class RouterService:
             if r.first_token:
                 self.qos.first_token(r.request_id, at)
                 counts.labels("first_token").inc()
+                if self.share is not None:
+                    self.share.first_token(r.request_id)
             if r.progress:
                 self.qos.decode_progress(r.request_id, r.tokens, at)
                 counts.labels("progress").inc()
+                if self.share is not None:
+                    self.share.progress(r.request_id, r.tokens)
             wake = wake or r.first_token or r.wake
             applied += 1
         if wake:
             self._wake_held()
         return applied
+
+    # -- a sibling frontend process's requests (``share.PlacementShare``) ---------------
+
+    def adopt(self, request_id: str, worker_id: int, hashes: Sequence[int],
+              estimate: dict | None, ticket: dict | None, now: float) -> bool:
+        """Follow a request a sibling frontend process placed on ``worker_id``: in flight
+        there, its prefix recently sent there, and (``ticket``) followed by admission
+        like one's own, though never counted in this process's verdicts.  False when it
+        is followed already (sent again to a sibling that started)."""
+        placed = self.fleet.placed.get(request_id)
+        if placed is not None and placed.worker_id == worker_id:
+            return False
+        self.fleet.place(request_id, worker_id, now)
+        if hashes:
+            self.tracker.record(worker_id, list(hashes), now)
+        if ticket is not None and estimate is not None:
+            self.qos.predictor.place(request_id, f"{worker_id:x}",
+                                     Estimate.model_validate(estimate), now, **ticket)
+        return True
+
+    def _follows(self, request_id: str, worker_id: int) -> bool:
+        return (request_id in self.fleet.placed
+                and not self.fleet.placed_elsewhere(request_id, worker_id))
+
+    def adopt_first(self, request_id: str, worker_id: int, now: float) -> bool:
+        """A sibling's request got its first token (its prompt left the queue)."""
+        if not self._follows(request_id, worker_id):
+            return False
+        self.qos.first_token(request_id, now)
+        self._wake_held()
+        return True
+
+    def adopt_progress(self, request_id: str, worker_id: int, tokens: int,
+                       now: float) -> bool:
+        """A sibling's request has streamed ``tokens`` output tokens."""
+        if not self._follows(request_id, worker_id):
+            return False
+        self.qos.decode_progress(request_id, tokens, now)
+        return True
+
+    def adopt_release(self, call: ReleaseCall, now: float) -> bool:
+        """A sibling's request is over: its load leaves the worker and its timings teach
+        the fits (this process's calibration counts only its own)."""
+        if not self._follows(call.request_id, call.worker_id):
+            return False
+        self.fleet.release(call.request_id, call.worker_id)
+        self.admission.dispatch(now, len(self.fleet.placed), len(self.fleet.candidates(now)))
+        if call.outcome == "unreachable":
+            self.mark_down(call.worker_id, now)
+        self.qos.predictor.finish(call.request_id, now, ok=call.outcome == "ok",
+                                  ttft_s=call.ttft_s, duration_s=call.duration_s,
+                                  output_tokens=call.output_tokens)
+        self._wake_held()
+        return True
+
+    def drop_foreign(self, request_ids, now: float) -> int:
+        """Forget a gone sibling's requests (``request_ids``); returns how many were
+        still followed."""
+        dropped = 0
+        for rid in request_ids:
+            if self.fleet.release(rid) is not None:
+                dropped += 1
+                self.qos.predictor.finish(rid, now, ok=False, ttft_s=None,
+                                          duration_s=None, output_tokens=0)
+        if dropped:
+            self._wake_held()
+        return dropped
 
     async def status_handler(self, request: dict, context=None):
         """Endpoint handler: one RouterStatus."""

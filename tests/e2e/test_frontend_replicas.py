@@ -1,6 +1,7 @@
-"""Two frontend processes on one port (`Frontend.replicas: 2`): the supervisor's one
-socket on loopback, both replicas answering from it, and a replica killed without a
-connection refused or lost while the supervisor brings it back."""
+"""Two frontend processes on one port (`Frontend.replicas: 2`), routing in process: the
+supervisor's one socket on loopback, both replicas answering from it and each following
+the other's placements, and a replica killed without a connection refused or lost while
+the supervisor brings it back."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e.helpers import metric
-from tests.graphs import MOCKER_FLEET, start_graph
+from tests.graphs import MOCKER_FLEET_INPROC, start_graph
 from tests.integration.serve_helpers import http_post_json, wait_until
 from tests.security.test_listeners import listeners
 
@@ -35,7 +36,7 @@ def _served(rep: dict) -> float:
 
 @pytest.mark.timeout(300)
 def test_two_frontend_replicas_serve_one_port_and_survive_a_kill(tmp_path):
-    run, url = start_graph(tmp_path, *MOCKER_FLEET, "--Frontend.replicas=2")
+    run, url = start_graph(tmp_path, *MOCKER_FLEET_INPROC, "--Frontend.replicas=2")
     try:
         reps = run.replicas("Frontend")
         assert len(reps) == 2 and all(r["metrics"] for r in reps), reps
@@ -50,6 +51,15 @@ def test_two_frontend_replicas_serve_one_port_and_survive_a_kill(tmp_path):
         assert codes == [200] * 48
         served = [_served(r) for r in reps]
         assert sum(served) == 48 and all(n > 0 for n in served), served
+        # Each replica follows the other's requests (router.share): every one the other
+        # placed, and each released again.
+        for me, other in ((0, 1), (1, 0)):
+            wait_until(lambda me=me, other=other: metric(
+                reps[me]["metrics"], "splitserve_router_siblings") == 1 and all(
+                metric(reps[me]["metrics"], "splitserve_router_shared_events_total",
+                       direction="applied", kind=kind) == served[other]
+                for kind in ("place", "release")), 10,
+                what=f"replica {me} followed replica {other}'s requests")
 
         victim = reps[0]
         os.kill(victim["pid"], signal.SIGKILL)
