@@ -34,6 +34,8 @@ class HeldEntry:
     expires: float = field(compare=False)  # when the hold ends (placed or refused)
     reason: str = field(compare=False)  # the verdict reason it was first held for
     future: asyncio.Future = field(compare=False)
+    hashes: Any = field(default=None, compare=False)
+    """The prompt's block hashes, computed once for all its judgments."""
 
 
 class HoldQueue:
@@ -47,9 +49,9 @@ class HoldQueue:
         return len(self._heap)
 
     def push(self, call: Any, arrival: float, deadline: float, expires: float,
-             reason: str) -> HeldEntry:
+             reason: str, hashes: Any = None) -> HeldEntry:
         entry = HeldEntry(deadline, next(self._seq), call, arrival, expires, reason,
-                          asyncio.get_running_loop().create_future())
+                          asyncio.get_running_loop().create_future(), hashes)
         heapq.heappush(self._heap, entry)
         return entry
 

@@ -189,13 +189,16 @@ class RouterService:
         return cached, restore
 
     def decide(self, call: RouteCall, admitted: Verdict | None = None,
-               waited_ms: float = 0.0, holding: bool = False) -> tuple[RouteReply, Any]:
+               waited_ms: float = 0.0, holding: bool = False,
+               hashes: list[int] | None = None) -> tuple[RouteReply, Any]:
         """Build the snapshot and run the core; records the placement unless explaining.
 
         ``admitted``: the verdict of a request that waited in the admission queue; it is
         not judged again (the queue's deadline already decided whether it still may run).
         ``waited_ms``: how long it has been held (``qos.hold``); ``holding``: a verdict
-        that holds (``HOLD_REASONS``) answers ``HELD`` and records nothing.
+        that holds (``HOLD_REASONS``) answers ``HELD`` and records nothing; ``hashes``:
+        the prompt's block hashes when known already (a held request is judged again and
+        again).
         """
         now = time.monotonic()
         waited_ms += call.waited_ms  # in the frontend before it asked: the client waited
@@ -203,7 +206,8 @@ class RouterService:
         for wid in call.failed_workers:
             self.mark_down(wid, now)
         self.fleet.expire(now)
-        hashes = self.hash_blocks(call.token_ids, call.lora)
+        if hashes is None:
+            hashes = self.hash_blocks(call.token_ids, call.lora)
         overlap, tiers, weighted = self._prefix_hits(hashes)
         recent = self.tracker.recent_blocks(hashes, now)
         record = call.record and not call.explain
@@ -333,7 +337,8 @@ class RouterService:
         if len(self.held):
             self._pump()
         now = time.monotonic()
-        reply, _ = self.decide(call, holding=True)
+        hashes = self.hash_blocks(call.token_ids, call.lora)
+        reply, _ = self.decide(call, holding=True, hashes=hashes)
         if reply.reason != HELD:
             return reply
         verdict = reply.qos or {}
@@ -345,9 +350,10 @@ class RouterService:
         drain_s = (len(self.held) + 1) / rate if rate else None
         if len(self.held) >= hold.max_held or slack_s <= 0 or (
                 reason == "tpot-slo-risk" and drain_s is not None and drain_s > slack_s):
-            return self._end_hold(call, reply, 0.0)  # at once: refused, or placed
+            return self._end_hold(call, reply, 0.0, hashes)  # at once: refused, or placed
         entry = self.held.push(call, now, deadline=now + target_s,
-                               expires=now + min(hold.max_wait_s, slack_s), reason=reason)
+                               expires=now + min(hold.max_wait_s, slack_s), reason=reason,
+                               hashes=hashes)
         self.qos.metrics.holding.set(len(self.held))
         self._pump()
         return await entry.future
@@ -366,23 +372,25 @@ class RouterService:
         it is placed or refused by what it is still held for (``HOLD_REASONS``)."""
         # A hold that ended is judged as of its end (a tick may come a little later).
         waited_ms = ((min(now, entry.expires) if final else now) - entry.arrival) * 1000.0
-        reply, _ = self.decide(entry.call, waited_ms=waited_ms, holding=True)
+        reply, _ = self.decide(entry.call, waited_ms=waited_ms, holding=True,
+                               hashes=entry.hashes)
         if reply.reason != HELD:
             return reply
         if final:
-            return self._end_hold(entry.call, reply, waited_ms)
+            return self._end_hold(entry.call, reply, waited_ms, entry.hashes)
         slack_s = self._slack_s(reply.qos or {}, entry.deadline - entry.arrival)
         entry.expires = min(entry.expires, now + max(0.0, slack_s))
         return HELD
 
-    def _end_hold(self, call: RouteCall, held: RouteReply, waited_ms: float) -> RouteReply:
+    def _end_hold(self, call: RouteCall, held: RouteReply, waited_ms: float,
+                  hashes: list[int] | None = None) -> RouteReply:
         """A request that is not held (any more) although its verdict ``held`` would hold
         it: placed as without holding when a guess held it ('place'), else refused with
         that verdict's reason and Retry-After (the answers running came first)."""
         verdict = held.qos or {}
         reason = verdict.get("reason") or HELD
         if HOLD_REASONS.get(reason) == "place":
-            return self.decide(call, waited_ms=waited_ms)[0]
+            return self.decide(call, waited_ms=waited_ms, hashes=hashes)[0]
         cls = held.class_name or self.qos.resolve(call).name
         self.qos.refused(cls, reason)
         return RouteReply(worker_id=None, reason=f"rejected-{reason}", class_name=cls,

@@ -73,6 +73,26 @@ def test_a_request_held_for_its_batch_is_placed_when_an_answer_ends():
     asyncio.run(go())
 
 
+def test_a_held_request_hashes_its_prompt_once_however_often_it_is_judged():
+    async def go():
+        svc = service()
+        teach_both(svc)
+        placed = await fill(svc, 14)
+        hashed: list[str] = []
+
+        def hash_blocks(tokens, lora=None):
+            hashed.append(tokens[0])
+            return [7, 8]
+        svc.hash_blocks = hash_blocks
+        probe = asyncio.create_task(svc.place(call("probe")))
+        await asyncio.sleep(0.1)  # judged again on every 20 ms tick
+        assert not probe.done() and len(svc.held) == 1
+        release(svc, "r0", placed[0].worker_id)
+        assert (await asyncio.wait_for(probe, 1.0)).worker_id == placed[0].worker_id
+        assert len(hashed) == 1
+    asyncio.run(go())
+
+
 def test_a_held_request_is_refused_when_its_wait_ends_with_the_drain_as_retry_after():
     async def go():
         svc = service({"max_wait_s": 0.2})
