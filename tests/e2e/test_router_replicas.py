@@ -1,5 +1,6 @@
 """Two router replicas behind one frontend: each release reaches the replica that placed
-the request, so every replica's in-flight accounting returns to zero."""
+the request, so every replica's in-flight accounting returns to zero, and each replica
+follows the other's placements (router.share)."""
 
 from __future__ import annotations
 
@@ -25,14 +26,20 @@ def test_each_router_replica_gets_the_releases_of_what_it_placed(tmp_path):
                 "max_tokens": 2})
             assert r.status_code == 200, r.text
         time.sleep(1.0)  # releases are sent in the background
+        urls = [rep["metrics"] for rep in run.replicas("Router")]
         counts = [(metric(m, "splitserve_router_decisions_total"),
-                   metric(m, "splitserve_router_released_total"))
-                  for m in (rep["metrics"] for rep in run.replicas("Router"))]
+                   metric(m, "splitserve_router_released_total")) for m in urls]
+        followed = [{kind: metric(m, "splitserve_router_shared_events_total",
+                                  direction="applied", kind=kind)
+                     for kind in ("place", "release")} for m in urls]
     finally:
         assert run.stop() == 0, run.output()[-3000:]
     assert len(counts) == 2
     assert all(placed > 0 for placed, _ in counts), counts  # both replicas routed
     assert all(placed == released for placed, released in counts), counts
+    # Each replica followed every request the other placed, to its release.
+    assert followed[0] == {"place": counts[1][0], "release": counts[1][0]}, followed
+    assert followed[1] == {"place": counts[0][0], "release": counts[0][0]}, followed
 
 
 def test_each_router_replica_learns_first_tokens_and_progress_as_answers_stream(tmp_path):
