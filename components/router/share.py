@@ -25,7 +25,9 @@ alone only says it is there (``heartbeat_s``).  A new sibling (a replica started
 restarted or scaled up) is sent every request in flight here at once, so it follows
 them from its first second; a sibling not heard from for ``timeout_s`` (killed), or
 that says it stops, has its requests dropped at once instead of pinning load until the
-placements' TTL.
+placements' TTL.  Core NATS can lose a message: each heartbeat lists the requests its
+sender has in flight, and a receiver drops any of that sender's it still follows that
+are not listed, so a lost release costs at most a second of phantom load.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ HEARTBEAT_S = 1.0
 TIMEOUT_S = 3.5
 MAX_PENDING = 50_000
 """Events kept unsent at most (the oldest go first, counted as overflow)."""
+MAX_MESSAGE_BYTES = 256 * 1024
+"""One message at most (NATS refuses what is over its max_payload, 1 MiB by default)."""
 
 PLACE, FIRST, PROGRESS, RELEASE = "place", "first", "progress", "release"
 KINDS = (PLACE, FIRST, PROGRESS, RELEASE)
@@ -71,12 +75,13 @@ class ShareMetrics:
             "overflow: dropped unsent), by kind: place, first, progress, release",
             ["direction", "kind"], registry=r)
         self.siblings = Gauge(f"{PREFIX}_router_siblings",
-                              "Other frontend processes routing in process heard from",
+                              "Other processes routing to the same workers heard from",
                               registry=r)
         self.dropped = Counter(
             f"{PREFIX}_router_sibling_requests_dropped_total",
-            "Requests of a sibling that stopped or went silent, dropped from this "
-            "process's accounting", registry=r)
+            "Requests of a sibling dropped from this process's accounting: the sibling "
+            "stopped or went silent, or its heartbeat no longer lists them (a release "
+            "lost on the way)", registry=r)
 
 
 class PlacementShare:
@@ -91,11 +96,13 @@ class PlacementShare:
     def __init__(self, service, publish: Callable[[bytes], Awaitable[None]], *,
                  origin: str | None = None, interval_s: float = INTERVAL_S,
                  heartbeat_s: float = HEARTBEAT_S, timeout_s: float = TIMEOUT_S,
-                 metrics: ShareMetrics | None = None, clock=time.monotonic) -> None:
+                 metrics: ShareMetrics | None = None, clock=time.monotonic,
+                 max_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.service = service
         self.publish = publish
         self.origin = origin or uuid.uuid4().hex
         self.interval_s, self.heartbeat_s, self.timeout_s = interval_s, heartbeat_s, timeout_s
+        self.max_bytes = max_bytes
         self.metrics = metrics or ShareMetrics()
         self.clock = clock
         self.siblings: dict[str, float] = {}
@@ -187,6 +194,16 @@ class PlacementShare:
                 continue
             self.metrics.events.labels("applied" if ok else "skipped", event[0]).inc()
             applied += ok
+        live = msg.get("live")
+        if live is not None:  # what it still has in flight: the rest was released
+            gone = mine.difference(live)
+            if gone:
+                mine.difference_update(gone)
+                dropped = self.service.drop_foreign(gone, now)
+                if dropped:
+                    self.metrics.dropped.inc(dropped)
+                    log.info("%d requests of frontend process %s released unseen: dropped",
+                             dropped, origin[:8])
         return applied
 
     def _apply(self, event: list, mine: set[str], now: float) -> bool | None:
@@ -230,7 +247,14 @@ class PlacementShare:
                                        **flags})
 
     async def tick(self) -> None:
-        """Send what is pending, a heartbeat when due, and forget silent siblings."""
+        """Send what is pending, a heartbeat when due, and forget silent siblings.
+
+        A heartbeat sent while siblings are heard carries this process's requests in
+        flight (``live``): a sibling drops any of this one's requests it still follows
+        that are not among them (a release lost on the way).  Messages stay under
+        ``max_bytes`` (NATS refuses larger ones): a large batch, such as every request
+        in flight sent to a sibling that started, goes as several.  What could not be
+        sent is kept for the next tick."""
         now = self.clock()
         for origin in [o for o, at in self.siblings.items() if now - at > self.timeout_s]:
             self._forget(origin)
@@ -238,11 +262,31 @@ class PlacementShare:
         beat = self._announce or now - self._last_beat >= self.heartbeat_s
         if not events and not beat:
             return
-        self._announce = False
-        self._last_beat = now
-        await self.publish(self._envelope(events))
-        for e in events:
-            self.metrics.events.labels("sent", e[0]).inc()
+        flags = {"live": list(self.own)} if beat and self.siblings else {}
+        sent = 0
+        try:
+            for payload, n in self._messages(events, flags):
+                await self.publish(payload)
+                for e in events[sent:sent + n]:
+                    self.metrics.events.labels("sent", e[0]).inc()
+                sent += n
+        except BaseException:
+            self.pending[:0] = events[sent:]  # in order, before what came since
+            raise
+        if beat:
+            self._announce = False
+            self._last_beat = now
+
+    def _messages(self, events: list, flags: dict):
+        """(payload, events in it) for ``events`` in order, each under ``max_bytes``;
+        ``flags`` go with the last."""
+        payload = self._envelope(events, **flags)
+        if len(payload) <= self.max_bytes or len(events) <= 1:
+            yield payload, len(events)
+            return
+        half = len(events) // 2
+        yield from self._messages(events[:half], {})
+        yield from self._messages(events[half:], flags)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Send batches every ``interval_s`` while anything is pending, heartbeats every

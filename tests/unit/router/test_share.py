@@ -7,6 +7,7 @@ calibration counts only its own requests."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 import pytest
@@ -22,8 +23,11 @@ pytestmark = pytest.mark.unit
 
 
 class Clock:
+    """The shares' clock: the service's own (``time.monotonic``) when made, moved by hand
+    (placements older than the service's TTL would expire)."""
+
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.now = time.monotonic()
 
     def __call__(self) -> float:
         return self.now
@@ -179,3 +183,54 @@ def test_a_sibling_saying_it_stops_is_forgotten_at_once_and_junk_is_ignored():
     asyncio.run(sa.run(stopping))
     assert not b.fleet.placed and not sb.siblings
     assert share_subject("dynamo", "Worker") == "splitserve.dynamo.worker.placements"
+
+
+def test_a_large_batch_goes_as_several_messages_and_a_lost_release_heals_at_the_heartbeat():
+    clock, bus = Clock(), Bus()
+    a, b = service(), service()
+    sa = bus.join(a, clock, "a")
+    sa.max_bytes = 4096
+    ticks(sa)
+    hashes = list(range(2**40, 2**40 + 300))  # a long prompt's blocks
+
+    for i in range(20):  # in flight before the sibling starts
+        a.fleet.place(f"r{i}", 1, clock.now)
+        sa.placed(f"r{i}", 1, hashes, None, None)
+    sb = bus.join(b, clock, "b")
+    sent = bus.messages
+    ticks(sb, sa)
+    assert set(b.fleet.placed) == {f"r{i}" for i in range(20)}
+    assert bus.messages - sent >= 5  # 20 places of ~3 KB each, under 4 KiB a message
+
+    release = sa._send  # the release of r0 is lost on the way
+    sa._send = lambda event: None
+    a.complete(ReleaseCall(request_id="r0", worker_id=1))
+    sa._send = release
+    ticks(sa)
+    assert "r0" in b.fleet.placed
+    clock.now += 1.0  # a's next heartbeat lists what it has in flight
+    ticks(sa)
+    assert "r0" not in b.fleet.placed and len(b.fleet.placed) == 19
+
+
+def test_what_could_not_be_sent_is_sent_next_time_in_order():
+    clock, bus = Clock(), Bus()
+    a, b = service(), service()
+    sa, sb = bus.join(a, clock, "a"), bus.join(b, clock, "b")
+    ticks(sa, sb)
+    deliver = sa.publish
+    failing = True
+
+    async def publish(payload: bytes) -> None:
+        if failing:
+            raise ConnectionError("reconnecting")
+        await deliver(payload)
+    sa.publish = publish
+    place(a, "x")
+    with pytest.raises(ConnectionError):
+        ticks(sa, rounds=1)
+    assert [e[1] for e in sa.pending] == ["x"]
+    failing = False
+    place(a, "y")
+    ticks(sa)
+    assert set(b.fleet.placed) == {"x", "y"}
