@@ -71,12 +71,16 @@ class FrontendConfig(ComponentConfig):
     max_header_bytes: int = Field(16 * 1024, ge=1024, description="Largest request line plus "
                                   "headers; larger ones get 431.")
     header_timeout_s: float = Field(10.0, gt=0, description="Time a client has to send a "
-                                    "request's headers, from connecting or from the end of "
-                                    "the previous response; then 408 (or a close when idle).")
+                                    "request's headers, from connecting or, on a kept-alive "
+                                    "connection, from the first byte of its next request; "
+                                    "then 408 (or a close when nothing came).")
     body_timeout_s: float = Field(30.0, gt=0, description="Time a client has to send a "
                                   "request body once its headers arrived; then 408.")
-    keep_alive_timeout_s: float = Field(5.0, gt=0, description="An idle keep-alive "
-                                        "connection is closed after this long.")
+    keep_alive_timeout_s: float = Field(30.0, gt=0, description="An idle keep-alive "
+                                        "connection is closed after this long: longer than "
+                                        "clients' own idle limit (httpx 5 s, aiohttp 15 s), "
+                                        "so that the client ends it and never reuses a "
+                                        "connection the server is closing.")
     max_connections: int = Field(1024, ge=1, description="Open HTTP connections; one more "
                                  "is answered 503 and closed.")
     tokenizer_threads: int = Field(2, ge=1, description="Threads that parse and tokenise "

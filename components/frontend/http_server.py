@@ -5,9 +5,13 @@ uvicorn bounds neither the time a client may take to send its headers nor how ma
 connections it holds, and answers malformed requests with plain text (or a reset when
 the client is still sending a huge header).  ``GuardedH11Protocol`` adds:
 
-- a header deadline, from the connection's start (or the end of the previous response)
-  until a request's headers are complete: 408 when something partial arrived, a silent
-  close for an idle connection;
+- a header deadline, from the connection's start (or, on a kept-alive connection, from
+  the first byte of its next request) until a request's headers are complete: 408 when
+  something partial arrived, a silent close for a new connection that sent nothing.  A
+  kept-alive connection with nothing to send is closed after the keep-alive timeout
+  (uvicorn's), longer than common clients' own idle limit (httpx 5 s, aiohttp 15 s), so
+  that the client, not the server, ends an idle connection: a server closing it just as
+  the client reuses it for a request loses that request ("Server disconnected");
 - a body deadline backstop: a connection still sending a request body that long after
   its headers is closed (the POST handlers answer 408 themselves slightly earlier);
 - a connection limit: the connection over the limit gets 503 and is closed;
@@ -63,7 +67,7 @@ class HttpLimits:
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
-    keep_alive_timeout_s: float = 5.0
+    keep_alive_timeout_s: float = 30.0
     max_connections: int = 1024
     max_header_bytes: int = 16 * 1024
 
@@ -108,6 +112,7 @@ class GuardedH11Protocol(H11Protocol):
         self._lingered = 0
         self._client_done = False  # the client closed its sending half
         self._draining = False  # the server stopped: a new request gets 503
+        self._kept_alive = False  # idle after a response: no header deadline until a byte
 
     # --- lifecycle -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -138,6 +143,9 @@ class GuardedH11Protocol(H11Protocol):
             self._answer_and_linger(shutting_down())
             return
         if self._waiting_for_headers():
+            if self._kept_alive:  # the next request on a kept-alive connection starts
+                self._kept_alive = False
+                self._await_headers()
             self._partial = True
             if self._head_too_large(data):
                 self._answer_and_linger(self._headers_too_large())
@@ -162,14 +170,23 @@ class GuardedH11Protocol(H11Protocol):
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not cycle and not self._lingering:
+            self._kept_alive = False
             self._head.clear()
             # A request's headers are complete: the body now has its own deadline.
             self._arm(self.limits.body_timeout_s + 1.0, self._body_deadline, self.cycle)
 
     def on_response_complete(self) -> None:
-        # Armed first: uvicorn may start a pipelined request below, which re-arms.
+        # Idle now: the keep-alive timeout (armed by uvicorn below) bounds the wait for a
+        # next request, and its first byte starts the header deadline (data_received).
+        # Cleared first: uvicorn may start a pipelined request below, which arms again.
         if not self.transport.is_closing() and not self._lingering and not self._draining:
-            self._await_headers()
+            if self.conn.their_state is h11.SEND_BODY:
+                self._await_headers()  # a body left unread: the rest must come in time
+            else:
+                self._cancel_deadline()
+                self._partial = False
+                self._head.clear()
+                self._kept_alive = True
         super().on_response_complete()
         if self._client_done and not self._raw.is_closing():
             self._raw.close()  # nothing more can come: close once the answer is flushed

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 def test_request_limit_defaults():
     cfg = FrontendConfig()
     assert (cfg.max_body_bytes, cfg.max_header_bytes) == (4 * 1024 * 1024, 16 * 1024)
-    assert (cfg.header_timeout_s, cfg.body_timeout_s, cfg.keep_alive_timeout_s) == (10, 30, 5)
+    assert (cfg.header_timeout_s, cfg.body_timeout_s, cfg.keep_alive_timeout_s) == (10, 30, 30)
     assert (cfg.max_connections, cfg.tokenizer_threads, cfg.max_pending_tokenizations) == \
         (1024, 2, 1024)
     assert (cfg.max_tokenization_wait_s, cfg.max_inflight) == (2.0, 4096)

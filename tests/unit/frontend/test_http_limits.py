@@ -59,6 +59,58 @@ def test_idle_connection_is_closed_after_the_header_timeout(server):
     assert raw == b"" and took < 3
 
 
+def one_response(s: socket.socket) -> tuple[int, bytes]:
+    """Read one response with a Content-Length body from a kept-alive connection."""
+    raw = bytearray()
+    while b"\r\n\r\n" not in raw:
+        chunk = s.recv(65536)
+        assert chunk, bytes(raw)
+        raw += chunk
+    status, headers, body = parse(bytes(raw))
+    while len(body) < int(headers["content-length"]):
+        body += s.recv(65536)
+    return status, body
+
+
+LIVE = b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_a_kept_alive_connection_outlives_the_header_timeout_while_idle(server):
+    # The client, not the server, ends an idle connection (keep-alive timeout above
+    # clients' idle limits): a server that closed it just as the client sent its next
+    # request would lose that request.
+    addr, _ = server
+    with connect(addr) as s:
+        s.sendall(LIVE)
+        assert one_response(s)[0] == 200
+        time.sleep(LIMITS.header_timeout_s * 1.5)
+        s.sendall(LIVE)
+        assert one_response(s)[0] == 200
+
+
+def test_headers_trickled_on_a_kept_alive_connection_get_408_from_their_first_byte(server):
+    addr, _ = server
+    s = connect(addr)
+    s.sendall(LIVE)
+    assert one_response(s)[0] == 200
+    time.sleep(LIMITS.header_timeout_s * 1.5)  # idle: no deadline yet
+    s.sendall(b"GET /live HTTP/1.1\r\n")
+    raw, took = timed(s)
+    assert_json_error(raw, 408, "request_timeout")
+    assert took < 3
+
+
+def test_an_idle_kept_alive_connection_closes_after_the_keep_alive_timeout(codec):
+    limits = HttpLimits(header_timeout_s=5.0, body_timeout_s=1.0, keep_alive_timeout_s=0.5)
+    state = FrontendState(model_name=MODEL, codec=codec, backend=ScriptedBackend(codec))
+    with serve(state, limits) as addr:
+        s = connect(addr)
+        s.sendall(LIVE)
+        assert one_response(s)[0] == 200
+        raw, took = timed(s)
+        assert raw == b"" and took < 3
+
+
 def test_partial_headers_get_408(server):
     addr, _ = server
     s = connect(addr)
