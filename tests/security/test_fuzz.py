@@ -160,8 +160,22 @@ def _keep_short(raw: bytes) -> bytes:
 
 
 # --- sending and checking ----------------------------------------------------------------
+def complete(out: bytes) -> bool:
+    """Whether ``out`` holds a whole response (a kept-alive connection stays open after
+    it, for the client to close)."""
+    head, sep, body = bytes(out).partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    headers = {k.strip().lower(): v.strip() for k, _, v in
+               (ln.partition(b":") for ln in head.split(b"\r\n")[1:])}
+    if b"content-length" in headers:
+        return len(body) >= int(headers[b"content-length"])
+    return headers.get(b"transfer-encoding") == b"chunked" and body.endswith(b"0\r\n\r\n")
+
+
 def exchange(addr: tuple[str, int], request: bytes) -> tuple[bytes, float]:
-    """Send ``request``; read until the server closes.  (response, seconds)."""
+    """Send ``request``; read its response, until the server closes or the response is
+    complete.  (response, seconds)."""
     t0 = time.monotonic()
     out = bytearray()
     with socket.create_connection(addr, timeout=SLOWEST_S + 5) as s:
@@ -170,7 +184,7 @@ def exchange(addr: tuple[str, int], request: bytes) -> tuple[bytes, float]:
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server answered early (limits); its answer is still readable
         try:
-            while chunk := s.recv(65536):
+            while not complete(out) and (chunk := s.recv(65536)):
                 out += chunk
         except (ConnectionResetError, TimeoutError):
             pass  # judged by check(): no answer, or too slow
