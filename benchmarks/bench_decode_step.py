@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.output <= LAST_GAPS:
         ap.error(f"--output must be more than {LAST_GAPS}")
-    with GraphRun("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml", FLEET) as g:
+    # One frontend process (the config runs two), as in the runs recorded before.
+    with GraphRun("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
+                  [*FLEET, "--Frontend.replicas=1"]) as g:
         rows = asyncio.run(sweep(g.url, args.sizes, args.prompts, args.output))
     Path(args.out).write_text(json.dumps({
         "command": " ".join(["python benchmarks/bench_decode_step.py",

@@ -210,8 +210,9 @@ def run_side(side: str, args) -> dict:
     overrides = ["--Worker.replicas=4", f"--Worker.engine_args.speedup_ratio={args.speedup}"]
     report: dict = {"side": side, "rounds": []}
     if side == "splitserve":
+        # One frontend process (the config runs two): the cost of a process, per request.
         g = GraphRun("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
-                     [*overrides, *args.splitserve_overrides])
+                     [*overrides, "--Frontend.replicas=1", *args.splitserve_overrides])
         with g:
             wait_serving(g.url, 60, 8)
             pid = next(r["pid"] for r in g.replicas("Frontend"))

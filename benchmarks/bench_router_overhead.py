@@ -149,6 +149,7 @@ def run_variant(args, routing: str) -> list[dict]:
         [sys.executable, "-m", "splitserve.cli.main", "serve", graph,
          "-f", config, f"--Worker.replicas={args.workers}",
          f"--Worker.engine_args.speedup_ratio={args.speedup}", "--Frontend.port=0",
+         "--Frontend.replicas=1",  # one frontend process on both sides
          "--Common.log_level=warning", "--no-status", "--ready-file", str(ready),
          "--state-dir", str(tmp / "state")],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -285,7 +285,8 @@ def deployment(name: str, args, report: dict):
                          else ("graphs.agg_router:Frontend", "configs/mocker_agg_router.yaml"))
         g = GraphRun(graph, config,
                      [f"--Worker.replicas={n}", f"--Worker.engine_args.speedup_ratio={s}",
-                      *extra], startup_timeout_s=args.startup_timeout_s)
+                      "--Frontend.replicas=1", *extra],  # one process, as recorded before
+                     startup_timeout_s=args.startup_timeout_s)
         with g:
             report["startup_s"] = time.monotonic() - t0
             report["warmup_requests"] = wait_serving(g.url, 60, 2 * n)

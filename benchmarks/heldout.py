@@ -11,10 +11,12 @@ Configurations:
 - ``splitserve-default``: ``graphs.agg:Frontend`` with ``configs/mocker_agg_inproc.yaml``
   and exactly the one-line admission form of docs/qos.md ("Admission on"): the case's SLO
   as the default class, ``may_reject: true``, ``low_priority_threshold_ms: 0``; nothing
-  else tuned, the same for every case;
-- ``splitserve-two-frontends`` (only when named): the default with two frontend
-  processes on its port (``--Frontend.replicas=2``), each routing and admitting in
-  process and following the other's placements;
+  else tuned, the same for every case (the config runs two frontend processes since
+  the commit that made them its default; one before);
+- ``splitserve-one-frontend`` (only when named): the default with one frontend process
+  (``--Frontend.replicas=1``; the config runs two, each routing and admitting in
+  process and following the other's placements), and ``splitserve-two-frontends``
+  (only when named): two, whatever the config says;
 - ``splitserve-router`` (only when named): the same admission in a Router process
   (``graphs.agg_router:Frontend`` with ``configs/mocker_agg_router.yaml``, the one-line
   form under ``Router``), for comparing the two places admission runs; not compared
@@ -220,8 +222,9 @@ SHADOW = "splitserve-shadow"  # the same, qos.mode shadow: what it would refuse,
 # those requests ended (the false refusals of the default), never compared for goodput
 ROUTER = "splitserve-router"  # the same admission in a Router process (graphs.agg_router)
 TWO = "splitserve-two-frontends"  # the default with two frontend processes on its port
-ALL = [OURS, *DYNAMO, SHADOW, ROUTER, TWO, *dp.DISAGG]
-DEFAULT_CONFIGS = [c for c in ALL if c not in (ROUTER, TWO)]  # these two only when named
+ONE = "splitserve-one-frontend"  # the default with one
+ALL = [OURS, *DYNAMO, SHADOW, ROUTER, TWO, ONE, *dp.DISAGG]
+DEFAULT_CONFIGS = [c for c in ALL if c not in (ROUTER, TWO, ONE)]  # these only when named
 MINE = (OURS, dp.OURS_DISAGG)
 
 
@@ -304,11 +307,11 @@ def deployment(name: str, case: Case, args):
             yield url, None, None
         return
     fleet = [f"--Worker.replicas={case.workers}", *FLEET]
-    if name in (OURS, SHADOW, TWO):
+    if name in (OURS, SHADOW, TWO, ONE):
         slo = rp.parse_slo(case.slo)
         mode = ["--Frontend.router.qos.mode=shadow"] if name == SHADOW else []
-        if name == TWO:
-            mode = ["--Frontend.replicas=2"]
+        if name in (TWO, ONE):
+            mode = [f"--Frontend.replicas={2 if name == TWO else 1}"]
         with GraphRun("graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
                       [*fleet, *one_line_default(slo), *mode, *args.ours_set],
                       startup_timeout_s=args.startup_timeout_s) as g:

@@ -43,6 +43,7 @@ async def warm_then_burst(url: str) -> tuple[list[dict], list[dict]]:
 
 def test_a_burst_the_fleet_absorbs_is_admitted(tmp_path):
     run, url = start_graph(tmp_path, "graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
+                           "--Frontend.replicas=1",  # one process's counters on /metrics
                            *ONE_LINE)
     try:
         warmed, burst = asyncio.run(warm_then_burst(url))
@@ -114,6 +115,7 @@ async def long_answers(url: str) -> list[dict]:
 
 def test_long_answers_are_refused_for_tpot_and_the_admitted_keep_it(tmp_path):
     run, url = start_graph(tmp_path, "graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
+                           "--Frontend.replicas=1",  # one process's counters on /metrics
                            *LONG_ANSWERS)
     try:
         results = asyncio.run(long_answers(url))

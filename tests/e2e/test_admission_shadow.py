@@ -45,6 +45,7 @@ async def overload(url: str) -> list[dict]:
 
 def test_shadow_mode_refuses_nothing_and_records_what_it_would_refuse(tmp_path):
     run, url = start_graph(tmp_path, "graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
+                           "--Frontend.replicas=1",  # one process's counters on /metrics
                            *SHADOW)
     try:
         results = asyncio.run(overload(url))

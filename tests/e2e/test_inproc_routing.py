@@ -30,6 +30,7 @@ QUEUE = ("--Frontend.router.qos.queue.max_inflight_per_worker=1",
 def inproc_graph(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("inproc-graph")
     run, url = start_graph(tmp, "graphs.agg:Frontend", "configs/mocker_agg_inproc.yaml",
+                           "--Frontend.replicas=1",  # one process's counters on /metrics
                            "--Worker.replicas=2", "--Worker.engine_args.speedup_ratio=50",
                            *QUEUE)
     yield run, url
