@@ -77,6 +77,15 @@ def ticks(*shares: PlacementShare, rounds: int = 2) -> None:
     asyncio.run(go())
 
 
+def pair():
+    """Two processes routing to the same workers, each having heard the other."""
+    clock, bus = Clock(), Bus()
+    a, b = service(), service()
+    sa, sb = bus.join(a, clock, "a"), bus.join(b, clock, "b")
+    ticks(sa, sb)
+    return clock, bus, a, b, sa, sb
+
+
 def confusion(svc: RouterService) -> float:
     return sum(s.value for m in svc.qos.metrics.confusion.collect() for s in m.samples
                if s.name.endswith("_total"))
@@ -103,10 +112,7 @@ def test_a_sibling_admits_on_the_whole_fleet_and_refuses_what_one_process_alone_
 
 
 def test_first_tokens_progress_and_releases_follow_and_calibration_stays_each_ones_own():
-    clock, bus = Clock(), Bus()
-    a, b = service(), service()
-    sa, sb = bus.join(a, clock, "a"), bus.join(b, clock, "b")
-    ticks(sa, sb)
+    clock, bus, a, b, sa, sb = pair()
     place(a, "x")
     ticks(sa)
     clock.now += 0.1
@@ -167,10 +173,7 @@ def test_a_sibling_that_starts_is_sent_what_is_in_flight_and_one_that_stops_is_f
 
 
 def test_a_sibling_saying_it_stops_is_forgotten_at_once_and_junk_is_ignored():
-    clock, bus = Clock(), Bus()
-    a, b = service(), service()
-    sa, sb = bus.join(a, clock, "a"), bus.join(b, clock, "b")
-    ticks(sa, sb)
+    clock, bus, a, b, sa, sb = pair()
     place(a, "x")
     ticks(sa)
     assert "x" in b.fleet.placed
@@ -214,10 +217,7 @@ def test_a_large_batch_goes_as_several_messages_and_a_lost_release_heals_at_the_
 
 
 def test_what_could_not_be_sent_is_sent_next_time_in_order():
-    clock, bus = Clock(), Bus()
-    a, b = service(), service()
-    sa, sb = bus.join(a, clock, "a"), bus.join(b, clock, "b")
-    ticks(sa, sb)
+    clock, bus, a, b, sa, sb = pair()
     deliver = sa.publish
     failing = True
 
