@@ -492,16 +492,21 @@ class RouterService:
         if self.share is not None:
             self.share.released(call)
         stale = self.fleet.placed_elsewhere(call.request_id, call.worker_id)
-        self.fleet.release(call.request_id, call.worker_id)
-        self.admission.dispatch(time.monotonic(), len(self.fleet.placed),
-                                len(self.fleet.candidates(time.monotonic())))
+        self._free(call, time.monotonic())
         self.metrics.released.labels(call.outcome).inc()
+        if not stale:  # a stale one would finish the new placement's ticket
+            self.qos.observe(call, time.monotonic())
+
+    def _free(self, call: ReleaseCall, now: float) -> None:
+        """A request's load leaves its worker (this process's or a sibling's): its
+        admission slot goes to the next, held requests are judged again, and a worker
+        the request could not reach is marked down."""
+        self.fleet.release(call.request_id, call.worker_id)
+        self.admission.dispatch(now, len(self.fleet.placed), len(self.fleet.candidates(now)))
         self._wake_held()
         if call.outcome == "unreachable":
             self._refresh_live()
-            self.mark_down(call.worker_id, time.monotonic())
-        if not stale:  # a stale one would finish the new placement's ticket
-            self.qos.observe(call, time.monotonic())
+            self.mark_down(call.worker_id, now)
 
     def first_token(self, request_id: str) -> None:
         """A placed request's first token reached the frontend: called in process by the
@@ -608,14 +613,10 @@ class RouterService:
         the fits (this process's calibration counts only its own)."""
         if not self._follows(call.request_id, call.worker_id):
             return False
-        self.fleet.release(call.request_id, call.worker_id)
-        self.admission.dispatch(now, len(self.fleet.placed), len(self.fleet.candidates(now)))
-        if call.outcome == "unreachable":
-            self.mark_down(call.worker_id, now)
+        self._free(call, now)
         self.qos.predictor.finish(call.request_id, now, ok=call.outcome == "ok",
                                   ttft_s=call.ttft_s, duration_s=call.duration_s,
                                   output_tokens=call.output_tokens)
-        self._wake_held()
         return True
 
     def drop_foreign(self, request_ids, now: float) -> int:

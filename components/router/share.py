@@ -57,7 +57,6 @@ MAX_MESSAGE_BYTES = 256 * 1024
 """One message at most (NATS refuses what is over its max_payload, 1 MiB by default)."""
 
 PLACE, FIRST, PROGRESS, RELEASE = "place", "first", "progress", "release"
-KINDS = (PLACE, FIRST, PROGRESS, RELEASE)
 
 
 def share_subject(namespace: str, component: str) -> str:
@@ -121,9 +120,11 @@ class PlacementShare:
     def placed(self, request_id: str, worker_id: int, hashes: list[int],
                estimate: Any, ticket: dict | None) -> None:
         """This process placed ``request_id`` on ``worker_id``; ``estimate`` and
-        ``ticket`` what its predictor follows it with (None: nothing)."""
+        ``ticket`` what its predictor follows it with (None: nothing).  The estimate is
+        turned into its wire form only when the event is sent (``_outgoing``): a process
+        alone keeps the event for a sibling that may start, and does no more."""
         event = [PLACE, request_id, worker_id, hashes,
-                 None if ticket is None else estimate.model_dump(mode="json"), ticket, False]
+                 None if ticket is None else estimate, ticket, False]
         self.own[request_id] = event
         self._send(event)
 
@@ -146,10 +147,18 @@ class PlacementShare:
         self._send([RELEASE, call.request_id, call.worker_id, call.outcome, call.ttft_s,
                     call.duration_s, call.output_tokens])
 
+    @staticmethod
+    def _outgoing(event: list) -> list:
+        """``event`` ready to encode: a place event's estimate in its wire form (once:
+        the event is kept, and sent again to a sibling that starts)."""
+        if event[0] == PLACE and event[4] is not None and not isinstance(event[4], dict):
+            event[4] = event[4].model_dump(mode="json")
+        return event
+
     def _send(self, event: list) -> None:
         if not self.siblings:
             return
-        self.pending.append(event)
+        self.pending.append(self._outgoing(event))
         if len(self.pending) > MAX_PENDING:
             dropped = self.pending[:len(self.pending) - MAX_PENDING]
             del self.pending[:len(dropped)]
@@ -178,7 +187,7 @@ class PlacementShare:
                      "(%d in flight here sent to it)", origin[:8], len(self.own))
             self.siblings[origin] = now
             self.metrics.siblings.set(len(self.siblings))
-            self.pending.extend(self.own.values())  # it follows ours from now on
+            self.pending.extend(map(self._outgoing, self.own.values()))  # it follows ours
             self._announce = True  # and hears from this one at once, even with none
             self._wake.set()
         self.siblings[origin] = now
@@ -317,8 +326,7 @@ class PlacementShare:
             log.debug("could not say goodbye: %s", exc)
 
 
-async def start_sharing(nats_url: str, subject: str, service, stopping: asyncio.Event,
-                        registry: CollectorRegistry | None = None
+async def start_sharing(nats_url: str, subject: str, service, stopping: asyncio.Event
                         ) -> tuple[PlacementShare, asyncio.Task]:
     """Connect to NATS, follow ``subject`` and start sharing ``service``'s placements;
     returns the share and its task (done once ``stopping`` is set and NATS is closed)."""

@@ -146,6 +146,7 @@ def test_a_process_alone_sends_nothing_but_that_it_is_there():
     for i in range(5):
         place(a, f"r{i}")
     assert sa.pending == [] and len(sa.own) == 5
+    assert not any(isinstance(e[4], dict) for e in sa.own.values())  # not encoded yet
     ticks(sa)  # no heartbeat due yet, nothing pending: nothing sent
     assert bus.messages == 1
 
