@@ -100,6 +100,7 @@ from heldout_readings import (  # noqa: E402
     verdicts,
 )
 import sweep_plan as sp  # noqa: E402
+from bench_frontend_cost import tree_cpu_s  # noqa: E402
 from compare import (  # noqa: E402
     MODEL,
     WorkersRun,
@@ -291,20 +292,21 @@ def geometry() -> dict[str, str]:
 @contextlib.contextmanager
 def deployment(name: str, case: Case, args):
     """Start ``name`` for ``case``; yields (base URL, metrics URL of our frontend or None,
-    a callable returning what the graph's own metrics say of the run, or None)."""
+    a callable returning what the graph's own metrics say of the run, or None, the pids
+    of the processes that admit and route: the frontend's, and a Router process's)."""
     if name in (dp.OURS_DISAGG, dp.OURS_REMOTE):
         forced = [dp.FORCED_REMOTE] if name == dp.OURS_REMOTE else []
         with dp.ours(case.workers, case.prefill_workers, geometry(), args.startup_timeout_s,
                      [*forced, *args.ours_set]) as g:
             wait_ready(g.url, 60, 2 * case.workers, case.warmup)
-            yield g.url, f"{g.url}/metrics", lambda: dp.stages(g)
+            yield g.url, f"{g.url}/metrics", lambda: dp.stages(g), pids(g, "Frontend")
         return
     if name == dp.DYNAMO_DISAGG:
         with dp.dynamo(case.workers, case.prefill_workers, geometry(),
                        args.startup_timeout_s) as (fe, url, prefill):
             wait_ready(url, 90, 2 * case.workers, case.warmup, fe)
             dp.prefill_alive(prefill)
-            yield url, None, None
+            yield url, None, None, [fe.proc.pid]
         return
     fleet = [f"--Worker.replicas={case.workers}", *FLEET]
     if name in (OURS, SHADOW, TWO, ONE):
@@ -319,7 +321,7 @@ def deployment(name: str, case: Case, args):
             # Several frontend processes (--ours-set=--Frontend.replicas=N): each one's
             # own /metrics port; the API port's answers from whichever accepts.
             own = [r["metrics"] for r in g.replicas("Frontend") if r["metrics"]]
-            yield g.url, own or f"{g.url}/metrics", None
+            yield g.url, own or f"{g.url}/metrics", None, pids(g, "Frontend")
         return
     if name == ROUTER:
         slo = rp.parse_slo(case.slo)
@@ -327,16 +329,21 @@ def deployment(name: str, case: Case, args):
                       [*fleet, *one_line_default(slo, "Router"), *args.ours_set],
                       startup_timeout_s=args.startup_timeout_s) as g:
             wait_ready(g.url, 60, 2 * case.workers, case.warmup)
-            yield g.url, g.replicas("Router")[0]["metrics"], None
+            yield (g.url, g.replicas("Router")[0]["metrics"], None,
+                   pids(g, "Frontend", "Router"))
         return
     with WorkersRun("graphs.agg_router:Worker", "configs/mocker_agg_router.yaml", fleet,
                     startup_timeout_s=args.startup_timeout_s) as w:
         fe, url = dynamo_frontend(w, "kv", DYNAMO[name], f"{name}.log")
         try:
             wait_ready(url, 90, 2 * case.workers, case.warmup, fe)
-            yield url, None, None
+            yield url, None, None, [fe.proc.pid]
         finally:
             fe.stop()
+
+
+def pids(g: GraphRun, *components: str) -> list[int]:
+    return [r["pid"] for c in components for r in g.replicas(c) if r.get("pid")]
 
 
 def cpu_ticks() -> tuple[int, int]:
@@ -356,15 +363,20 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
     out: dict = {"config": name, "case": case_name}
     t0 = time.monotonic()
     try:
-        with deployment(name, case, args) as (url, metrics, own_view):
+        with deployment(name, case, args) as (url, metrics, own_view, front):
             la = os.getloadavg()[0]
             busy0, total0 = cpu_ticks()
+            cpu0 = sum(tree_cpu_s(p) for p in front)
             with Sampler(metrics if args.sample_s > 0 else None, args.sample_s) as sampled:
                 res = rp.run_replay(url, cfg, label=f"{case_name} {name}",
                                     progress_s=args.progress_s,
                                     deadline_s=work["replay_span_s"] + args.drain_s,
                                     reqs=reqs, workload=work)
             busy1, total1 = cpu_ticks()
+            # The CPU the processes that admit and route spent over the replay (each
+            # one's and its children's), against the requests answered.
+            out["frontend_cpu_s"] = round(sum(tree_cpu_s(p) for p in front) - cpu0, 2)
+            print(f"[{case_name} {name}] frontend CPU {out['frontend_cpu_s']} s", flush=True)
             if metrics:
                 out["frontend_load"] = sampled.windows()
                 for row in out["frontend_load"]:
@@ -386,6 +398,8 @@ def run_one(name: str, case_name: str, case: Case, args, reqs, work) -> dict:
             out["verdicts"] = verdicts(metrics)
             out["prediction_error"] = prediction_error(metrics)
             out["held"] = confusion(metrics, "splitserve_qos_held_total", ("reason", "outcome"))
+            out["hold_judgments"] = confusion(metrics, "splitserve_qos_hold_judgments_total",
+                                              ("result",))
             if out["verdicts"]:
                 print(f"[{case_name} {name}] verdicts {json.dumps(out['verdicts'])} held "
                       f"{json.dumps(out['held'])}", flush=True)

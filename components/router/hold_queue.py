@@ -36,6 +36,10 @@ class HeldEntry:
     future: asyncio.Future = field(compare=False)
     hashes: Any = field(default=None, compare=False)
     """The prompt's block hashes, computed once for all its judgments."""
+    judged_at: float = field(default=float("-inf"), compare=False)
+    judged_after: int = field(default=-1, compare=False)
+    """When it was last judged, and the count of changes (``RouterService``'s) it saw:
+    judged again before a tick only once something it waits for has changed."""
 
 
 class HoldQueue:
@@ -49,9 +53,12 @@ class HoldQueue:
         return len(self._heap)
 
     def push(self, call: Any, arrival: float, deadline: float, expires: float,
-             reason: str, hashes: Any = None) -> HeldEntry:
+             reason: str, hashes: Any = None, judged_after: int = -1) -> HeldEntry:
+        """Hold ``call``; ``judged_after``: the change count its judgment at ``arrival``
+        saw (it was judged as it arrived)."""
         entry = HeldEntry(deadline, next(self._seq), call, arrival, expires, reason,
-                          asyncio.get_running_loop().create_future(), hashes)
+                          asyncio.get_running_loop().create_future(), hashes,
+                          judged_at=arrival, judged_after=judged_after)
         heapq.heappush(self._heap, entry)
         return entry
 

@@ -105,6 +105,10 @@ class QosMetrics:
                             "refused, cancelled, failed)", ["class_name", "reason", "outcome"],
                             registry=registry)
         self.holding = Gauge(f"{PREFIX}_qos_holding", "Requests held now", registry=registry)
+        self.hold_judgments = Counter(f"{PREFIX}_qos_hold_judgments_total",
+                                      "Held requests judged again (judged), or left held "
+                                      "as nothing they wait for changed (unchanged)",
+                                      ["result"], registry=registry)
         self.hold_seconds = Histogram(f"{PREFIX}_qos_hold_seconds",
                                       "How long held requests waited, by how the hold ended",
                                       ["outcome"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5,

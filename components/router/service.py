@@ -105,6 +105,9 @@ class RouterService:
         self._pump_soon: asyncio.Handle | None = None
         self._pump_timer: asyncio.TimerHandle | None = None
         self._pump_loop: asyncio.AbstractEventLoop | None = None
+        self._changes = 0
+        """Counts what held requests wait for (first tokens, progress, releases): the
+        head is judged again before its tick only when this moved since it was."""
         self.share = None
         """The sibling frontend processes' side (``share.PlacementShare``), when this
         service routes in a frontend process beside others; None otherwise."""
@@ -353,7 +356,7 @@ class RouterService:
             return self._end_hold(call, reply, 0.0, hashes)  # at once: refused, or placed
         entry = self.held.push(call, now, deadline=now + target_s,
                                expires=now + min(hold.max_wait_s, slack_s), reason=reason,
-                               hashes=hashes)
+                               hashes=hashes, judged_after=self._changes)
         self.qos.metrics.holding.set(len(self.held))
         self._pump()
         return await entry.future
@@ -369,7 +372,18 @@ class RouterService:
 
     def _judge_held(self, entry: HeldEntry, now: float, final: bool):
         """The head of the held requests: its reply, or HELD.  When its hold has ended
-        it is placed or refused by what it is still held for (``HOLD_REASONS``)."""
+        it is placed or refused by what it is still held for (``HOLD_REASONS``).
+
+        A head judged less than a tick ago, with nothing it waits for changed since,
+        stays held unjudged: arrivals pump the queue (the held go first), and under
+        overload they come far more often than what lets a held request in.  Time
+        alone (its wait, the decay of the workers' busy share) is judged every tick."""
+        if (not final and entry.judged_after == self._changes
+                and now - entry.judged_at < self.qos.config.hold.tick_s):
+            self.qos.metrics.hold_judgments.labels("unchanged").inc()
+            return HELD
+        self.qos.metrics.hold_judgments.labels("judged").inc()
+        entry.judged_at, entry.judged_after = now, self._changes
         # A hold that ended is judged as of its end (a tick may come a little later).
         waited_ms = ((min(now, entry.expires) if final else now) - entry.arrival) * 1000.0
         reply, _ = self.decide(entry.call, waited_ms=waited_ms, holding=True,
@@ -422,12 +436,14 @@ class RouterService:
         elif self._pump_timer is None or self._pump_loop is not loop:
             def tick() -> None:
                 self._pump_timer = None
+                self._changes += 1  # time alone: judged again
                 self._pump()
             self._pump_loop = loop
             self._pump_timer = loop.call_later(self.qos.config.hold.tick_s, tick)
 
     def _wake_held(self) -> None:
         """Something held requests wait for changed: judge them again soon (coalesced)."""
+        self._changes += 1
         if not len(self.held):
             return
         try:

@@ -93,6 +93,51 @@ def test_a_held_request_hashes_its_prompt_once_however_often_it_is_judged():
     asyncio.run(go())
 
 
+def judgments(svc: RouterService, result: str) -> float:
+    return sum(s.value for m in svc.qos.metrics.hold_judgments.collect()
+               for s in m.samples if s.name.endswith("_total")
+               and s.labels.get("result") == result)
+
+
+def test_arrivals_judge_the_held_head_again_only_once_something_changed():
+    async def go():
+        svc = service({"tick_s": 1.0})  # no tick within the test
+        teach_both(svc)
+        placed = await fill(svc, 14)
+        head = asyncio.create_task(svc.place(call("head")))
+        await asyncio.sleep(0)
+        assert len(svc.held) == 1
+        judged = judgments(svc, "judged")
+        arrivals = [asyncio.create_task(svc.place(call(f"a{i}"))) for i in range(5)]
+        await asyncio.sleep(0.05)
+        # Each arrival pumped the queue before and after its own judgment; nothing the
+        # head waits for changed, so it was left held, never judged again.
+        assert len(svc.held) == 6
+        assert judgments(svc, "judged") == judged
+        assert judgments(svc, "unchanged") >= 5
+        release(svc, "r0", placed[0].worker_id)  # a release: the head is judged again
+        assert (await asyncio.wait_for(head, 1.0)).worker_id == placed[0].worker_id
+        assert judgments(svc, "judged") > judged
+        for task in arrivals:
+            task.cancel()
+    asyncio.run(go())
+
+
+def test_a_held_head_is_judged_again_every_tick_with_nothing_changed():
+    async def go():
+        svc = service({"tick_s": 0.02})
+        teach_both(svc)
+        await fill(svc, 14)
+        probe = asyncio.create_task(svc.place(call("probe")))
+        for _ in range(200):  # its wait grows: judged on ticks alone
+            await asyncio.sleep(0.01)
+            if judgments(svc, "judged") >= 3:
+                break
+        assert judgments(svc, "judged") >= 3 and not probe.done()
+        probe.cancel()
+    asyncio.run(go())
+
+
 def test_a_held_request_is_refused_when_its_wait_ends_with_the_drain_as_retry_after():
     async def go():
         svc = service({"max_wait_s": 0.2})
