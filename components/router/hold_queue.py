@@ -94,6 +94,14 @@ class HoldQueue:
             left += 1
         return left
 
+    def next_due(self, tick_s: float) -> float | None:
+        """When the head must be judged next on time alone: ``tick_s`` after its last
+        judgement, or when its hold ends if sooner (None when empty)."""
+        if not self._heap:
+            return None
+        head = self._heap[0]
+        return min(head.judged_at + tick_s, head.expires)
+
     def next_expiry(self) -> float | None:
         """When the head's hold ends (None when empty)."""
         return self._heap[0].expires if self._heap else None

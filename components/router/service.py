@@ -379,7 +379,7 @@ class RouterService:
         overload they come far more often than what lets a held request in.  Time
         alone (its wait, the decay of the workers' busy share) is judged every tick."""
         if (not final and entry.judged_after == self._changes
-                and now - entry.judged_at < self.qos.config.hold.tick_s):
+                and now - entry.judged_at < self.qos.config.hold.tick_s - 1e-3):
             self.qos.metrics.hold_judgments.labels("unchanged").inc()
             return HELD
         self.qos.metrics.hold_judgments.labels("judged").inc()
@@ -423,23 +423,32 @@ class RouterService:
         self.qos.metrics.hold_seconds.labels(outcome).observe(now - entry.arrival)
 
     def _pump(self) -> None:
-        """Judge the held requests again now, and again in ``tick_s`` while any is held."""
+        """Judge the held requests again now, and on time alone while any is held: the
+        head ``tick_s`` after its last judgement (first tokens and releases judge it
+        far more often under load), and when its hold ends."""
         self._pump_soon = None
         if len(self.held):
             self.held.pump(time.monotonic(), self._judge_held, self._hold_ended)
             self.qos.metrics.holding.set(len(self.held))
         loop = asyncio.get_running_loop()
-        if not len(self.held):
-            if self._pump_timer is not None:
-                self._pump_timer.cancel()
+        timer = self._pump_timer
+        due = self.held.next_due(self.qos.config.hold.tick_s)
+        if due is None:
+            if timer is not None:
+                timer.cancel()
                 self._pump_timer = None
-        elif self._pump_timer is None or self._pump_loop is not loop:
-            def tick() -> None:
-                self._pump_timer = None
-                self._changes += 1  # time alone: judged again
-                self._pump()
-            self._pump_loop = loop
-            self._pump_timer = loop.call_later(self.qos.config.hold.tick_s, tick)
+            return
+        at = loop.time() + max(0.0, due - time.monotonic())  # the loop's own clock
+        if timer is not None and self._pump_loop is loop and timer.when() <= at + 1e-3:
+            return  # armed soon enough
+        if timer is not None:
+            timer.cancel()
+
+        def tick() -> None:
+            self._pump_timer = None
+            self._pump()
+        self._pump_loop = loop
+        self._pump_timer = loop.call_at(at, tick)
 
     def _wake_held(self) -> None:
         """Something held requests wait for changed: judge them again soon (coalesced)."""

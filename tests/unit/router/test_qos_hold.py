@@ -138,6 +138,23 @@ def test_a_held_head_is_judged_again_every_tick_with_nothing_changed():
     asyncio.run(go())
 
 
+def test_a_tick_comes_a_tick_after_the_last_judgement_and_never_after_the_hold_ends():
+    async def go():
+        svc = service({"tick_s": 1.0, "max_wait_s": 0.3})
+        teach_both(svc)
+        await fill(svc, 14)
+        probe = asyncio.create_task(svc.place(call("probe")))
+        await asyncio.sleep(0)
+        assert len(svc.held) == 1
+        loop = asyncio.get_running_loop()
+        ends_in = svc.held.next_expiry() - time.monotonic()
+        assert ends_in <= 0.3
+        assert svc._pump_timer.when() - loop.time() <= ends_in + 0.01  # not in 1 s
+        reply = await asyncio.wait_for(probe, 2.0)
+        assert reply.worker_id is None and reply.reason == "rejected-tpot-slo-risk"
+    asyncio.run(go())
+
+
 def test_a_held_request_is_refused_when_its_wait_ends_with_the_drain_as_retry_after():
     async def go():
         svc = service({"max_wait_s": 0.2})
