@@ -297,10 +297,11 @@ class QosGate:
                       key=lambda w: -cached[w])
         return list(dict.fromkeys([*light[:MAX_ALTERNATIVES], *warm[:MAX_ALTERNATIVES // 2]]))
 
-    def record(self, call: RouteCall, admission: Admission, now: float) -> None:
+    def record(self, call: RouteCall, admission: Admission, now: float) -> dict | None:
         """Count a verdict that takes effect and, for an admission, follow the request
         on its worker until its release (``check`` with record, or the verdict a request
-        held in the admission queue leaves with)."""
+        held in the admission queue leaves with).  Returns what it follows the request
+        with (``ticket``), for the sibling processes to follow it alike."""
         verdict = admission.verdict
         ticket = self.ticket(call, admission)
         if ticket is not None:
@@ -317,6 +318,7 @@ class QosGate:
             self.metrics.degradations.labels(verdict.class_name, step.kind).inc()
         if verdict.est_ttft_ms is not None:
             self.metrics.est_ttft.labels(verdict.class_name).set(verdict.est_ttft_ms)
+        return ticket
 
     def ticket(self, call: RouteCall, admission: Admission) -> dict | None:
         """What the predictor follows an admitted request with besides its worker and

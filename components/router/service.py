@@ -239,8 +239,9 @@ class RouterService:
                               qos=adm.verdict.model_dump(mode="json")), None
         if admitted is not None:  # held in the admission queue: its verdict stands
             adm = replace(adm, verdict=admitted)
+        ticket = None
         if record and decision.worker_id is not None:
-            self.qos.record(call, adm, now)
+            ticket = self.qos.record(call, adm, now)
         verdict = adm.verdict
         trace_placement(decision, adm, now, record)
         qos = verdict.model_dump(mode="json")
@@ -255,8 +256,7 @@ class RouterService:
         if record:
             self._commit(call, decision, hashes, overlap.get(wid, 0) if wid else 0, now)
             if wid is not None and self.share is not None:
-                self.share.placed(call.request_id, wid, hashes, adm.estimate,
-                                  self.qos.ticket(call, adm))
+                self.share.placed(call.request_id, wid, hashes, adm.estimate, ticket)
         detail = decision.model_dump(mode="json") if call.explain else None
         # The class's level in this router's table travels with the request, so every
         # engine schedules by the QoS classes' order (a class a reload removed while the
