@@ -105,6 +105,7 @@ class RouterService:
         self._pump_soon: asyncio.Handle | None = None
         self._pump_timer: asyncio.TimerHandle | None = None
         self._pump_loop: asyncio.AbstractEventLoop | None = None
+        self._pump_at = 0.0  # when the armed timer fires (time.monotonic)
         self._changes = 0
         """Counts what held requests wait for (first tokens, progress, releases): the
         head is judged again before its tick only when this moved since it was."""
@@ -438,8 +439,7 @@ class RouterService:
                 timer.cancel()
                 self._pump_timer = None
             return
-        at = loop.time() + max(0.0, due - time.monotonic())  # the loop's own clock
-        if timer is not None and self._pump_loop is loop and timer.when() <= at + 1e-3:
+        if timer is not None and self._pump_loop is loop and self._pump_at <= due + 1e-3:
             return  # armed soon enough
         if timer is not None:
             timer.cancel()
@@ -448,7 +448,9 @@ class RouterService:
             self._pump_timer = None
             self._pump()
         self._pump_loop = loop
-        self._pump_timer = loop.call_at(at, tick)
+        self._pump_at = due
+        # (uvloop answers a delay of 0 with a plain handle, which has no ``when``.)
+        self._pump_timer = loop.call_later(max(0.0, due - time.monotonic()), tick)
 
     def _wake_held(self) -> None:
         """Something held requests wait for changed: judge them again soon (coalesced)."""
