@@ -18,7 +18,8 @@ Rules, first match wins (reason in quotes)::
     otherwise                                           admit   'within-slo'
 
     limit_ms    = max(class.ttft_ms, est.unloaded_ttft_ms) + low_priority_threshold_ms
-    tpot_limit  = max(class.tpot_ms, est.unloaded_tpot_ms)
+    tpot_limit  = max(class.tpot_ms x (1 - hold.tpot_headroom x est.tpot_outlast_share
+                                       when holding), est.unloaded_tpot_ms)
     judged_tpot = est_tpot_ms + estimator.tpot_margin_sd x est.tpot_spread_ms
 
 In shadow mode (``QosConfig.mode``) a refusal becomes an admission with
@@ -34,6 +35,18 @@ warm-up or stale numbers admit, and the reason says why.
 front drains about one millisecond of estimated work per millisecond, so that is when the
 same request would first fit again, if nothing else arrived.  A TPOT refusal suggests
 1 s: a batch shrinks as soon as one of its requests ends.
+
+When holding, the batch a request joins must leave ``qos.hold.tpot_headroom`` of the
+TPOT target free for the part of its answer that outlasts what its estimate sees (the
+prefill queued now and the recent prefill window: ``Estimate.tpot_outlast_share``).
+Over that part the batch is refilled by prompts placed after it, as its answers end,
+and their prefills must fit the budgets ``running-tpot-risk`` protects.  A long answer
+that joins a batch filled to the exact target leaves no room for them: every later
+prompt is then held for ``running-tpot-risk`` until the answers, admitted together, end
+together, and the fleet is filled again in one wave (measured on long answers at twice
+the fleet's knee: nothing admitted for 12 s of every 25).  A short answer ends within
+what its estimate already counts (its prefill share is the recent one) and is judged
+at about the target.
 
 A TPOT that is only a decode average (``Estimate.tpot_batch == 0``) says nothing about
 the batch the request would join, so it never refuses; degradable classes may still be
@@ -58,6 +71,17 @@ def retry_after_s(est_ttft_ms: float, limit_ms: float) -> int:
     """Return the Retry-After (whole seconds) for a request over its limit by the excess."""
     excess_s = max(0.0, est_ttft_ms - limit_ms) / 1000.0
     return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(excess_s)))
+
+
+def tpot_limit_ms(target_ms: float, estimate: Estimate, config: QosConfig,
+                  holding: bool) -> float:
+    """The TPOT the batch a request joins may reach: the class's target, less
+    ``qos.hold.tpot_headroom`` of it for the share of the answer that outlasts its
+    estimate's view when holding; never below the request's own unloaded TPOT (it is not
+    refused for its own context)."""
+    if holding and config.hold.enabled:
+        target_ms *= 1.0 - config.hold.tpot_headroom * estimate.tpot_outlast_share
+    return max(target_ms, estimate.unloaded_tpot_ms)
 
 
 def _rejection_block(estimate: Estimate | None, config: QosConfig) -> str | None:
@@ -142,7 +166,7 @@ def admit(request: AdmissionRequest, estimate: Estimate | None, config: QosConfi
         limit = max(cls.ttft_ms, estimate.unloaded_ttft_ms) + config.low_priority_threshold_ms
         judged["limit_ms"] = limit
         if estimate.tpot_batch > 0:
-            judged["tpot_limit_ms"] = max(cls.tpot_ms, estimate.unloaded_tpot_ms)
+            judged["tpot_limit_ms"] = tpot_limit_ms(cls.tpot_ms, estimate, config, holding)
         refusal = _refusal(estimate, config, limit, judged.get("tpot_limit_ms"), holding)
         if refusal is not None:
             if config.mode == "shadow":

@@ -9,7 +9,9 @@ it is placed while it can still meet its targets, or refused as soon as it canno
 Two verdicts hold (``HOLD_REASONS``):
 
 - ``tpot-slo-risk``: the batch it would join is predicted over the TPOT target (and
-  ``tpot_margin_sd`` of spread).  Running answers end and the batch shrinks, so the
+  ``tpot_margin_sd`` of spread), less ``tpot_headroom`` of it for the share of a long
+  answer that outlasts what its estimate sees: the answers it joins keep room for the
+  prompts that will replace the ones that end.  Running answers end and the batch shrinks, so the
   request waits for that instead of being refused at once; its new prompt also stays
   out of the workers while their running answers are near their budget.  When the
   wait reaches ``max_wait_s`` it is refused (``Retry-After`` from the predicted drain).
@@ -69,6 +71,14 @@ class HoldConfig(StrictModel):
                                     "prefill and step costs are estimates, and answers "
                                     "filled to their exact budget miss on every estimate "
                                     "that falls short.")
+    tpot_headroom: float = Field(default=0.2, ge=0, lt=1, description="Share of the "
+                                 "TPOT target the batch a new request joins must leave "
+                                 "free ('tpot-slo-risk' while holding), scaled by the "
+                                 "share of its answer that outlasts what its estimate "
+                                 "sees: room for the prompts that replace the batch's "
+                                 "answers as they end. At 0 a long answer's batch fills "
+                                 "to the target and every later prompt waits for its "
+                                 "answers to end ('running-tpot-risk').")
     batch_growth: float = Field(default=2.0, ge=1, description="A batch may grow to this "
                                 "times the largest batch its TPOT line was taught at ...")
     batch_growth_min: int = Field(default=4, ge=1, description="... or by this many "

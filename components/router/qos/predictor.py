@@ -530,6 +530,10 @@ class LatencyPredictor:
                    self._measured_step(w, now) + slope * context / KV_UNIT)
         busy = self._answer_busy(w, step, output_tokens, ahead * per_token * lag)
         tpot = step / (1.0 - busy)
+        outlast = 0.0
+        if output_tokens >= 2:
+            window = max(BUSY_WINDOW_S * 1000.0, ahead * per_token * lag)
+            outlast = max(0.0, 1.0 - window / ((output_tokens - 1) * tpot))
         spread = 0.0
         if output_tokens >= 2 and busy > 0 and w.stall_ms > 0:
             spread = math.sqrt(busy * tpot * w.stall_ms / (output_tokens - 1))
@@ -544,7 +548,7 @@ class LatencyPredictor:
             ttft_lag=lag, tpot_seen_batch=self.tpot_seen(worker, tpot_source),
             running_slack_ms=self.running_slack_ms(worker, now, stall_rate, headroom)
             if running_slack else None, stall_per_token_ms=stall_rate,
-            tpot_spread_ms=spread, restore_ms=restore,
+            tpot_spread_ms=spread, restore_ms=restore, tpot_outlast_share=outlast,
             context_tokens=context)
 
     def _answer_busy(self, w: _Worker, step: float, output_tokens: int,

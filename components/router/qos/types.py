@@ -110,6 +110,13 @@ class Estimate(FrozenModel):
                                   "TPOT from the prompts other requests bring to the worker "
                                   "during this one's decode (a short answer meets few, so "
                                   "its TPOT varies most); 0 when unknown.")
+    tpot_outlast_share: float = Field(default=0.0, ge=0, le=1, description="The share of "
+                                      "the answer's decode that outlasts the prefill queued "
+                                      "on the worker now and the recent prefill window: "
+                                      "the part of its life in which the batch it joins is "
+                                      "refilled by prompts placed after it (0: it ends "
+                                      "within what the estimate already sees; 0 when its "
+                                      "length is unknown).")
     restore_ms: float = Field(default=0.0, ge=0, description="Part of ``unloaded_ttft_ms``: "
                               "copying the prompt's prefix blocks back from the worker's "
                               "lower KV tiers, at the restore cost the worker measured "

@@ -319,6 +319,61 @@ def test_admission_holds_an_unseen_batch_only_when_holding():
     assert admit(req, est, shadow, holding=True).admit
 
 
+def test_a_long_answer_joins_only_a_batch_that_leaves_the_tpot_headroom_free():
+    """Both workers hold 5 one-token requests (``fakes.TAUGHT``: a sixth predicts 45 ms,
+    under the 50 ms target).  A one-token probe is placed; a 400-token one outlasts its
+    estimate's view (the recent prefill window) for nearly all its life, so its batch
+    must leave ``tpot_headroom`` (0.2) of the target free, ~40 ms: it is held for its
+    TPOT and refused when its wait ends, at that limit.  With no headroom it is placed."""
+    async def go(svc, max_tokens):
+        teach_both(svc)
+        placed = await fill(svc, 10)
+        assert all(r.worker_id in (1, 2) for r in placed)
+        probe = RouteCall(request_id="probe", token_ids=list(range(10)),
+                          max_tokens=max_tokens)
+        return svc, await svc.place(probe)
+    hold = {"tpot_headroom": 0.2, "max_wait_s": 0.1}
+    svc, reply = asyncio.run(go(service(hold), 400))
+    assert reply.worker_id is None and reply.reason == "rejected-tpot-slo-risk", reply
+    assert reply.qos["est_tpot_ms"] == pytest.approx(45.0, rel=0.05)
+    assert 40.0 < reply.qos["tpot_limit_ms"] < 41.0
+    assert held_count(svc, "refused") == 1
+    assert asyncio.run(go(service(hold), 1))[1].worker_id in (1, 2)
+    no_headroom = {"tpot_headroom": 0, "max_wait_s": 0.1}
+    assert asyncio.run(go(service(no_headroom), 400))[1].worker_id in (1, 2)
+
+
+def test_the_tpot_headroom_scales_with_what_outlasts_the_estimate_and_only_when_holding():
+    predictor, now = taught_predictor()
+    short = predictor.predict("1", 10, now, output_tokens=11)
+    long = predictor.predict("1", 10, now, output_tokens=2000)
+    assert short.tpot_outlast_share == 0.0  # ends within the recent window
+    assert 0.95 < long.tpot_outlast_share < 1.0
+    assert predictor.predict("1", 10, now).tpot_outlast_share == 0.0  # length unknown
+    est = long.model_copy(update={"est_tpot_ms": 45.0, "tpot_spread_ms": 0.0,
+                                  "unloaded_tpot_ms": 20.0, "running_slack_ms": None,
+                                  "tpot_outlast_share": 1.0})
+    config = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0})
+    req = AdmissionRequest(class_name="default", prompt_tokens=10, max_tokens=2000)
+    held = admit(req, est, config, holding=True)
+    assert not held.admit and held.reason == "tpot-slo-risk"
+    assert held.tpot_limit_ms == pytest.approx(40.0)
+    half = est.model_copy(update={"tpot_outlast_share": 0.5})
+    assert admit(req, half, config, holding=True).tpot_limit_ms == pytest.approx(45.0)
+    assert admit(req, est, config).reason == "within-slo"  # not holding: the target
+    off = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0,
+                                    "hold": {"tpot_headroom": 0}})
+    assert admit(req, est, off, holding=True).reason == "within-slo"
+    disabled = QosConfig.model_validate({"classes": [CLASS], "low_priority_threshold_ms": 0,
+                                         "hold": {"enabled": False}})
+    assert admit(req, est, disabled, holding=True).admit
+    own = est.model_copy(update={"unloaded_tpot_ms": 46.0})  # its own context: 46 ms
+    verdict = admit(req, own, config, holding=True)
+    assert verdict.admit and verdict.tpot_limit_ms == pytest.approx(46.0)
+    with pytest.raises(ValueError, match="tpot_headroom"):
+        QosConfig.model_validate({"hold": {"tpot_headroom": 1.0}})
+
+
 def test_hold_config_validates_and_bounds_growth():
     assert HoldConfig().unseen(6, 1) and not HoldConfig().unseen(5, 1)
     assert not HoldConfig().unseen(16, 8) and HoldConfig().unseen(17, 8)
