@@ -244,6 +244,13 @@ class Calibration:
     waited_ms: float = 0.0  # before its placement (frontend, held): in the client's TTFT
 
 
+def _recent_share(queued_ms: float, life_ms: float) -> float:
+    """The share of an answer's decode (``life_ms``) spent while the prompts queued ahead
+    of it now drain, or within the recent prefill window (``BUSY_WINDOW_S``) if longer:
+    the part its estimate's recent prefill share already sees."""
+    return min(1.0, max(BUSY_WINDOW_S * 1000.0, queued_ms) / life_ms)
+
+
 def _kv_of(estimate: Estimate) -> float:
     """The KV a placed request holds on its worker: its whole prompt (its uncached
     tokens where the caller gave no context)."""
@@ -528,12 +535,12 @@ class LatencyPredictor:
         # below that (an engine, or a frontend, slower per token as the load grows).
         step = max(1e-3, base + slope * (w.kv + context) / KV_UNIT,
                    self._measured_step(w, now) + slope * context / KV_UNIT)
-        busy = self._answer_busy(w, step, output_tokens, ahead * per_token * lag)
+        queued_ms = ahead * per_token * lag
+        busy = self._answer_busy(w, step, output_tokens, queued_ms)
         tpot = step / (1.0 - busy)
         outlast = 0.0
         if output_tokens >= 2:
-            window = max(BUSY_WINDOW_S * 1000.0, ahead * per_token * lag)
-            outlast = max(0.0, 1.0 - window / ((output_tokens - 1) * tpot))
+            outlast = 1.0 - _recent_share(queued_ms, (output_tokens - 1) * tpot)
         spread = 0.0
         if output_tokens >= 2 and busy > 0 and w.stall_ms > 0:
             spread = math.sqrt(busy * tpot * w.stall_ms / (output_tokens - 1))
@@ -568,8 +575,7 @@ class LatencyPredictor:
         longer = min(MAX_BUSY, w.busy_long)
         if output_tokens < 2 or longer >= busy:
             return busy
-        life_ms = (output_tokens - 1) * step / (1.0 - longer)
-        recent = min(1.0, max(BUSY_WINDOW_S * 1000.0, queued_ms) / life_ms)
+        recent = _recent_share(queued_ms, (output_tokens - 1) * step / (1.0 - longer))
         return recent * busy + (1.0 - recent) * longer
 
     def place(self, request_id: str, worker: str, estimate: Estimate, now: float, *,
