@@ -1,8 +1,9 @@
 """``PrefillQueueConfig``: limits and timings of the prefill work queue.
 
 Every limit here is enforced by the NATS server (stream and consumer settings), except
-``depth_refresh_s``, ``idle_recheck_s`` and ``request_timeout_s``, which shape the
-client.  Validators only check; they never change values.
+``depth_refresh_s``, ``idle_recheck_s``, ``steal_after_s`` and ``request_timeout_s``,
+which shape the client.  ``PrefillAffinityConfig``: how a decode worker picks the prefill
+worker that holds a prompt's prefix.  Validators only check; they never change values.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ class PrefillQueueConfig(BaseModel):
         default=0.25, gt=0, le=10.0,
         description="An idle prefill worker rescans the levels at least this often even "
         "without an enqueue notification (redeliveries send none).")
+    steal_after_s: float = Field(
+        default=0.5, gt=0, le=60.0,
+        description="A job queued for one prefill worker (the decode worker's prefix "
+        "affinity) that has waited this long unstarted is taken by any idle prefill "
+        "worker: its owner is busy, stuck or gone, and computing the prompt elsewhere "
+        "now beats waiting for the cached prefix.")
     request_timeout_s: float = Field(
         default=1.0, gt=0, le=30.0,
         description="Longest wait for the server's answer to a publish, pull or ack.")
@@ -84,3 +91,26 @@ class PrefillQueueConfig(BaseModel):
     def table(self) -> PriorityTable:
         """The levels as a priority table (``contracts/priority.py``)."""
         return PriorityTable(self.priorities, self.default_priority)
+
+
+class PrefillAffinityConfig(BaseModel):
+    """A decode worker's prefix affinity for remote prefill (``components/disagg/
+    affinity.py``): it remembers which prefill worker computed which prompt blocks (from
+    the workers' handoffs) and queues a job for the live worker where the prompt costs
+    least, its prefix hit against the jobs already queued for it, or in the shared queue
+    when no worker holds any of it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enable: bool = Field(default=True, description="Queue a job for the prefill worker "
+                         "that holds its prefix; false: every job in the shared queue.")
+    block_size: int = Field(default=64, ge=1, le=4096, description="Tokens per remembered "
+                            "block (a prefix is credited in whole blocks).")
+    unheld: Literal["shared", "least-queued"] = Field(
+        default="shared", description="A prompt no live worker holds any of: `shared` "
+        "queues it in the shared queue (whichever worker frees up first takes it); "
+        "`least-queued` for the worker with the fewest jobs queued for it, remembered "
+        "there at once, so the prompts that share its prefix follow it before it ran.")
+    capacity_tokens: int = Field(
+        default=500_000, ge=1, description="Prompt tokens remembered per prefill worker, "
+        "least recently computed forgotten first: about the prefill engine's KV capacity.")

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from splitserve.contracts.prefill_queue import PrefillQueueConfig
+from splitserve.contracts.prefill_queue import PrefillAffinityConfig, PrefillQueueConfig
 from splitserve.contracts.config import ComponentConfig
 from splitserve.contracts.kit.loras import ADAPTER_CONFIG, lora_name_problem
 from splitserve.contracts.models import StrictModel
@@ -127,6 +127,7 @@ class EngineDecodeSection(WorkerCommon, DecodeTimings):
         description="The offload policy (`enable`, `decider`: score | threshold | forced, "
         "and the decider's parameters); the seed's score-based YAML loads as written.")
     prefill_queue: PrefillQueueConfig = Field(default_factory=PrefillQueueConfig)
+    prefill_affinity: PrefillAffinityConfig = Field(default_factory=PrefillAffinityConfig)
 
 
 class PrefillTimings(StrictModel):

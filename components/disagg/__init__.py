@@ -4,6 +4,7 @@ Pure deciders built by name from the ``disaggregated_router`` policy section; th
 worker calls ``DisaggregatedRouter.decide(request, snapshot)`` and acts on the answer.
 """
 
+from .affinity import AffinityChoice, PrefillAffinity, block_hashes
 from .config import (
                      DisaggregatedRouter,
                      build_decider,
@@ -17,7 +18,7 @@ from .threshold import ThresholdDecider, should_offload_prefill, threshold_rule
 from .types import Decider, OffloadDecision, OffloadRequest, OffloadSnapshot
 
 __all__ = [
-    "Decider", "DeciderRegistry", "DeciderType", "DisaggregatedRouter", "ForcedDecider",
+    "AffinityChoice", "Decider", "PrefillAffinity", "block_hashes", "DeciderRegistry", "DeciderType", "DisaggregatedRouter", "ForcedDecider",
     "OffloadDecision", "OffloadRequest", "OffloadSnapshot", "Rule", "ScoreDecider",
     "ThresholdDecider", "build_decider", "default_decider_registry",
     "load_disaggregated_router_file", "parse_disaggregated_router",

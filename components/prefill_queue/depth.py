@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
@@ -22,12 +22,16 @@ class QueueDepth:
     """Requests per priority level (index 0 = highest) at one moment.
 
     ``waiting``: not yet delivered to a prefill worker (consumer ``num_pending``);
-    ``in_flight``: delivered and not yet acked (``num_ack_pending``).
+    ``in_flight``: delivered and not yet acked (``num_ack_pending``); both count the shared
+    queue and every worker's own.
     """
 
     waiting: tuple[int, ...]
     in_flight: tuple[int, ...]
     measured_at: float  # time.monotonic() when the answer arrived
+    by_worker: Mapping[str, int] = field(default_factory=dict)
+    """Jobs waiting or in flight in each prefill worker's own queue (prefix affinity),
+    by worker id; included in ``waiting`` and ``in_flight``."""
 
     @property
     def per_level(self) -> tuple[int, ...]:

@@ -28,9 +28,13 @@ class PrefillJob:
     """
 
     def __init__(self, request: PrefillRequest, msg: JetStreamMessage, *, level: int,
-                 delivery_count: int, stats: PrefillQueueStats, ack_timeout_s: float) -> None:
+                 delivery_count: int, stats: PrefillQueueStats, ack_timeout_s: float,
+                 source: str = "shared") -> None:
         self.request = request
         self.level = level
+        self.source = source
+        """The queue it came from: ``shared``, ``own`` (queued for this worker: prefix
+        affinity) or ``stolen`` (queued for another worker, left waiting there)."""
         self.delivery_count = delivery_count
         self._msg = msg
         self._stats = stats

@@ -55,6 +55,31 @@ class QueueNames:
         """Number of priority levels (one subject and one consumer each)."""
         return len(self.subjects)
 
+    @property
+    def targeted(self) -> tuple[str, ...]:
+        """Per level, the wildcard of the jobs queued for one prefill worker (prefix
+        affinity): ``<level subject>.w.<worker>``, which the level's shared consumer
+        (filtered on the level subject itself) never sees."""
+        return tuple(f"{s}.w.*" for s in self.subjects)
+
+    def worker_subject(self, level: int, worker: str) -> str:
+        """Subject of a job at ``level`` queued for prefill worker ``worker`` (its id in
+        hex, as its presence endpoint and handoffs name it)."""
+        return f"{self.subjects[level]}.w.{sanitise_token(worker)}"
+
+    def worker_consumer(self, level: int, worker: str) -> str:
+        """Durable consumer of ``worker``'s own jobs at ``level``; any worker may pull
+        from it (a job its owner left waiting is taken by an idle sibling)."""
+        return f"{self.consumers[level]}-w-{sanitise_token(worker)}"
+
+    def consumer_owner(self, consumer: str) -> tuple[int, str] | None:
+        """(level, worker) of a worker's own consumer, None for any other name."""
+        for level, shared in enumerate(self.consumers):
+            prefix = f"{shared}-w-"
+            if consumer.startswith(prefix) and len(consumer) > len(prefix):
+                return level, consumer[len(prefix):]
+        return None
+
 
 def queue_names(namespace: str, model: str, levels: int) -> QueueNames:
     """Build the names of the queue for ``namespace`` and ``model`` with ``levels`` levels.

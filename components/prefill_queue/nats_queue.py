@@ -6,6 +6,13 @@ prefill worker.  Workers scan the levels highest first with no-wait pull request
 queued high-priority request is always served before any lower one.  An idle worker
 sleeps on a small "bell" subject that ``enqueue`` rings, plus a periodic rescan that
 catches redeliveries.
+
+Prefix affinity: a decode worker may queue a job for one prefill worker, the one that
+holds most of its prompt's prefix (``enqueue(..., worker=)``), on the subject
+``<level subject>.w.<worker>``.  Each prefill worker has its own durable consumer per
+level on its subjects and scans, per level, its own jobs before the shared ones.  A job
+left unstarted in another worker's queue for ``steal_after_s`` is taken by an idle
+worker (``_steal``): the owner is busy, stuck or gone, and nothing is lost with it.
 """
 
 from __future__ import annotations
@@ -53,9 +60,19 @@ class PrefillQueue:
 
     def __init__(self, nc: NATS, namespace: str, model: str,
                  config: PrefillQueueConfig | None = None, *, owns_connection: bool = False,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 worker: str | None = None) -> None:
         self.config = config or PrefillQueueConfig()
         self.names: QueueNames = queue_names(namespace, model, len(self.config.priorities))
+        self.worker = worker
+        """The prefill worker this client pulls for (its id in hex), which has its own
+        consumers for the jobs queued for it; None: a decode worker, or a worker that
+        takes shared jobs only."""
+        # Per level, the consumers a pull scans in order: this worker's own, then shared.
+        self._scan_order: tuple[tuple[str, ...], ...] = tuple(
+            ((self.names.worker_consumer(level, worker),) if worker else ()) + (shared,)
+            for level, shared in enumerate(self.names.consumers))
+        self._next_steal = 0.0
         self.stats = PrefillQueueStats()
         self._nc = nc
         self._js = nc.jetstream(timeout=self.config.request_timeout_s)
@@ -71,14 +88,16 @@ class PrefillQueue:
     @classmethod
     async def connect(cls, url: str, namespace: str, model: str,
                       config: PrefillQueueConfig | None = None,
-                      client_name: str | None = None) -> PrefillQueue:
-        """Open a NATS connection the queue owns (``close()`` closes it) and ``ensure()``."""
+                      client_name: str | None = None,
+                      worker: str | None = None) -> PrefillQueue:
+        """Open a NATS connection the queue owns (``close()`` closes it) and ``ensure()``;
+        ``worker``: the prefill worker pulling through it (its own consumers)."""
         cfg = config or PrefillQueueConfig()
         from splitserve.contracts.kit.connect import connect_nats
 
         nc = await connect_nats(url, name=client_name,
                                 connect_timeout=max(1, int(cfg.request_timeout_s * 2)))
-        queue = cls(nc, namespace, model, cfg, owns_connection=True)
+        queue = cls(nc, namespace, model, cfg, owns_connection=True, worker=worker)
         try:
             await queue.ensure()
         except BaseException:
@@ -90,7 +109,7 @@ class PrefillQueue:
         """Create or update the stream and the per-level consumers to match the config."""
         c, n = self.config, self.names
         stream = api.StreamConfig(
-            name=n.stream, subjects=list(n.subjects), retention=api.RetentionPolicy.WORK_QUEUE,
+            name=n.stream, subjects=[*n.subjects, *n.targeted], retention=api.RetentionPolicy.WORK_QUEUE,
             max_msgs=c.max_msgs, max_bytes=c.max_bytes, max_age=c.max_age_s,
             discard=api.DiscardPolicy.NEW, duplicate_window=c.duplicate_window_s,
             storage=api.StorageType.FILE if c.storage == "file" else api.StorageType.MEMORY,
@@ -106,11 +125,25 @@ class PrefillQueue:
                 durable_name=durable, filter_subject=subject,
                 ack_policy=api.AckPolicy.EXPLICIT, ack_wait=c.ack_wait_s,
                 max_deliver=c.max_deliver, deliver_policy=api.DeliverPolicy.ALL))
+        if self.worker is None:
+            return
+        for level in range(n.levels):
+            # A worker that is gone leaves its consumers behind: the server removes them
+            # once nobody has pulled from them for this long (siblings drain them first).
+            await self._js.add_consumer(n.stream, api.ConsumerConfig(
+                durable_name=n.worker_consumer(level, self.worker),
+                filter_subject=n.worker_subject(level, self.worker),
+                ack_policy=api.AckPolicy.EXPLICIT, ack_wait=c.ack_wait_s,
+                max_deliver=c.max_deliver, deliver_policy=api.DeliverPolicy.ALL,
+                inactive_threshold=max(600.0, 2 * c.max_age_s)))
 
     # -- producer side -------------------------------------------------------------------
 
-    async def enqueue(self, request: PrefillRequest) -> Enqueued:
+    async def enqueue(self, request: PrefillRequest, worker: str | None = None) -> Enqueued:
         """Queue one request; called by the decode worker after allocating KV blocks.
+        ``worker``: queue it for that prefill worker (prefix affinity), which serves it
+        before the shared jobs of its level; any idle worker takes it once it has waited
+        ``steal_after_s``.
 
         Returns once the server stored it.  Never waits for room: raises ``QueueFull`` at
         once when the stream is at its limits, ``QueueUnavailable`` when the server does
@@ -120,7 +153,9 @@ class PrefillQueue:
         headers = {"Nats-Msg-Id": request.dedup_key()} if self.config.duplicate_window_s else None
         headers = tracing.inject(headers)  # the enqueuing span's W3C context, when tracing
         try:
-            ack = await self._js.publish(self.names.subjects[level], request.encode(),
+            subject = (self.names.subjects[level] if worker is None
+                       else self.names.worker_subject(level, worker))
+            ack = await self._js.publish(subject, request.encode(),
                                          timeout=self.config.request_timeout_s,
                                          headers=headers)
         except nats.js.errors.APIError as exc:
@@ -156,6 +191,8 @@ class PrefillQueue:
                 # Clear before scanning so a bell rung during the scan is not lost.
                 self._bell.clear()
                 jobs = await self._scan(batch)
+                if not jobs and self.worker is not None:
+                    jobs = await self._steal(batch)
                 remaining = deadline - time.monotonic()
                 if jobs or remaining <= 0:
                     return jobs
@@ -173,25 +210,79 @@ class PrefillQueue:
 
     async def _scan(self, batch: int) -> list[PrefillJob]:
         jobs: list[PrefillJob] = []
-        for level in range(self.names.levels):
+        for level, consumers in enumerate(self._scan_order):
             # Stay on a level until it is empty or the batch is full: dropped (expired or
             # unreadable) messages must not let a lower level jump ahead of this one.
-            while len(jobs) < batch:
-                msgs, answered = await self._next(level, batch - len(jobs))
-                for msg in msgs:
-                    job = await self._admit(msg, level)
-                    if job is not None:
-                        jobs.append(job)
-                if not answered:
-                    # The server did not answer in time: this level may hold work that a
-                    # lower level must not overtake; the next scan asks again.
-                    return jobs
-                if not msgs:
-                    break
+            # This worker's own jobs first: they were queued here for the prefix it holds.
+            for consumer in consumers:
+                while len(jobs) < batch:
+                    msgs, answered = await self._next(consumer, batch - len(jobs))
+                    source = "shared" if consumer == self.names.consumers[level] else "own"
+                    for msg in msgs:
+                        job = await self._admit(msg, level, source)
+                        if job is not None:
+                            jobs.append(job)
+                    if not answered:
+                        # The server did not answer in time: this level may hold work
+                        # that a lower level must not overtake; the next scan asks again.
+                        return jobs
+                    if not msgs:
+                        break
         return jobs
 
-    async def _next(self, level: int, n: int) -> tuple[list[Msg], bool]:
-        """Up to ``n`` messages of ``level`` and whether the server answered in time.
+    async def _steal(self, batch: int) -> list[PrefillJob]:
+        """Jobs other workers left unstarted for ``steal_after_s``, oldest first within
+        the highest level; called when this worker's own and the shared queues are empty,
+        at most every ``idle_recheck_s``.  One listing of the stream's consumers, then a
+        look (without taking it) at the next job of each worker queue holding any."""
+        now = time.monotonic()
+        if now < self._next_steal:
+            return []
+        self._next_steal = now + self.config.idle_recheck_s
+        names, wall = self.names, self._wall_clock()
+        try:
+            infos = await self._consumers()
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.debug("listing %s's consumers failed: %s", names.stream, exc)
+            return []
+        stale: list[tuple[int, float, str]] = []
+        for info in infos:
+            owner = names.consumer_owner(info.name)
+            if (owner is None or not info.num_pending
+                    or info.name == names.worker_consumer(owner[0], self.worker or "")):
+                continue
+            waited = await self._waited(info, wall)
+            if waited is not None and waited >= self.config.steal_after_s:
+                stale.append((owner[0], -waited, info.name))
+        jobs: list[PrefillJob] = []
+        for level, _, consumer in sorted(stale):
+            if len(jobs) >= batch:
+                break
+            msgs, _answered = await self._next(consumer, 1)
+            for msg in msgs:
+                job = await self._admit(msg, level, "stolen")
+                if job is not None:
+                    self.stats.stolen += 1
+                    jobs.append(job)
+        return jobs
+
+    async def _waited(self, info, wall: float) -> float | None:
+        """Seconds the next undelivered job of consumer ``info`` has been queued, read
+        without taking it; None when it cannot be read (taken meanwhile, unreadable)."""
+        try:
+            msg = await self._js.get_msg(self.names.stream,
+                                         seq=(info.delivered.stream_seq or 0) + 1,
+                                         subject=info.config.filter_subject, next=True)
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.debug("peeking at %s failed: %s", info.name, exc)
+            return None
+        verdict = triage(msg.data or b"", wall)
+        if verdict.request is None:
+            return self.config.steal_after_s  # unreadable: whoever takes it terminates it
+        return wall - verdict.request.enqueued_at
+
+    async def _next(self, consumer: str, n: int) -> tuple[list[Msg], bool]:
+        """Up to ``n`` messages of ``consumer`` and whether the server answered in time.
 
         A no-wait pull request is answered at once: up to n messages, then a status
         ("404 No Messages") if fewer were available.  Unlike a lingering request it leaves
@@ -205,16 +296,16 @@ class PrefillQueue:
         try:
             request = json.dumps({"batch": n, "no_wait": True}).encode()
             await self._nc.publish(
-                f"$JS.API.CONSUMER.MSG.NEXT.{self.names.stream}."
-                f"{self.names.consumers[level]}", request, reply=sub.subject)
+                f"$JS.API.CONSUMER.MSG.NEXT.{self.names.stream}.{consumer}", request,
+                reply=sub.subject)
             msgs: list[Msg] = []
             while len(msgs) < n:
                 try:
                     msg = await sub.next_msg(timeout=self.config.request_timeout_s)
                 except nats.errors.TimeoutError:
                     self.stats.pull_timeouts += 1
-                    log.warning("no answer to a pull request on %s level %d within %.1fs",
-                                self.names.stream, level, self.config.request_timeout_s)
+                    log.warning("no answer to a pull request on %s %s within %.1fs",
+                                self.names.stream, consumer, self.config.request_timeout_s)
                     return msgs, False
                 except nats.errors.Error:
                     if self._closed:  # close() unsubscribed the inbox under this pull
@@ -230,7 +321,7 @@ class PrefillQueue:
                 with contextlib.suppress(nats.errors.Error):
                     await sub.unsubscribe()
 
-    async def _admit(self, msg: Msg, level: int) -> PrefillJob | None:
+    async def _admit(self, msg: Msg, level: int, source: str = "shared") -> PrefillJob | None:
         count = msg.metadata.num_delivered
         self.stats.delivered += 1
         if count > 1:
@@ -238,7 +329,8 @@ class PrefillQueue:
         verdict = triage(msg.data, self._wall_clock())
         if verdict.verdict == "ok" and verdict.request is not None:
             return PrefillJob(verdict.request, msg, level=level, delivery_count=count,
-                              stats=self.stats, ack_timeout_s=self.config.request_timeout_s)
+                              stats=self.stats, ack_timeout_s=self.config.request_timeout_s,
+                              source=source)
         self.stats.dropped_by_reason[verdict.verdict] += 1
         if verdict.verdict == "expired":
             # The decode worker already prefilled locally; redelivering would waste work.
@@ -268,15 +360,34 @@ class PrefillQueue:
     # -- depth and lifecycle -------------------------------------------------------------
 
     async def depth(self) -> QueueDepth:
-        """Exact depth from the server (one consumer-info request per level, in parallel);
-        called by the depth monitor, tests and the CLI."""
-        infos = await asyncio.gather(*(
-            self._js.consumer_info(self.names.stream, durable,
-                                   timeout=self.config.request_timeout_s)
-            for durable in self.names.consumers))
-        return QueueDepth(waiting=tuple(i.num_pending or 0 for i in infos),
-                          in_flight=tuple(i.num_ack_pending or 0 for i in infos),
-                          measured_at=time.monotonic())
+        """Exact depth from the server, every worker's own queue included (one listing of
+        the stream's consumers); called by the depth monitor, tests and the CLI."""
+        names = self.names
+        shared = {name: level for level, name in enumerate(names.consumers)}
+        waiting, in_flight = [0] * names.levels, [0] * names.levels
+        by_worker: dict[str, int] = {}
+        for info in await self._consumers():
+            level = shared.get(info.name)
+            if level is None:
+                owner = names.consumer_owner(info.name)
+                if owner is None:
+                    continue
+                level, worker = owner
+                by_worker[worker] = (by_worker.get(worker, 0) + (info.num_pending or 0)
+                                     + (info.num_ack_pending or 0))
+            waiting[level] += info.num_pending or 0
+            in_flight[level] += info.num_ack_pending or 0
+        return QueueDepth(waiting=tuple(waiting), in_flight=tuple(in_flight),
+                          measured_at=time.monotonic(), by_worker=by_worker)
+
+    async def _consumers(self) -> list[api.ConsumerInfo]:
+        """Every consumer of the stream (the server lists 256 per request)."""
+        out: list[api.ConsumerInfo] = []
+        while True:
+            page = await self._js.consumers_info(self.names.stream, offset=len(out) or None)
+            out += page
+            if len(page) < 256:
+                return out
 
     def depth_monitor(self) -> QueueDepthMonitor:
         """A monitor refreshing ``depth()`` every ``depth_refresh_s``; the caller starts

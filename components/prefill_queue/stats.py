@@ -16,8 +16,8 @@ class PrefillQueueStats:
     (acked and dropped past their deadline), ``malformed`` (terminated as unreadable),
     ``acked``, ``naked``, ``terminated`` (all terms, malformed included),
     ``pull_timeouts`` (pull requests the server did not answer within
-    ``request_timeout_s``: that scan stopped there, and any late answer is redelivered)
-    and ``dropped_by_reason`` (``expired``, ``unknown-version``, ``bad-shape``).
+    ``request_timeout_s``: that scan stopped there, and any late answer is redelivered),
+    ``stolen`` (jobs taken from another worker's own queue after ``steal_after_s``) and ``dropped_by_reason`` (``expired``, ``unknown-version``, ``bad-shape``).
     """
 
     enqueued: int = 0
@@ -31,6 +31,7 @@ class PrefillQueueStats:
     naked: int = 0
     terminated: int = 0
     pull_timeouts: int = 0
+    stolen: int = 0
     dropped_by_reason: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, int]:

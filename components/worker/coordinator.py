@@ -28,13 +28,19 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 
 from pydantic import Field, TypeAdapter
 
 from splitserve.contracts import tracing
 from splitserve.contracts.sections import DecodeTimings
-from splitserve.components.disagg import OffloadDecision, OffloadRequest, OffloadSnapshot
+from splitserve.components.disagg import (
+    AffinityChoice,
+    OffloadDecision,
+    OffloadRequest,
+    OffloadSnapshot,
+    PrefillAffinity,
+)
 from splitserve.contracts.engine import (
     Engine,
     EngineHandoff,
@@ -160,6 +166,15 @@ class EngineDecodeCoordinator:
         self.moves: KvMoves | None = None
         """Live KV moves (``kv_moves.py``): the cut parks requests, and a request with a
         ``kv_source`` continues from that KV instead of being prefilled."""
+        self.affinity: PrefillAffinity | None = None
+        """Prefix affinity (``components/disagg/affinity.py``): queue a job for the live
+        prefill worker holding its prefix; None: every job in the shared queue."""
+        self.live_prefill_ids: Callable[[], Collection[str]] = lambda: ()
+        """The live prefill workers' ids in hex (their presence instances)."""
+        self.queued_by_worker: Callable[[], tuple[Mapping[str, int], float | None]] = (
+            lambda: ({}, None))
+        """Jobs in each prefill worker's own queue by the depth monitor's last reading,
+        and when it was taken (``time.monotonic``; None: no reading)."""
         self.latency: TokenLatency | None = None
         """This worker's TTFT and ITL by pool and model (``latency_metrics.py``), timed
         per request from its arrival here; None: not timed."""
@@ -204,9 +219,16 @@ class EngineDecodeCoordinator:
                             live_prefill_workers=snap.live_prefill_workers, waited_s=0.0,
                             max_wait_s=self.settings.no_prefill_worker_wait_s,
                             retry_after_s=self.settings.retry_after_s)
-        yield {"worker_id": self.worker_id, "request": req.model_dump(),
+        out = {"worker_id": self.worker_id, "request": req.model_dump(),
                "snapshot": snap.model_dump(), "decision": decision.model_dump(),
                "plan": {"action": plan.action, "reason": plan.reason}}
+        if self.affinity is not None and plan.action == "remote":
+            queued, measured_at = self.queued_by_worker()
+            choice = self.affinity.choose(self.affinity.hashes(tokens, lora), len(tokens),
+                                          self.live_prefill_ids(), queued, measured_at)
+            out["prefill_affinity"] = {"worker": choice.worker, "reason": choice.reason,
+                                       "held_tokens": choice.held_tokens}
+        yield out
 
     async def generate(self, request: dict, context=None) -> AsyncIterator[dict]:
         """The ``generate`` endpoint: output chunks; a refusal is one error chunk that
@@ -360,6 +382,40 @@ class EngineDecodeCoordinator:
             raise Rejected(plan.reason, plan.retry_after_s or s.retry_after_s)
         return plan
 
+    def _prefill_target(self, params: GenerateParams) -> tuple[AffinityChoice, list[int]]:
+        """The prefill worker a job is queued for (prefix affinity), counted by reason;
+        and the prompt's block hashes, remembered under whichever worker runs it."""
+        if self.affinity is None:
+            return AffinityChoice(None, "off"), []
+        live = self.live_prefill_ids()
+        self.affinity.forget_except(live)
+        hashes = self.affinity.hashes(params.token_ids, params.lora)
+        queued, measured_at = self.queued_by_worker()
+        choice = self.affinity.choose(hashes, len(params.token_ids), live, queued,
+                                      measured_at)
+        if choice.worker is not None:
+            choice = dataclasses.replace(choice, stamp=self.affinity.sent(choice.worker))
+            self.affinity.remember(choice.worker, hashes)
+        self.metrics.affinity.labels(choice.reason).inc()
+        return choice, hashes
+
+    async def _enqueue(self, job: PrefillRequest, target: str | None):
+        if target is None:
+            return await self.queue.enqueue(job)
+        return await self.queue.enqueue(job, worker=target)
+
+    def _prefill_ran(self, target: AffinityChoice, hashes: list[int], job: PrefillRequest,
+                     got) -> None:
+        """After a remote prefill's wait: the job queued for ``target.worker`` is settled, and a
+        prompt a prefill worker computed is remembered under that worker."""
+        if self.affinity is None:
+            return
+        self.affinity.settled(target.worker, target.stamp)
+        if got is not None and got.refused is None and got.prefill_worker_id:
+            usage = got.completion_usage or {}
+            cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+            self.affinity.computed(got.prefill_worker_id, hashes, len(job.token_ids) - cached)
+
     async def _remote_prefill(self, rid: str, params: GenerateParams, trace=tracing.NOOP
                               ) -> tuple[RemotePrefill | None, str]:
         """Reserve (engines that are written into), enqueue the job and wait for the
@@ -402,6 +458,7 @@ class EngineDecodeCoordinator:
                 log.info("request %s cannot be offloaded (%s)", rid, str(exc).splitlines()[0])
                 await release(False)
                 return None, "invalid-job"
+            target, hashes = self._prefill_target(params)
             waiting = self.inbox.expect(rid)  # before enqueue: a fast result must find it
             started = time.monotonic()
             # From enqueue to the prefill worker's result; the job carries its context.
@@ -412,7 +469,7 @@ class EngineDecodeCoordinator:
             try:
                 try:
                     with tracing.active(span):
-                        enqueued = await self.queue.enqueue(job)
+                        enqueued = await self._enqueue(job, target.worker)
                 except EnqueueRejected as exc:
                     await release(False)
                     return None, f"queue-{exc.reason}"
@@ -429,6 +486,7 @@ class EngineDecodeCoordinator:
             finally:
                 self.inbox.forget(rid)  # also when the client leaves while waiting
                 end_remote_prefill(span, got)
+                self._prefill_ran(target, hashes, job, got)
             self.metrics.remote_wait.observe(time.monotonic() - started)
             result, failure = read_result(rid, got)
             if result is None or result.handoff is None:

@@ -3,7 +3,8 @@
 ``python -m splitserve.components.worker.decode_main`` runs it.  Around the hosted
 engine it runs the decode coordinator (``coordinator.py``: the offload decider, remote
 or local prefill), connects the prefill queue, takes prefill handoffs on this replica's
-NATS subject (``handoff.py``), follows policy updates, serves ``generate`` and
+NATS subject (``handoff.py``), queues each job for the prefill worker holding its prefix
+(``prefill_affinity``), follows policy updates, serves ``generate`` and
 ``explain`` on ``<ns>.decodeworker``, publishes load and reports ready.
 """
 
@@ -43,7 +44,7 @@ async def run_decode(ctx: ComponentContext, cfg) -> None:
     """Component main of a DecodeWorker replica: the engine, its decode coordinator, the
     prefill queue, the handoff subscription, load reports and policy updates."""
     from splitserve.contracts.kit.connect import connect_nats
-    from splitserve.components.disagg import build_decider
+    from splitserve.components.disagg import PrefillAffinity, build_decider
     from splitserve.components.prefill_queue import PrefillQueue
 
     ns, component, nats_url = ctx.namespace, ctx.run.component, os.environ["NATS_SERVER"]
@@ -70,6 +71,11 @@ async def run_decode(ctx: ComponentContext, cfg) -> None:
             queue_depth=lambda: depth.depth or 0, metrics=DisaggMetrics(h.metrics.registry),
             settings=coordinator_settings(cfg), requests=h.metrics.requests)
         coord.cut = ctx.drain_cut
+        if cfg.prefill_affinity.enable:
+            coord.affinity = PrefillAffinity(cfg.prefill_affinity)
+            coord.live_prefill_ids = lambda: {f"{i:x}" for i in prefill_client.instance_ids()}
+            coord.queued_by_worker = lambda: ((depth.last.by_worker, depth.last.measured_at)
+                                              if depth.last else ({}, None))
         coord.latency = TokenLatency(h.metrics.registry, *worker_labels(ctx.run))
 
         def apply_policy(policy, version: int) -> None:

@@ -24,6 +24,10 @@ class DisaggMetrics:
         self.fallbacks = Counter(f"{PREFIX}_disagg_fallbacks_total",
                                  "Remote prefills that ended as local prefills, by reason",
                                  ["reason"], registry=registry)
+        self.affinity = Counter(f"{PREFIX}_disagg_prefill_affinity_total",
+                                "Remote prefill jobs by where they were queued: for the "
+                                "prefill worker holding their prefix (held) or shared, and "
+                                "why", ["reason"], registry=registry)
         self.remote_wait = Histogram(f"{PREFIX}_disagg_remote_prefill_seconds",
                                      "From enqueue to KV arrival", buckets=latency_buckets(),
                                      registry=registry)
@@ -43,6 +47,14 @@ class PrefillMetrics:
         self.latency = PrefillLatency(registry, pool, model)
         self.jobs = Counter(f"{PREFIX}_prefill_jobs_total", "Prefill jobs by outcome",
                             ["outcome"], registry=registry)
+        self.taken = Counter(f"{PREFIX}_prefill_jobs_taken_total",
+                             "Prefill jobs taken, by queue: shared, own (queued for this "
+                             "worker's prefix) or stolen (left waiting in another's)",
+                             ["queue"], registry=registry)
+        self.prompt_tokens = Counter(f"{PREFIX}_prefill_prompt_tokens_total",
+                                     "Prompt tokens of the jobs this worker prefilled "
+                                     "(kind=prompt), and of them those found in its prefix "
+                                     "cache (kind=cached)", ["kind"], registry=registry)
         self.compute = Histogram(f"{PREFIX}_prefill_compute_seconds",
                                  "Prompt KV computation per job", buckets=latency_buckets(),
                                  registry=registry)

@@ -44,8 +44,10 @@ async def run_prefill(ctx: ComponentContext, cfg) -> None:
         if h is None:
             return
         engine, worker_id = h.engine, h.worker_id
+        # Its own consumers take the jobs decode workers queue for it (prefix affinity).
         queue = await PrefillQueue.connect(nats_url, ns, ctx.run.common.served_model_name,
-                                           cfg.prefill_queue, client_name="prefill-worker")
+                                           cfg.prefill_queue, client_name="prefill-worker",
+                                           worker=f"{worker_id:x}")
         stack.push_async_callback(bounded, queue.close)
         nc = await connect_nats(nats_url, name="prefill-handoff")
         stack.push_async_callback(bounded, nc.drain)

@@ -95,10 +95,13 @@ def job_params(req: PrefillRequest) -> GenerateParams:
                           logit_bias=tuple((int(t), float(b)) for t, b in req.logit_bias))
 
 
-def observe(metrics: PrefillMetrics, result) -> dict | None:
-    """Count a finished prefill's compute and transfer; its usage for the handoff (the
-    prefix hit here, which the decode side reports)."""
+def observe(metrics: PrefillMetrics, result, prompt_tokens: int = 0) -> dict | None:
+    """Count a finished prefill's compute, transfer and prompt tokens (those found in
+    this engine's prefix cache apart); its usage for the handoff (the prefix hit here,
+    which the decode side reports)."""
     metrics.computed(result.compute_s)
+    metrics.prompt_tokens.labels("prompt").inc(prompt_tokens)
+    metrics.prompt_tokens.labels("cached").inc(min(result.cached_tokens, prompt_tokens))
     if result.transfer_bytes or result.transfer_s:
         metrics.transferred(result.transfer_s, result.transfer_bytes)
     if result.cached_tokens:
@@ -125,6 +128,7 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
     eid = engine_request_id(req, getattr(job, "delivery_count", 1))
     outcome = "done"
     metrics.latency.picked_up(req.enqueued_at)
+    metrics.taken.labels(getattr(job, "source", "shared")).inc()
     trace = job_span(job)
     heartbeat = asyncio.create_task(keep_alive(job, settings.heartbeat_s))
     pending = None
@@ -149,7 +153,7 @@ async def prefill_one(engine: Engine, nc, job, settings: PrefillLoopSettings,
             first_token, handoff = result.first_token, result.handoff
             transfer_s = result.transfer_s
             finished = result.finished.value if result.finished is not None else None
-            usage = observe(metrics, result)
+            usage = observe(metrics, result, len(req.token_ids))
             trace_prefill(trace, t0, result)
         message = PrefillHandoff(
             request_id=rid, first_token=first_token,

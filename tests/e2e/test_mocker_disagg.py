@@ -95,6 +95,24 @@ def test_long_prompts_go_remote_and_short_ones_stay_local(fleet):
     assert all(metric(r["metrics"], decisions) > 0 for r in run.replicas("DecodeWorker"))
 
 
+def test_a_repeated_prompt_is_queued_for_the_prefill_worker_that_computed_it(fleet):
+    """Prefix affinity: the decode worker remembers which prefill worker ran a prompt and
+    queues the next job of that prompt for it; that worker takes it from its own queue."""
+    run, client = fleet
+    affinity, taken = "splitserve_disagg_prefill_affinity_total", "splitserve_prefill_jobs_taken_total"
+    held0 = fleet_total(run, "DecodeWorker", affinity, reason="held")
+    own0 = fleet_total(run, "PrefillWorker", taken, queue="own")
+    all0 = fleet_total(run, "PrefillWorker", taken)
+    content = f"affinity {LONG}"
+    for _ in range(4):  # each decode worker sees it at least twice, whatever the routing
+        r = client.chat.completions.create(model=MODEL, max_tokens=2,
+                                           messages=[{"role": "user", "content": content}])
+        assert r.usage.completion_tokens == 2
+    assert fleet_total(run, "DecodeWorker", affinity, reason="held") - held0 >= 2
+    assert fleet_total(run, "PrefillWorker", taken, queue="own") - own0 >= 2
+    assert fleet_total(run, "PrefillWorker", taken) - all0 == 4  # each job taken once
+
+
 def test_latency_by_pool_on_the_workers_and_in_dynamo_status(fleet):
     """Each pool's TTFT and ITL (decode workers) and prefill queue wait, compute and KV
     transfer (prefill workers) are labelled by pool and model, and `dynamo status

@@ -349,3 +349,71 @@ async def test_a_late_answer_neither_lets_a_lower_level_overtake_nor_is_misread(
                 order.append(job.request.request_id)
                 await job.ack()
         assert order == ["h", "l"]
+
+
+@pytest.mark.asyncio
+async def test_a_job_queued_for_a_worker_is_its_own_before_the_shared_ones(
+        nats_url: str) -> None:
+    ns, cfg = namespace(), fast_config(steal_after_s=30.0)
+    async with (await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as producer,
+                await PrefillQueue.connect(nats_url, ns, MODEL, cfg, worker="a1") as a,
+                await PrefillQueue.connect(nats_url, ns, MODEL, cfg, worker="b2") as b):
+        await producer.enqueue(make_request("shared-1"))
+        await producer.enqueue(make_request("for-a"), worker="a1")
+        await producer.enqueue(make_request("shared-2"))
+        depth = await producer.depth()
+        assert depth.total == 3 and depth.waiting == (0, 3, 0)
+        assert depth.by_worker == {"a1": 1, "b2": 0}
+        # b never sees a's job (not waited long enough); it takes the shared ones
+        got_b = [j for _ in range(3) for j in await b.pull(wait_s=0.2)]
+        assert [j.request.request_id for j in got_b] == ["shared-1", "shared-2"]
+        assert [j.source for j in got_b] == ["shared", "shared"]
+        [job] = await a.pull(wait_s=1.0)
+        assert job.request.request_id == "for-a" and job.source == "own"
+        await job.ack()
+        for j in got_b:
+            await j.ack()
+        assert (await producer.depth()).total == 0
+
+
+@pytest.mark.asyncio
+async def test_own_jobs_come_first_within_a_level_never_above_a_higher_one(
+        nats_url: str) -> None:
+    ns, cfg = namespace(), fast_config(steal_after_s=30.0)
+    async with (await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as producer,
+                await PrefillQueue.connect(nats_url, ns, MODEL, cfg, worker="a1") as a):
+        await producer.enqueue(make_request("low-shared", priority="low"))
+        await producer.enqueue(make_request("default-shared"))
+        await producer.enqueue(make_request("default-own"), worker="a1")
+        await producer.enqueue(make_request("high-shared", priority="high"))
+        jobs = await a.pull(batch=4, wait_s=1.0)
+        assert [j.request.request_id for j in jobs] == [
+            "high-shared", "default-own", "default-shared", "low-shared"]
+        for j in jobs:
+            await j.ack()
+
+
+@pytest.mark.asyncio
+async def test_a_job_left_waiting_by_its_worker_is_stolen_by_an_idle_one(
+        nats_url: str) -> None:
+    ns, cfg = namespace(), fast_config(steal_after_s=0.6)
+    async with (await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as producer,
+                await PrefillQueue.connect(nats_url, ns, MODEL, cfg, worker="a1") as a,
+                await PrefillQueue.connect(nats_url, ns, MODEL, cfg, worker="b2") as b):
+        del a  # a1 is busy (or gone): it never pulls
+        await producer.enqueue(make_request("for-a"), worker="a1")
+        assert await b.pull(wait_s=0.3) == []  # too young to take
+        start = time.monotonic()
+        jobs: list = []
+        while not jobs and time.monotonic() - start < 5:
+            jobs = await b.pull(wait_s=0.3)
+        [job] = jobs
+        assert job.request.request_id == "for-a" and job.source == "stolen"
+        assert b.stats.stolen == 1
+        await job.ack()
+        assert (await producer.depth()).total == 0
+        # a worker never steals its own jobs: they are its own
+        await producer.enqueue(make_request("for-b"), worker="b2")
+        [own] = await b.pull(wait_s=1.0)
+        assert own.source == "own"
+        await own.ack()

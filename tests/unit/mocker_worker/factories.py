@@ -48,15 +48,19 @@ class FakeQueue:
         self.inbox = inbox
         self.answer = answer
         self.jobs: list = []
+        self.targets: list[str | None] = []  # the prefill worker each job was queued for
+        self.ran_on = "p1"  # the worker that runs a shared job
 
-    async def enqueue(self, job) -> Enqueued:
+    async def enqueue(self, job, worker: str | None = None) -> Enqueued:
         if self.answer == "full":
             raise QueueFull("stream limits reached")
         self.jobs.append(job)
+        self.targets.append(worker)
         if self.answer == "handoff":
             opaque = OpaqueHandoff(disaggregated_params="dummy").model_dump(mode="json")
             handoff = PrefillHandoff(request_id=job.request_id, first_token=7,
-                                     disaggregated_params=opaque, prefill_worker_id="p1",
+                                     disaggregated_params=opaque,
+                                     prefill_worker_id=worker or self.ran_on,
                                      compute_s=0.01, transfer_s=0.002)
             # Delivered later, as a NATS callback would be.
             asyncio.get_running_loop().call_soon(self.inbox.take, handoff.encode())

@@ -146,3 +146,40 @@ async def test_a_job_carries_the_sampling_but_not_logprobs_or_a_schema(options, 
         assert (job.top_k, job.repetition_penalty) == (5, 1.1)
     else:
         assert queue.jobs == []
+
+
+async def test_a_prompt_sharing_a_prefix_is_queued_for_the_worker_that_computed_it():
+    from splitserve.components.disagg import PrefillAffinity
+    from splitserve.contracts.prefill_queue import PrefillAffinityConfig
+
+    coord, _, queue = coordinator()
+    coord.affinity = PrefillAffinity(PrefillAffinityConfig(block_size=16))
+    coord.live_prefill_ids = lambda: {"p1", "p2"}
+    queue.ran_on = "p2"
+    prefix = list(range(10, 410))
+    first = request(500, request_id="r1")
+    first["token_ids"] = prefix + list(range(5000, 5100))
+    await collect(coord, first)
+    second = request(500, request_id="r2")
+    second["token_ids"] = prefix + list(range(6000, 6100))
+    await collect(coord, second)
+    unrelated = request(500, request_id="r3")
+    unrelated["token_ids"] = list(range(7000, 7500))
+    await collect(coord, unrelated)
+    # the first went to the shared queue and ran on p2; the second shares its 400-token
+    # prefix (25 whole blocks of 16) and is queued for p2; the third shares nothing
+    assert queue.targets == [None, "p2", None]
+    assert coord.affinity.held(coord.affinity.hashes(second["token_ids"]), "p2") == 31
+    name = "splitserve_disagg_prefill_affinity_total"
+    assert sample(coord, name, reason="held") == 1
+    assert sample(coord, name, reason="no-prefix-held") == 2
+    # `dynamo route explain` says where the job would be queued, without queueing it
+    [answer] = [a async for a in coord.explain({"token_ids": second["token_ids"]})]
+    assert answer["prefill_affinity"] == {"worker": "p2", "reason": "held",
+                                          "held_tokens": 496}
+    assert len(queue.jobs) == 3
+    # a worker that went away is forgotten, its jobs go to the shared queue again
+    coord.live_prefill_ids = lambda: {"p1"}
+    queue.ran_on = "p1"
+    await collect(coord, {**second, "request_id": "r4"})
+    assert queue.targets[-1] is None and coord.affinity.workers() == {"p1": 31}

@@ -1,0 +1,184 @@
+"""Prefix affinity for remote prefill: which prefill worker a job is queued for.
+
+A decode worker remembers, per prefill worker, the prompt blocks that worker computed
+for it (each handoff names the worker that ran the job), least recently computed
+forgotten first beyond ``capacity_tokens``: an approximate view of each prefill engine's
+prefix cache, kept without the engines' KV events (their engines may publish none, or
+under ids of their own).  Requests sharing a prefix reach the same decode worker (the
+KV-aware router places them where that prefix's KV is), so one decode worker's view
+covers most of its own prompts.
+
+``choose`` prices a prompt on each live prefill worker in tokens, as Dynamo's KV router
+prices a worker: what it must compute there (the prompt less the prefix that worker
+holds) plus what is queued for it ahead (its own queue's jobs times the mean job).  The
+cheapest worker gets the job when it holds any of the prefix; otherwise the job goes to
+the shared queue, which whichever worker frees up first serves.  A job queued for a
+worker that stays busy is taken by an idle one after ``steal_after_s`` (the queue's).
+
+Pure: no I/O; the decode coordinator calls it per remote prefill.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict, deque
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from splitserve.contracts.prefill_queue import PrefillAffinityConfig
+
+
+@dataclass(frozen=True)
+class AffinityChoice:
+    """Where a job is queued: ``worker`` (its id in hex) or None (the shared queue),
+    why (``held``, ``no-prefix-held``, ``cheaper-elsewhere``, ``no-live-worker``,
+    ``off``), and the prefix tokens the chosen worker is credited with."""
+
+    worker: str | None
+    reason: str
+    held_tokens: int = 0
+    stamp: float | None = None
+    """When the job was queued for ``worker`` (``PrefillAffinity.sent``)."""
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int,
+                 lora: str | None = None) -> list[int]:
+    """Chained hashes of the prompt's whole blocks: block i's hash depends on every token
+    before it, and on the LoRA adapter (an adapter's KV is not the base model's)."""
+    out: list[int] = []
+    parent = hash(("lora", lora)) if lora else 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+        out.append(parent)
+    return out
+
+
+class PrefillAffinity:
+    """One decode worker's view of the prefill workers' prefix caches."""
+
+    def __init__(self, config: PrefillAffinityConfig | None = None) -> None:
+        self.config = config or PrefillAffinityConfig()
+        self._blocks: dict[str, OrderedDict[int, None]] = {}
+        self._capacity = max(1, self.config.capacity_tokens // self.config.block_size)
+        # Per prefill worker: when this decode worker queued each job it has not heard back
+        # about, and when the last ones it heard back about were queued and answered.
+        self._outstanding: dict[str, list[float]] = {}
+        self._settled: dict[str, deque[float]] = {}
+        self._rng = random.Random(0)
+        self.mean_job_tokens = 0.0
+        """Running mean of the tokens a job computes (its prompt less the prefix held
+        where it ran), which prices a queued job."""
+
+    def hashes(self, token_ids: Sequence[int], lora: str | None = None) -> list[int]:
+        """The prompt's block hashes at this view's block size."""
+        return block_hashes(token_ids, self.config.block_size, lora)
+
+    def held(self, hashes: Sequence[int], worker: str) -> int:
+        """Blocks of the prompt's prefix ``worker`` holds (its longest run from the
+        first block)."""
+        blocks = self._blocks.get(worker)
+        if not blocks:
+            return 0
+        n = 0
+        for h in hashes:
+            if h not in blocks:
+                break
+            n += 1
+        return n
+
+    def ahead(self, worker: str, queued: Mapping[str, int], measured_at: float | None,
+              now: float) -> int:
+        """Jobs queued for ``worker`` ahead of a new one: the depth reading taken at
+        ``measured_at`` less this decode worker's jobs answered since (the reading still
+        counted them), plus its jobs queued since (it could not count them yet).  No
+        reading: this decode worker's own unanswered jobs."""
+        mine = self._outstanding.get(worker, [])
+        if measured_at is None:
+            return len(mine)
+        answered = sum(1 for t in self._settled.get(worker, ()) if t > measured_at)
+        since = sum(1 for t in mine if t > measured_at)
+        return max(0, queued.get(worker, 0) - answered) + since
+
+    def choose(self, hashes: Sequence[int], prompt_tokens: int, live: Collection[str],
+               queued: Mapping[str, int], measured_at: float | None = None,
+               now: float | None = None) -> AffinityChoice:
+        """Where to queue a job of ``prompt_tokens`` with these block ``hashes``:
+        ``live`` the prefill workers alive now, ``queued`` the jobs in each one's own
+        queue by the depth reading taken at ``measured_at`` (``time.monotonic``)."""
+        now = time.monotonic() if now is None else now
+        if not self.config.enable:
+            return AffinityChoice(None, "off")
+        if not live:
+            return AffinityChoice(None, "no-live-worker")
+        # Before any job came back, a queued job is priced like this one.
+        bs, per_job = self.config.block_size, self.mean_job_tokens or float(prompt_tokens)
+        best: tuple[float, int, str] | None = None
+        for worker in sorted(live):
+            held = self.held(hashes, worker) * bs
+            ahead = self.ahead(worker, queued, measured_at, now)
+            cost = max(0, prompt_tokens - held) + ahead * per_job
+            if best is None or (cost, -held) < (best[0], -best[1]):
+                best = (cost, held, worker)
+        assert best is not None
+        if best[1] > 0:
+            return AffinityChoice(best[2], "held", best[1])
+        holders = [w for w in live if self.held(hashes, w)]
+        if self.config.unheld == "least-queued":
+            fewest = min(self.ahead(w, queued, measured_at, now) for w in live)
+            pick = self._rng.choice(sorted(w for w in live if self.ahead(
+                w, queued, measured_at, now) == fewest))
+            return AffinityChoice(pick, "least-queued")
+        return AffinityChoice(None, "cheaper-elsewhere" if holders else "no-prefix-held")
+
+    def sent(self, worker: str, now: float | None = None) -> float:
+        """A job was queued for ``worker``; returns its stamp, which ``settled`` takes."""
+        stamp = time.monotonic() if now is None else now
+        self._outstanding.setdefault(worker, []).append(stamp)
+        return stamp
+
+    def settled(self, worker: str | None, stamp: float | None = None,
+                now: float | None = None) -> None:
+        """The job queued for ``worker`` at ``stamp`` was answered or given up."""
+        mine = self._outstanding.get(worker or "")
+        if not mine:
+            return
+        if stamp in mine:
+            mine.remove(stamp)
+        else:
+            mine.pop(0)
+        done = self._settled.setdefault(worker or "", deque(maxlen=256))
+        done.append(time.monotonic() if now is None else now)
+
+    def remember(self, worker: str, hashes: Sequence[int]) -> None:
+        """``worker`` holds (or is about to compute) every block of this prompt, most
+        recently used: called when a job is queued for it, so the next prompts sharing
+        the prefix follow it there before it has run."""
+        blocks = self._blocks.setdefault(worker, OrderedDict())
+        for h in hashes:
+            blocks[h] = None
+            blocks.move_to_end(h)
+        while len(blocks) > self._capacity:
+            blocks.popitem(last=False)
+
+    def computed(self, worker: str, hashes: Sequence[int], computed_tokens: int) -> None:
+        """``worker`` ran a job of this prompt: it now holds every block of it, and the
+        job computed ``computed_tokens``."""
+        self.remember(worker, hashes)
+        computed_tokens = max(0, computed_tokens)
+        self.mean_job_tokens = (float(computed_tokens) if not self.mean_job_tokens else
+                                self.mean_job_tokens
+                                + (computed_tokens - self.mean_job_tokens) * 0.1)
+
+    def forget_except(self, live: Collection[str]) -> None:
+        """Drop what is remembered of prefill workers no longer alive (a worker that
+        restarts comes back with a new id and an empty cache)."""
+        for worker in [w for w in self._blocks if w not in live]:
+            del self._blocks[worker]
+        for worker in [w for w in self._outstanding if w not in live]:
+            self._outstanding.pop(worker, None)
+            self._settled.pop(worker, None)
+
+    def workers(self) -> dict[str, int]:
+        """Blocks remembered per prefill worker (for metrics and tests)."""
+        return {w: len(b) for w, b in self._blocks.items()}
