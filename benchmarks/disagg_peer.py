@@ -125,7 +125,10 @@ def stages(g: GraphRun) -> dict:
                         key = f"{label}@{pool}"
                         sums.setdefault(key, [0.0, 0.0])[i] += v
             for fam, keys in (("splitserve_disagg_decisions_total", ("where", "reason")),
-                              ("splitserve_disagg_fallbacks_total", ("reason",))):
+                              ("splitserve_disagg_fallbacks_total", ("reason",)),
+                              ("splitserve_disagg_prefill_affinity_total", ("reason",)),
+                              ("splitserve_prefill_jobs_taken_total", ("queue",)),
+                              ("splitserve_prefill_prompt_tokens_total", ("kind",))):
                 for labels, v in fams.get(fam, {}).items():
                     d = dict(labels)
                     k = fam.split("_")[2] + ":" + "/".join(d.get(x, "") for x in keys)

@@ -61,6 +61,8 @@ Cases (``--cases``; capacity: the fleet's rate at its knee, measured once with
   requests within 3 s, then never again: ~53% of blocks repeat, nearly all requested
   before any worker computed them) at 2.7x for 60 s, TTFT target 2 s, no warm-up;
   ``groups-knee``: the same at 1x for 40 s, to find the knee with ``--capacity-rps``;
+- ``disagg-groups-below`` / ``disagg-groups-knee``: the same fleets on the ``groups``
+  prompts (shared prefixes opened in groups), 0.5x and 1x of 24 req/s, SLO 2,000 / 50 ms.
 - ``disagg-below`` / ``disagg-knee``: the long prompts on 2 decode + 2 prefill workers,
   0.5x for 30 s / 1x for 40 s, no admission, run by the disaggregated configurations
   only.
@@ -191,6 +193,13 @@ CASES = {
                          phases=((0.5, 30.0),), prefill_workers=2),
     "disagg-knee": Case(**{**LONG, "workers": 2}, capacity_rps=20.0,
                         phases=((1.0, 40.0),), prefill_workers=2),
+    # The same fleets on the ``groups`` prompts (53% of blocks repeat a prefix opened 3 s
+    # before at most, nearly always while its first request is still queued), at half
+    # and at the aggregated 4-worker fleet's knee (24 req/s; not measured for 2 + 2).
+    "disagg-groups-below": Case(GROUPS, 1, 16.0, 2, "ttft=2000,tpot=50", 24.0,
+                                ((0.5, 30.0),), prefill_workers=2),
+    "disagg-groups-knee": Case(GROUPS, 1, 16.0, 2, "ttft=2000,tpot=50", 24.0,
+                               ((1.0, 40.0),), prefill_workers=2),
 }
 
 
