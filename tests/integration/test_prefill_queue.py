@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -351,13 +352,20 @@ async def test_a_late_answer_neither_lets_a_lower_level_overtake_nor_is_misread(
         assert order == ["h", "l"]
 
 
-@pytest.mark.asyncio
-async def test_a_job_queued_for_a_worker_is_its_own_before_the_shared_ones(
-        nats_url: str) -> None:
-    ns, cfg = namespace(), fast_config(steal_after_s=30.0)
+@contextlib.asynccontextmanager
+async def producer_and_two_workers(nats_url: str, **config: object):
+    """A decode-side queue and prefill workers "a1" and "b2" on a fresh stream."""
+    ns, cfg = namespace(), fast_config(**config)
     async with (await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as producer,
                 await PrefillQueue.connect(nats_url, ns, MODEL, cfg, worker="a1") as a,
                 await PrefillQueue.connect(nats_url, ns, MODEL, cfg, worker="b2") as b):
+        yield producer, a, b
+
+
+@pytest.mark.asyncio
+async def test_a_job_queued_for_a_worker_is_its_own_before_the_shared_ones(
+        nats_url: str) -> None:
+    async with producer_and_two_workers(nats_url, steal_after_s=30.0) as (producer, a, b):
         await producer.enqueue(make_request("shared-1"))
         await producer.enqueue(make_request("for-a"), worker="a1")
         await producer.enqueue(make_request("shared-2"))
@@ -396,10 +404,7 @@ async def test_own_jobs_come_first_within_a_level_never_above_a_higher_one(
 @pytest.mark.asyncio
 async def test_a_job_left_waiting_by_its_worker_is_stolen_by_an_idle_one(
         nats_url: str) -> None:
-    ns, cfg = namespace(), fast_config(steal_after_s=0.6)
-    async with (await PrefillQueue.connect(nats_url, ns, MODEL, cfg) as producer,
-                await PrefillQueue.connect(nats_url, ns, MODEL, cfg, worker="a1") as a,
-                await PrefillQueue.connect(nats_url, ns, MODEL, cfg, worker="b2") as b):
+    async with producer_and_two_workers(nats_url, steal_after_s=0.6) as (producer, a, b):
         del a  # a1 is busy (or gone): it never pulls
         await producer.enqueue(make_request("for-a"), worker="a1")
         assert await b.pull(wait_s=0.3) == []  # too young to take
