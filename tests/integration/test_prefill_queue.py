@@ -67,18 +67,29 @@ async def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float
     return time.monotonic() - start
 
 
+async def depth_at(q: PrefillQueue, total: int, timeout_s: float = 5.0):
+    """The depth once it counts ``total`` jobs: the server counts a consumer's pending
+    messages as its stream signals them, shortly after the publish was acknowledged."""
+    start = time.monotonic()
+    while (depth := await q.depth()).total != total:
+        if time.monotonic() - start > timeout_s:
+            pytest.fail(f"depth {depth} never reached {total} within {timeout_s}s")
+        await asyncio.sleep(0.02)
+    return depth
+
+
 @pytest.mark.asyncio
 async def test_enqueue_pull_ack(nats_url: str) -> None:
     async with await PrefillQueue.connect(nats_url, namespace(), MODEL, fast_config()) as q:
         sent = make_request("r1")
         result = await q.enqueue(sent)
         assert result.level == 1 and not result.duplicate
-        assert (await q.depth()).waiting == (0, 1, 0)
+        assert (await depth_at(q, 1)).waiting == (0, 1, 0)
         [job] = await q.pull(wait_s=2.0)
         assert job.request == sent and job.delivery_count == 1 and job.level == 1
-        assert (await q.depth()).in_flight == (0, 1, 0)
+        assert (await depth_at(q, 1)).in_flight == (0, 1, 0)
         await job.ack()
-        assert (await q.depth()).total == 0
+        assert (await depth_at(q, 0)).total == 0
         assert await q.pull(wait_s=0.2) == []
         assert (q.stats.enqueued, q.stats.delivered, q.stats.acked) == (1, 1, 1)
 
@@ -90,7 +101,7 @@ async def test_a_retried_enqueue_is_stored_once(nats_url: str) -> None:
         first = await q.enqueue(job)
         again = await q.enqueue(job)
         assert again.duplicate and again.stream_seq == first.stream_seq
-        assert (await q.depth()).total == 1
+        assert (await depth_at(q, 1)).total == 1
 
 
 @pytest.mark.asyncio
@@ -103,7 +114,7 @@ async def test_the_same_request_enqueued_again_is_a_new_job(nats_url: str) -> No
         resent = await q.enqueue(make_request("same", decode_worker_id="decode-1"))
         assert not resumed.duplicate and not resent.duplicate
         assert len({first.stream_seq, resumed.stream_seq, resent.stream_seq}) == 3
-        assert (await q.depth()).total == 3
+        assert (await depth_at(q, 3)).total == 3
 
 
 @pytest.mark.asyncio
@@ -128,7 +139,7 @@ async def test_two_workers_share_work_each_message_once(nats_url: str) -> None:
         processed = done["w1"] + done["w2"]
         assert sorted(processed) == sorted(ids)  # each exactly once
         assert done["w1"] and done["w2"]
-        assert (await producer.depth()).total == 0
+        assert (await depth_at(producer, 0)).total == 0
 
 
 @pytest.mark.asyncio
@@ -147,7 +158,7 @@ async def test_dead_worker_job_is_redelivered_after_ack_wait(nats_url: str) -> N
         assert 0.5 <= waited <= 3.0
         assert survivor.stats.redelivered == 1
         await job.ack()
-        assert (await producer.depth()).total == 0
+        assert (await depth_at(producer, 0)).total == 0
 
 
 @pytest.mark.asyncio
@@ -279,7 +290,7 @@ async def test_malformed_and_expired_are_dropped_and_counted(nats_url: str) -> N
         assert s.as_dict()["dropped_bad_shape"] == 2
         assert s.as_dict()["dropped_unknown_version"] == 1
         assert s.as_dict()["dropped_expired"] == 1
-        assert (await q.depth()).total == 0  # terminated and expired are gone for good
+        assert (await depth_at(q, 0)).total == 0  # terminated and expired are gone for good
 
 
 @pytest.mark.asyncio
@@ -369,7 +380,7 @@ async def test_a_job_queued_for_a_worker_is_its_own_before_the_shared_ones(
         await producer.enqueue(make_request("shared-1"))
         await producer.enqueue(make_request("for-a"), worker="a1")
         await producer.enqueue(make_request("shared-2"))
-        depth = await producer.depth()
+        depth = await depth_at(producer, 3)
         assert depth.total == 3 and depth.waiting == (0, 3, 0)
         assert depth.by_worker == {"a1": 1, "b2": 0}
         # b never sees a's job (not waited long enough); it takes the shared ones
@@ -381,7 +392,7 @@ async def test_a_job_queued_for_a_worker_is_its_own_before_the_shared_ones(
         await job.ack()
         for j in got_b:
             await j.ack()
-        assert (await producer.depth()).total == 0
+        assert (await depth_at(producer, 0)).total == 0
 
 
 @pytest.mark.asyncio
@@ -416,7 +427,7 @@ async def test_a_job_left_waiting_by_its_worker_is_stolen_by_an_idle_one(
         assert job.request.request_id == "for-a" and job.source == "stolen"
         assert b.stats.stolen == 1
         await job.ack()
-        assert (await producer.depth()).total == 0
+        assert (await depth_at(producer, 0)).total == 0
         # a worker never steals its own jobs: they are its own
         await producer.enqueue(make_request("for-b"), worker="b2")
         [own] = await b.pull(wait_s=1.0)
