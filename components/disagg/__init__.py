@@ -18,7 +18,8 @@ from .threshold import ThresholdDecider, should_offload_prefill, threshold_rule
 from .types import Decider, OffloadDecision, OffloadRequest, OffloadSnapshot
 
 __all__ = [
-    "AffinityChoice", "Decider", "PrefillAffinity", "block_hashes", "DeciderRegistry", "DeciderType", "DisaggregatedRouter", "ForcedDecider",
+    "AffinityChoice", "Decider", "DeciderRegistry", "DeciderType", "DisaggregatedRouter",
+    "ForcedDecider", "PrefillAffinity", "block_hashes",
     "OffloadDecision", "OffloadRequest", "OffloadSnapshot", "Rule", "ScoreDecider",
     "ThresholdDecider", "build_decider", "default_decider_registry",
     "load_disaggregated_router_file", "parse_disaggregated_router",

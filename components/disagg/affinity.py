@@ -106,29 +106,26 @@ class PrefillAffinity:
         """Where to queue a job of ``prompt_tokens`` with these block ``hashes``:
         ``live`` the prefill workers alive now, ``queued`` the jobs in each one's own
         queue by the depth reading taken at ``measured_at`` (``time.monotonic``)."""
-        now = time.monotonic() if now is None else now
         if not self.config.enable:
             return AffinityChoice(None, "off")
         if not live:
             return AffinityChoice(None, "no-live-worker")
+        now = time.monotonic() if now is None else now
+        workers = sorted(live)
+        bs = self.config.block_size
+        held = {w: self.held(hashes, w) * bs for w in workers}
+        ahead = {w: self.ahead(w, queued, measured_at, now) for w in workers}
         # Before any job came back, a queued job is priced like this one.
-        bs, per_job = self.config.block_size, self.mean_job_tokens or float(prompt_tokens)
-        best: tuple[float, int, str] | None = None
-        for worker in sorted(live):
-            held = self.held(hashes, worker) * bs
-            ahead = self.ahead(worker, queued, measured_at, now)
-            cost = max(0, prompt_tokens - held) + ahead * per_job
-            if best is None or (cost, -held) < (best[0], -best[1]):
-                best = (cost, held, worker)
-        assert best is not None
-        if best[1] > 0:
-            return AffinityChoice(best[2], "held", best[1])
-        holders = [w for w in live if self.held(hashes, w)]
+        per_job = self.mean_job_tokens or float(prompt_tokens)
+        best = min(workers, key=lambda w: (max(0, prompt_tokens - held[w])
+                                           + ahead[w] * per_job, -held[w]))
+        if held[best] > 0:
+            return AffinityChoice(best, "held", held[best])
         if self.config.unheld == "least-queued":
-            fewest = min(self.ahead(w, queued, measured_at, now) for w in live)
-            pick = self._rng.choice(sorted(w for w in live if self.ahead(
-                w, queued, measured_at, now) == fewest))
+            fewest = min(ahead.values())
+            pick = self._rng.choice([w for w in workers if ahead[w] == fewest])
             return AffinityChoice(pick, "least-queued")
+        holders = any(held.values())
         return AffinityChoice(None, "cheaper-elsewhere" if holders else "no-prefix-held")
 
     def sent(self, worker: str, now: float | None = None) -> float:
@@ -140,14 +137,14 @@ class PrefillAffinity:
     def settled(self, worker: str | None, stamp: float | None = None,
                 now: float | None = None) -> None:
         """The job queued for ``worker`` at ``stamp`` was answered or given up."""
-        mine = self._outstanding.get(worker or "")
+        mine = self._outstanding.get(worker) if worker is not None else None
         if not mine:
             return
         if stamp in mine:
             mine.remove(stamp)
         else:
             mine.pop(0)
-        done = self._settled.setdefault(worker or "", deque(maxlen=256))
+        done = self._settled.setdefault(worker, deque(maxlen=256))
         done.append(time.monotonic() if now is None else now)
 
     def remember(self, worker: str, hashes: Sequence[int]) -> None:

@@ -109,7 +109,8 @@ class PrefillQueue:
         """Create or update the stream and the per-level consumers to match the config."""
         c, n = self.config, self.names
         stream = api.StreamConfig(
-            name=n.stream, subjects=[*n.subjects, *n.targeted], retention=api.RetentionPolicy.WORK_QUEUE,
+            name=n.stream, subjects=[*n.subjects, *n.targeted],
+            retention=api.RetentionPolicy.WORK_QUEUE,
             max_msgs=c.max_msgs, max_bytes=c.max_bytes, max_age=c.max_age_s,
             discard=api.DiscardPolicy.NEW, duplicate_window=c.duplicate_window_s,
             storage=api.StorageType.FILE if c.storage == "file" else api.StorageType.MEMORY,
@@ -215,9 +216,9 @@ class PrefillQueue:
             # unreadable) messages must not let a lower level jump ahead of this one.
             # This worker's own jobs first: they were queued here for the prefix it holds.
             for consumer in consumers:
+                source = "shared" if consumer == self.names.consumers[level] else "own"
                 while len(jobs) < batch:
                     msgs, answered = await self._next(consumer, batch - len(jobs))
-                    source = "shared" if consumer == self.names.consumers[level] else "own"
                     for msg in msgs:
                         job = await self._admit(msg, level, source)
                         if job is not None:

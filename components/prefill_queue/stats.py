@@ -17,7 +17,8 @@ class PrefillQueueStats:
     ``acked``, ``naked``, ``terminated`` (all terms, malformed included),
     ``pull_timeouts`` (pull requests the server did not answer within
     ``request_timeout_s``: that scan stopped there, and any late answer is redelivered),
-    ``stolen`` (jobs taken from another worker's own queue after ``steal_after_s``) and ``dropped_by_reason`` (``expired``, ``unknown-version``, ``bad-shape``).
+    ``stolen`` (jobs taken from another worker's own queue after ``steal_after_s``) and
+    ``dropped_by_reason`` (``expired``, ``unknown-version``, ``bad-shape``).
     """
 
     enqueued: int = 0

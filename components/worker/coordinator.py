@@ -117,6 +117,12 @@ class RemotePrefill:
     """The request ended at ``first_token`` (EOS or a stop token): nothing to decode."""
 
 
+def cached_tokens(got) -> int:
+    """The prompt tokens a ``PrefillHandoff``'s prefill found in its engine's cache."""
+    usage = got.completion_usage or {}
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
 def read_result(rid: str, got) -> tuple[RemotePrefill | None, str]:
     """What a prefill worker's ``PrefillHandoff`` means for the waiting request: the
     result (its handoff None when the request ended at its first token), or (None,
@@ -124,8 +130,7 @@ def read_result(rid: str, got) -> tuple[RemotePrefill | None, str]:
     if got.refused is not None:
         log.info("request %s: the prefill engine refused its job: %s", rid, got.refused)
         return None, "prefill-refused"
-    usage = got.completion_usage or {}
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    cached = cached_tokens(got)
     if got.finish_reason is not None:
         return RemotePrefill(None, got.first_token, cached,
                              FinishReason(got.finish_reason)), ""
@@ -406,15 +411,14 @@ class EngineDecodeCoordinator:
 
     def _prefill_ran(self, target: AffinityChoice, hashes: list[int], job: PrefillRequest,
                      got) -> None:
-        """After a remote prefill's wait: the job queued for ``target.worker`` is settled, and a
-        prompt a prefill worker computed is remembered under that worker."""
+        """After a remote prefill's wait: the job queued for ``target.worker`` is settled,
+        and a prompt a prefill worker computed is remembered under that worker."""
         if self.affinity is None:
             return
         self.affinity.settled(target.worker, target.stamp)
         if got is not None and got.refused is None and got.prefill_worker_id:
-            usage = got.completion_usage or {}
-            cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-            self.affinity.computed(got.prefill_worker_id, hashes, len(job.token_ids) - cached)
+            self.affinity.computed(got.prefill_worker_id, hashes,
+                                   len(job.token_ids) - cached_tokens(got))
 
     async def _remote_prefill(self, rid: str, params: GenerateParams, trace=tracing.NOOP
                               ) -> tuple[RemotePrefill | None, str]:
