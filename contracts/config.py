@@ -262,6 +262,21 @@ class ComponentConfig(StrictModel):
                                "devices[i*gpus_per_replica : (i+1)*gpus_per_replica] as its "
                                "CUDA_VISIBLE_DEVICES.")
 
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values_as_text(cls, v: Any) -> Any:
+        """A number written unquoted in YAML (``DYN_X: 1``) is the text it reads as; a
+        boolean or a list is refused naming the variable (which text would it be?)."""
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for key, value in v.items():
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ValueError(f"{key}: {value!r} is not text; quote it (environment "
+                                 "values are text)")
+            out[key] = value if isinstance(value, str) else str(value)
+        return out
+
     @model_validator(mode="after")
     def _placement(self) -> ComponentConfig:
         g, devs = self.gpus_per_replica, self.devices

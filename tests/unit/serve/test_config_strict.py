@@ -149,3 +149,24 @@ def test_credentials_without_external_servers_stop_serve(monkeypatch):
     monkeypatch.setenv("NATS_AUTH_TOKEN", "t")
     res = dry_run(GRAPH)
     assert res.exit_code == 2 and "NATS_AUTH_TOKEN set, but no external" in res.output
+
+
+def test_an_unquoted_number_in_env_is_its_text_and_a_boolean_is_refused(tmp_path):
+    """``DYN_X: 1`` in YAML reads as a number; it is passed as the text "1".  A boolean
+    would be ambiguous ("true"? "True"? "1"?) and is refused naming the variable."""
+    from splitserve.contracts.config import ComponentConfig
+
+    assert ComponentConfig.model_validate(
+        {"env": {"A": 1, "B": 0.5, "C": "x"}}).env == {"A": "1", "B": "0.5", "C": "x"}
+    cfg = write(tmp_path, """
+        EchoFront:
+          env: {FLAG: true}
+    """)
+    res = dry_run(GRAPH, "-f", str(cfg))
+    assert res.exit_code == 2
+    assert "EchoFront.env" in res.output and "FLAG: True is not text" in res.output
+    ok = write(tmp_path, """
+        EchoFront:
+          env: {THREADS: 1}
+    """, "ok.yaml")
+    assert dry_run(GRAPH, "-f", str(ok)).exit_code == 0
