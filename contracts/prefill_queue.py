@@ -111,6 +111,11 @@ class PrefillAffinityConfig(BaseModel):
         "queues it in the shared queue (whichever worker frees up first takes it); "
         "`least-queued` for the worker with the fewest jobs queued for it, remembered "
         "there at once, so the prompts that share its prefix follow it before it ran.")
+    share: bool = Field(
+        default=True, description="Tell the other decode workers where each job was "
+        "queued and which worker computed it (one NATS subject), so a prompt's followers "
+        "that another decode worker receives go to the same prefill worker; false: each "
+        "decode worker knows only its own jobs.")
     capacity_tokens: int = Field(
         default=500_000, ge=1, description="Prompt tokens remembered per prefill worker, "
         "least recently computed forgotten first: about the prefill engine's KV capacity.")

@@ -4,7 +4,7 @@ Pure deciders built by name from the ``disaggregated_router`` policy section; th
 worker calls ``DisaggregatedRouter.decide(request, snapshot)`` and acts on the answer.
 """
 
-from .affinity import AffinityChoice, PrefillAffinity, block_hashes
+from .affinity import AffinityChoice, PrefillAffinity, block_hashes, read_share, share_message
 from .config import (
                      DisaggregatedRouter,
                      build_decider,
@@ -19,7 +19,7 @@ from .types import Decider, OffloadDecision, OffloadRequest, OffloadSnapshot
 
 __all__ = [
     "AffinityChoice", "Decider", "DeciderRegistry", "DeciderType", "DisaggregatedRouter",
-    "ForcedDecider", "PrefillAffinity", "block_hashes",
+    "ForcedDecider", "PrefillAffinity", "block_hashes", "read_share", "share_message",
     "OffloadDecision", "OffloadRequest", "OffloadSnapshot", "Rule", "ScoreDecider",
     "ThresholdDecider", "build_decider", "default_decider_registry",
     "load_disaggregated_router_file", "parse_disaggregated_router",

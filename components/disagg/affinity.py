@@ -6,7 +6,11 @@ forgotten first beyond ``capacity_tokens``: an approximate view of each prefill 
 prefix cache, kept without the engines' KV events (their engines may publish none, or
 under ids of their own).  Requests sharing a prefix reach the same decode worker (the
 KV-aware router places them where that prefix's KV is), so one decode worker's view
-covers most of its own prompts.
+covers most of its own prompts; but the followers of a prompt that no worker has computed
+yet (several requests opening one document at once) find no KV to be placed by and reach
+any decode worker, so the decode workers tell each other where they queued each job and
+which worker computed it (``share_message``, on one NATS subject): each one's view then
+covers every decode worker's placements.
 
 ``choose`` prices a prompt on each live prefill worker in tokens, as Dynamo's KV router
 prices a worker: what it must compute there (the prompt less the prefix that worker
@@ -20,8 +24,10 @@ Pure: no I/O; the decode coordinator calls it per remote prefill.
 
 from __future__ import annotations
 
+import json
 import random
 import time
+import zlib
 from collections import OrderedDict, deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +53,9 @@ def block_hashes(token_ids: Sequence[int], block_size: int,
     """Chained hashes of the prompt's whole blocks: block i's hash depends on every token
     before it, and on the LoRA adapter (an adapter's KV is not the base model's)."""
     out: list[int] = []
-    parent = hash(("lora", lora)) if lora else 0
+    # Tuples of ints hash alike in every process (a str's hash does not): the decode
+    # workers share these hashes.
+    parent = (1 << 32) | zlib.crc32(lora.encode("utf-8")) if lora else 0
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash((parent, tuple(token_ids[start:start + block_size])))
         out.append(parent)
@@ -179,3 +187,24 @@ class PrefillAffinity:
     def workers(self) -> dict[str, int]:
         """Blocks remembered per prefill worker (for metrics and tests)."""
         return {w: len(b) for w, b in self._blocks.items()}
+
+
+def share_message(origin: str, worker: str, hashes: Sequence[int]) -> bytes:
+    """What a decode worker tells the others: prefill worker ``worker`` holds (or is
+    about to compute) these prompt blocks; ``origin``: the decode worker telling it."""
+    return json.dumps({"from": origin, "worker": worker, "hashes": list(hashes)},
+                      separators=(",", ":")).encode()
+
+
+def read_share(data: bytes) -> tuple[str, str, list[int]]:
+    """(origin, worker, hashes) of a ``share_message``; ValueError when it is not one."""
+    try:
+        msg = json.loads(data)
+        origin, worker, hashes = msg["from"], msg["worker"], msg["hashes"]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"not a prefix affinity message: {exc}") from None
+    if (not isinstance(origin, str) or not isinstance(worker, str) or not worker
+            or not isinstance(hashes, list)
+            or not all(type(h) is int for h in hashes)):
+        raise ValueError("not a prefix affinity message: fields of the wrong type")
+    return origin, worker, hashes

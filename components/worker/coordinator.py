@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 
 from pydantic import Field, TypeAdapter
 
@@ -176,6 +176,10 @@ class EngineDecodeCoordinator:
         prefill worker holding its prefix; None: every job in the shared queue."""
         self.live_prefill_ids: Callable[[], Collection[str]] = lambda: ()
         """The live prefill workers' ids in hex (their presence instances)."""
+        self.share: Callable[[str, Sequence[int]], None] = lambda worker, hashes: None
+        """Tells the other decode workers that prefill worker ``worker`` holds (or is
+        about to compute) these blocks (``prefill_affinity.share``; the shell publishes
+        it); called at each placement and when a job comes back from another worker."""
         self.queued_by_worker: Callable[[], tuple[Mapping[str, int], float | None]] = (
             lambda: ({}, None))
         """Jobs in each prefill worker's own queue by the depth monitor's last reading,
@@ -401,6 +405,7 @@ class EngineDecodeCoordinator:
         if choice.worker is not None:
             choice = dataclasses.replace(choice, stamp=self.affinity.sent(choice.worker))
             self.affinity.remember(choice.worker, hashes)
+            self.share(choice.worker, hashes)
         self.metrics.affinity.labels(choice.reason).inc()
         return choice, hashes
 
@@ -419,6 +424,8 @@ class EngineDecodeCoordinator:
         if got is not None and got.refused is None and got.prefill_worker_id:
             self.affinity.computed(got.prefill_worker_id, hashes,
                                    len(job.token_ids) - cached_tokens(got))
+            if got.prefill_worker_id != target.worker:  # the placement was told already
+                self.share(got.prefill_worker_id, hashes)
 
     async def _remote_prefill(self, rid: str, params: GenerateParams, trace=tracing.NOOP
                               ) -> tuple[RemotePrefill | None, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 
 from splitserve.contracts.kit.component import ComponentContext, serve_until_stopped
@@ -21,7 +22,7 @@ from splitserve.contracts.sections import DecodeTimings
 
 from .coordinator import CoordinatorSettings, EngineDecodeCoordinator
 from .disagg_metrics import DisaggMetrics
-from .handoff import HandoffInbox, handoff_subject
+from .handoff import HandoffInbox, affinity_subject, handoff_subject
 from .latency_metrics import TokenLatency, worker_labels
 from .kv_moves import start_kv_moves
 from .shell import (
@@ -33,11 +34,44 @@ from .shell import (
     start_load_reports,
 )
 
+log = logging.getLogger("splitserve.worker")
+
 
 def coordinator_settings(cfg) -> CoordinatorSettings:
     """The coordinator's timings from a decode worker section."""
     return CoordinatorSettings(**{name: getattr(cfg, name)
                                   for name in DecodeTimings.model_fields})
+
+
+async def share_affinity(nc, coord: EngineDecodeCoordinator, subject: str, me: str) -> None:
+    """Publish this decode worker's prefill placements on ``subject`` and remember the
+    other decode workers' (``prefill_affinity.share``).  A lost message costs a prefix
+    hit, nothing else: published without waiting, unreadable ones counted and dropped."""
+    from splitserve.components.disagg import read_share, share_message
+
+    affinity, metrics = coord.affinity, coord.metrics
+    pending: set[asyncio.Task] = set()
+
+    def share(worker: str, hashes) -> None:
+        task = asyncio.ensure_future(nc.publish(subject, share_message(me, worker, hashes)))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        metrics.affinity_shared.labels("sent").inc()
+
+    async def on_message(msg) -> None:
+        try:
+            origin, worker, hashes = read_share(msg.data)
+        except ValueError as exc:
+            metrics.affinity_shared.labels("unreadable").inc()
+            log.debug("dropped a prefix affinity message: %s", exc)
+            return
+        if origin == me or affinity is None:
+            return
+        affinity.remember(worker, hashes)
+        metrics.affinity_shared.labels("received").inc()
+
+    await nc.subscribe(subject, cb=on_message)
+    coord.share = share
 
 
 async def run_decode(ctx: ComponentContext, cfg) -> None:
@@ -76,6 +110,9 @@ async def run_decode(ctx: ComponentContext, cfg) -> None:
             coord.live_prefill_ids = lambda: {f"{i:x}" for i in prefill_client.instance_ids()}
             coord.queued_by_worker = lambda: ((depth.last.by_worker, depth.last.measured_at)
                                               if depth.last else ({}, None))
+            if cfg.prefill_affinity.share:
+                await share_affinity(nc, coord, affinity_subject(ns, component),
+                                     f"{h.worker_id:x}")
         coord.latency = TokenLatency(h.metrics.registry, *worker_labels(ctx.run))
 
         def apply_policy(policy, version: int) -> None:

@@ -28,6 +28,10 @@ class DisaggMetrics:
                                 "Remote prefill jobs by where they were queued: for the "
                                 "prefill worker holding their prefix (held) or shared, and "
                                 "why", ["reason"], registry=registry)
+        self.affinity_shared = Counter(
+            f"{PREFIX}_disagg_prefill_affinity_shared_total", "Prefix affinity messages "
+            "between a pool's decode workers (prefill_affinity.share): sent, received from "
+            "another decode worker, unreadable", ["direction"], registry=registry)
         self.remote_wait = Histogram(f"{PREFIX}_disagg_remote_prefill_seconds",
                                      "From enqueue to KV arrival", buckets=latency_buckets(),
                                      registry=registry)

@@ -76,6 +76,12 @@ def handoff_subject(namespace: str, component: str, worker_id: int) -> str:
     return f"splitserve.{namespace}.{component.lower()}.handoff.{worker_id:x}"
 
 
+def affinity_subject(namespace: str, component: str) -> str:
+    """The NATS subject on which a pool's decode workers tell each other where prefill
+    jobs went (``prefill_affinity.share``)."""
+    return f"splitserve.{namespace}.{component.lower()}.prefill_affinity"
+
+
 class HandoffInbox:
     """The decode worker's side: futures for requests waiting on a remote prefill.
 

@@ -4,6 +4,7 @@ with this project's router, offload decider and JetStream prefill queue in the p
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import openai
@@ -111,6 +112,19 @@ def test_a_repeated_prompt_is_queued_for_the_prefill_worker_that_computed_it(fle
     assert fleet_total(run, "DecodeWorker", affinity, reason="held") - held0 >= 2
     assert fleet_total(run, "PrefillWorker", taken, queue="own") - own0 >= 2
     assert fleet_total(run, "PrefillWorker", taken) - all0 == 4  # each job taken once
+    # every placement is told to the other decode worker (prefill_affinity.share): with
+    # two decode workers each message sent is received once, by the one that did not
+    # send it
+    shared = "splitserve_disagg_prefill_affinity_shared_total"
+    deadline = time.monotonic() + 10
+    while True:
+        sent = fleet_total(run, "DecodeWorker", shared, direction="sent")
+        received = fleet_total(run, "DecodeWorker", shared, direction="received")
+        if (sent > 0 and received == sent) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sent >= 4 and received == sent
+    assert fleet_total(run, "DecodeWorker", shared, direction="unreadable") == 0
 
 
 def test_latency_by_pool_on_the_workers_and_in_dynamo_status(fleet):

@@ -3,6 +3,8 @@ queued for (``components/disagg/affinity.py``)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import ValidationError
 
@@ -137,3 +139,33 @@ def test_least_queued_places_an_unheld_prompt_and_its_followers_on_one_worker() 
     picks = {aff.choose(aff.hashes([90_000 + i] * 8), 8, {"a1", "b2"}, {}, 0.0, 1.0).worker
              for i in range(40)}
     assert picks == {"a1", "b2"}
+
+
+def test_share_messages_round_trip_and_garbage_is_refused():
+    from splitserve.components.disagg import read_share, share_message
+
+    assert read_share(share_message("d1", "p2", [1, -2, 3])) == ("d1", "p2", [1, -2, 3])
+    for bad in (b"", b"{", b"[]", b'{"from": "d1", "worker": "p2"}',
+                b'{"from": "d1", "worker": "", "hashes": []}',
+                b'{"from": "d1", "worker": "p2", "hashes": [1.5]}',
+                b'{"from": "d1", "worker": "p2", "hashes": [true]}',
+                b'{"from": 1, "worker": "p2", "hashes": []}'):
+        with pytest.raises(ValueError, match="not a prefix affinity message"):
+            read_share(bad)
+
+
+def test_block_hashes_are_the_same_in_every_process():
+    """Decode workers share these hashes: an adapter's name must not go through str's
+    per-process hash."""
+    import subprocess
+    import sys
+
+    code = ("from splitserve.components.disagg import block_hashes;"
+            "print(block_hashes(list(range(200)), 64, 'adapter-a'))")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout
+            for seed in ("1", "2")}
+    assert len(outs) == 1
+    assert outs.pop().strip() == str(block_hashes(list(range(200)), 64, "adapter-a"))
+    assert block_hashes(list(range(200)), 64, "adapter-a") != block_hashes(
+        list(range(200)), 64, "adapter-b") != block_hashes(list(range(200)), 64)

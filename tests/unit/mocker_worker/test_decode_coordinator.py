@@ -183,3 +183,38 @@ async def test_a_prompt_sharing_a_prefix_is_queued_for_the_worker_that_computed_
     queue.ran_on = "p1"
     await collect(coord, {**second, "request_id": "r4"})
     assert queue.targets[-1] is None and coord.affinity.workers() == {"p1": 31}
+
+
+async def test_placements_and_computed_prompts_are_told_to_the_other_decode_workers():
+    """prefill_affinity.share: a placement is told at once, a job from the shared queue
+    when it comes back naming its worker, a held job only once; a peer that remembers
+    what it is told queues the prompt's followers for the same worker."""
+    from splitserve.components.disagg import PrefillAffinity, read_share, share_message
+    from splitserve.contracts.prefill_queue import PrefillAffinityConfig
+
+    coord, _, queue = coordinator()
+    coord.affinity = PrefillAffinity(PrefillAffinityConfig(block_size=16))
+    coord.live_prefill_ids = lambda: {"p1", "p2"}
+    told: list[tuple[str, list[int]]] = []
+    coord.share = lambda worker, hashes: told.append((worker, list(hashes)))
+    queue.ran_on = "p2"
+    prefix = list(range(10, 410))
+    first = {**request(500, request_id="r1"), "token_ids": prefix + list(range(5000, 5100))}
+    await collect(coord, first)
+    # shared queue, ran on p2: told once it came back
+    assert [w for w, _ in told] == ["p2"]
+    assert told[0][1] == coord.affinity.hashes(first["token_ids"])
+    second = {**request(500, request_id="r2"), "token_ids": prefix + list(range(6000, 6100))}
+    await collect(coord, second)
+    # queued for p2 (held) and ran there: told at the placement only
+    assert queue.targets == [None, "p2"] and [w for w, _ in told] == ["p2", "p2"]
+    # a peer decode worker that never saw the prompt learns it from the message
+    peer, _, peer_queue = coordinator()
+    peer.affinity = PrefillAffinity(PrefillAffinityConfig(block_size=16))
+    peer.live_prefill_ids = lambda: {"p1", "p2"}
+    origin, worker, hashes = read_share(share_message("d1", *told[0]))
+    assert (origin, worker) == ("d1", "p2")
+    peer.affinity.remember(worker, hashes)
+    follower = {**request(500, request_id="r3"), "token_ids": prefix + list(range(8000, 8100))}
+    await collect(peer, follower)
+    assert peer_queue.targets == ["p2"]
