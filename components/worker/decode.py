@@ -52,10 +52,15 @@ async def share_affinity(nc, coord: EngineDecodeCoordinator, subject: str, me: s
     affinity, metrics = coord.affinity, coord.metrics
     pending: set[asyncio.Task] = set()
 
+    def published(task: asyncio.Task) -> None:
+        pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # closed at shutdown
+            log.debug("a prefix affinity message was not sent: %s", task.exception())
+
     def share(worker: str, hashes) -> None:
         task = asyncio.ensure_future(nc.publish(subject, share_message(me, worker, hashes)))
         pending.add(task)
-        task.add_done_callback(pending.discard)
+        task.add_done_callback(published)
         metrics.affinity_shared.labels("sent").inc()
 
     async def on_message(msg) -> None:

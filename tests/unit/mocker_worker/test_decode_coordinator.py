@@ -218,3 +218,49 @@ async def test_placements_and_computed_prompts_are_told_to_the_other_decode_work
     follower = {**request(500, request_id="r3"), "token_ids": prefix + list(range(8000, 8100))}
     await collect(peer, follower)
     assert peer_queue.targets == ["p2"]
+
+
+async def test_the_shell_publishes_placements_and_remembers_only_the_other_workers():
+    """``decode.share_affinity`` over a NATS double: what the coordinator tells goes out
+    on the subject, a peer's message is remembered, this worker's own echo and an
+    unreadable message are not, and a publish that fails (closed at shutdown) raises
+    nowhere."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from splitserve.components.disagg import PrefillAffinity, share_message
+    from splitserve.components.worker.decode import share_affinity
+    from splitserve.contracts.prefill_queue import PrefillAffinityConfig
+
+    class Nats:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, bytes]] = []
+            self.cb = None
+            self.closed = False
+
+        async def subscribe(self, subject, cb):
+            self.subject, self.cb = subject, cb
+
+        async def publish(self, subject, data):
+            if self.closed:
+                raise ConnectionError("closed")
+            self.sent.append((subject, data))
+
+    coord, _, _ = coordinator()
+    coord.affinity = PrefillAffinity(PrefillAffinityConfig(block_size=16))
+    nc = Nats()
+    await share_affinity(nc, coord, "splitserve.ns.decodeworker.prefill_affinity", "d1")
+    assert nc.subject == "splitserve.ns.decodeworker.prefill_affinity"
+    coord.share("p1", [1, 2, 3])
+    await asyncio.sleep(0)
+    assert nc.sent == [(nc.subject, share_message("d1", "p1", [1, 2, 3]))]
+    await nc.cb(SimpleNamespace(data=share_message("d2", "p2", [4, 5])))
+    await nc.cb(SimpleNamespace(data=share_message("d1", "p3", [6])))  # its own echo
+    await nc.cb(SimpleNamespace(data=b"not json"))
+    assert coord.affinity.workers() == {"p2": 2}
+    name = "splitserve_disagg_prefill_affinity_shared_total"
+    assert [sample(coord, name, direction=d) for d in ("sent", "received", "unreadable")] == [
+        1, 1, 1]
+    nc.closed = True
+    coord.share("p1", [7])
+    await asyncio.sleep(0.01)  # the failed publish is logged, not raised
