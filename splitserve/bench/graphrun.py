@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -183,6 +184,10 @@ class ServeProcess:
         self.log.close()
 
 
+def _raise_exit(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 class GraphRun:
     """``dynamo serve GRAPH -f CONFIG OVERRIDES...`` in a scratch directory, for a benchmark.
 
@@ -202,6 +207,7 @@ class GraphRun:
         self.url = ""
         self.control = ""
         self.startup_s: float | None = None
+        self._sigterm: object = None  # the handler replaced while running, if any
 
     @property
     def seen_pids(self) -> set[int]:
@@ -214,6 +220,7 @@ class GraphRun:
             self.serve.seen_pids = set(pids)
 
     def start(self) -> GraphRun:
+        self._exit_on_sigterm()
         env = {k: v for k, v in os.environ.items() if k not in INFRA_ENV}
         env.setdefault("DYN_LOG", "error")
         t0 = time.monotonic()
@@ -238,6 +245,14 @@ class GraphRun:
             raise
         return self
 
+    def _exit_on_sigterm(self) -> None:
+        """A benchmark stopped with SIGTERM (a timeout, ``kill``) leaves by SystemExit, so
+        its ``with GraphRun(...)`` blocks stop their graphs on the way out instead of
+        leaving every replica running; only where nothing else handles SIGTERM."""
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            self._sigterm = signal.signal(signal.SIGTERM, _raise_exit)
+
     def _after_ready(self) -> None:
         """Called once the graph reported ready, before replica pids are recorded."""
 
@@ -250,6 +265,9 @@ class GraphRun:
     def stop(self) -> int | None:
         """SIGTERM, bounded wait, then SIGKILL of whatever is left; returns the exit code
         (None when it had to be killed)."""
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         if self.serve is None:
             return None
         serve, self.serve = self.serve, None
