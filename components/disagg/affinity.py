@@ -24,13 +24,15 @@ Pure: no I/O; the decode coordinator calls it per remote prefill.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
 
 from splitserve.contracts.prefill_queue import PrefillAffinityConfig
 
@@ -189,22 +191,25 @@ class PrefillAffinity:
         return {w: len(b) for w, b in self._blocks.items()}
 
 
+class _Share(msgspec.Struct):
+    """A ``share_message`` as it travels (JSON): ``from`` the decode worker telling it,
+    ``worker`` the prefill worker, ``hashes`` the prompt's block hashes."""
+
+    origin: str = msgspec.field(name="from")
+    worker: Annotated[str, msgspec.Meta(min_length=1)]
+    hashes: list[int]
+
+
 def share_message(origin: str, worker: str, hashes: Sequence[int]) -> bytes:
     """What a decode worker tells the others: prefill worker ``worker`` holds (or is
     about to compute) these prompt blocks; ``origin``: the decode worker telling it."""
-    return json.dumps({"from": origin, "worker": worker, "hashes": list(hashes)},
-                      separators=(",", ":")).encode()
+    return msgspec.json.encode(_Share(origin, worker, list(hashes)))
 
 
 def read_share(data: bytes) -> tuple[str, str, list[int]]:
     """(origin, worker, hashes) of a ``share_message``; ValueError when it is not one."""
     try:
-        msg = json.loads(data)
-        origin, worker, hashes = msg["from"], msg["worker"], msg["hashes"]
-    except (ValueError, TypeError, KeyError) as exc:
+        msg = msgspec.json.decode(data, type=_Share)
+    except msgspec.DecodeError as exc:
         raise ValueError(f"not a prefix affinity message: {exc}") from None
-    if (not isinstance(origin, str) or not isinstance(worker, str) or not worker
-            or not isinstance(hashes, list)
-            or not all(type(h) is int for h in hashes)):
-        raise ValueError("not a prefix affinity message: fields of the wrong type")
-    return origin, worker, hashes
+    return msg.origin, msg.worker, msg.hashes

@@ -70,7 +70,7 @@ async def share_affinity(nc, coord: EngineDecodeCoordinator, subject: str, me: s
             metrics.affinity_shared.labels("unreadable").inc()
             log.debug("dropped a prefix affinity message: %s", exc)
             return
-        if origin == me or affinity is None:
+        if origin == me:
             return
         affinity.remember(worker, hashes)
         metrics.affinity_shared.labels("received").inc()
