@@ -23,6 +23,10 @@ pytest_plugins = ["tests.parallel"]  # module order and the lock for parallel wo
 # removal watcher stream ended; reconnecting"), which landed between pytest's dots.
 os.environ.setdefault("DYN_LOG", "warn,dynamo_runtime::pipeline::network::egress::push_router=error")
 
+# Every process that sets up Dynamo's logging would leave a file in the temporary
+# folder for SGLang's logging; the suite starts thousands (contracts/kit/component.py).
+os.environ.setdefault("DYN_SKIP_SGLANG_LOG_FORMATTING", "1")
+
 GRAPH_LOG_TAIL_LINES = 60
 _GRAPHS_BEFORE = pytest.StashKey[int]()
 

@@ -131,6 +131,9 @@ class ComponentContext:
         write_json_whole(path, payload)
 
 
+SKIP_SGLANG_LOGGING = "DYN_SKIP_SGLANG_LOG_FORMATTING"
+
+
 def configure_logging(component: str, replica: int, level: str) -> None:
     """Plain one-line logs; the supervisor prefixes each line with the replica name.
 
@@ -139,6 +142,11 @@ def configure_logging(component: str, replica: int, level: str) -> None:
     costs real CPU on a busy 2-core box.  Python logging is then set up for our format.
     """
     os.environ.setdefault("DYN_LOG", "warn")
+    # Dynamo would also write SGLang's logging config to a temporary file in every
+    # process it configures, and never remove it (one file per replica start); only an
+    # SGLang engine reads it, and that engine writes its own for its start
+    # (components/engines/sglang/process.py, ``sglang_logging_config``).
+    os.environ.setdefault(SKIP_SGLANG_LOGGING, "1")
     from dynamo.runtime.logging import configure_dynamo_logging
 
     configure_dynamo_logging()

@@ -77,7 +77,10 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
     env = {**endpoints.env(), **(access_env or {}), **host_listener_env(plan.common.bind_host),
            "SPLITSERVE_POLICY_KEY_FILE": str(policy_key_file),
            "SPLITSERVE_CONTROL_TOKEN_FILE": str(run_dir / CONTROL_TOKEN_FILE),
-           "DYN_LOG": os.environ.get("DYN_LOG", "warn")}
+           "DYN_LOG": os.environ.get("DYN_LOG", "warn"),
+           # Dynamo's processes (a mocker's too) would each leave a logging config for
+           # SGLang in the temporary folder; an SGLang engine writes its own.
+           "DYN_SKIP_SGLANG_LOG_FORMATTING": os.environ.get("DYN_SKIP_SGLANG_LOG_FORMATTING", "1")}
 
     def printer(prefix: str, line: str) -> None:
         console.out(f"{prefix:>14} | {line}", highlight=False)

@@ -76,7 +76,8 @@ def default_factory(**kwargs: Any):
 
     process.claim_process(f"SGLang {kwargs.get('disaggregation_mode', 'null')} engine")
     try:
-        return sglang.Engine(**kwargs)
+        with process.sglang_logging_config():
+            return sglang.Engine(**kwargs)
     except BaseException:
         process.release_process()
         raise

@@ -15,6 +15,9 @@
 - KV manager host: SGLang's KV manager binds and advertises the one address in
   ``SGLANG_HOST_IP``; ``check_kv_host`` refuses one this machine cannot bind before
   SGLang fails on it deep in a scheduler process.
+- Logging config: SGLang's processes read a logging config file named by
+  ``SGLANG_LOGGING_CONFIG_PATH`` as they start; ``sglang_logging_config`` writes Dynamo's
+  (SGLang's loggers into Dynamo's log handler) for the engine's start and removes it after.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from typing import Any
 
@@ -75,6 +79,32 @@ def keep_worker_logging():
             if h not in root.handlers:
                 root.addHandler(h)
         root.setLevel(level)
+
+
+LOGGING_CONFIG_VARIABLE = "SGLANG_LOGGING_CONFIG_PATH"
+
+
+@contextlib.contextmanager
+def sglang_logging_config():
+    """Dynamo's logging config for SGLang, in a file that lives only while the engine
+    starts (its scheduler and detokenizer processes read it as they start).  Dynamo's
+    own logging setup writes this file in every process and never removes it, so
+    components skip that (``DYN_SKIP_SGLANG_LOG_FORMATTING``) and this engine writes its
+    own.  A path the environment names already is used as it is and left alone."""
+    if os.environ.get(LOGGING_CONFIG_VARIABLE):
+        yield
+        return
+    from dynamo.runtime.logging import configure_sglang_logging, log_level_mapping
+
+    configure_sglang_logging(log_level_mapping(os.environ.get("DYN_LOG", "info")))
+    path = os.environ.get(LOGGING_CONFIG_VARIABLE)
+    try:
+        yield
+    finally:
+        os.environ.pop(LOGGING_CONFIG_VARIABLE, None)
+        if path:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def claim_process(label: str) -> None:
