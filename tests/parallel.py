@@ -43,8 +43,10 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -153,6 +155,12 @@ def admits(how: str, holding: list[str], waiting: list[str]) -> bool:
     return MODEL not in holding and (QUIET not in holding or len(holding) <= 1)
 
 
+def gate_dir(run_id: str) -> Path:
+    """The run's shared folder for the table below; the controlling process removes it
+    when the run ends (``pytest_unconfigure``)."""
+    return Path(tempfile.gettempdir()) / f"splitserve-tests-{run_id}"
+
+
 class Gate:
     """This worker's hold on the run's shared table of running modules.
 
@@ -164,7 +172,7 @@ class Gate:
     POLL_S = 0.2
 
     def __init__(self, run_id: str) -> None:
-        base = Path(tempfile.gettempdir()) / f"splitserve-tests-{run_id}"
+        base = gate_dir(run_id)
         base.mkdir(exist_ok=True)
         self.lock: IO = open(base / "lock", "a+")  # noqa: SIM115 - held all run
         self.table = base / "table.json"
@@ -237,6 +245,23 @@ class Gate:
 
 
 _gate: Gate | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controlling process of a parallel run: name the run's id here (xdist would
+    draw one itself), so that the run's folder can be removed at its end."""
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if getattr(config.option, "testrunuid", "unset") is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    run_id = getattr(config.option, "testrunuid", None)
+    if run_id:
+        shutil.rmtree(gate_dir(run_id), ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -257,6 +257,9 @@ def test_aiperf_profiles_the_endpoint(url, tmp_path):
     # only and refuses a local directory; a directory is read from disk otherwise.
     env = {k: v for k, v in os.environ.items()
            if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    # aiperf keeps its dataset's memory-mapped files in the temporary folder, and leaves
+    # them there: in this test's folder instead
+    env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(tmp_path)
     res = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env,
                          check=False, cwd=tmp_path)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
