@@ -11,7 +11,6 @@ engine's request is aborted within one event-loop turn of the stop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import TypeVar
 
@@ -40,6 +39,25 @@ def stop_signal(context, cut: asyncio.Event | None = None) -> asyncio.Future | N
     return first
 
 
+class _Stop:
+    """The stop's hold on the task reading the stream: the stop cancels that task only
+    while it waits for an item (as ``asyncio.timeout`` does), and is seen between items
+    otherwise."""
+
+    __slots__ = ("fired", "task", "waiting")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task | None = None
+        self.waiting = False
+        self.fired = False
+
+    def __call__(self, _: asyncio.Future) -> None:
+        task = self.task
+        if self.waiting and task is not None and not task.done():
+            self.fired = True
+            task.cancel()
+
+
 async def until_stopped(stream: AsyncIterable[T], context,
                         cut: asyncio.Event | None = None) -> AsyncIterator[T]:
     """Yield ``stream``'s items until it ends, ``context`` is stopped or ``cut`` is set
@@ -49,33 +67,41 @@ async def until_stopped(stream: AsyncIterable[T], context,
     aborts the request in the engine (every engine's stream aborts in its ``finally``).
     Returns quietly on a stop: the caller has gone and reads nothing more; after a cut
     the caller sends the ``drained`` chunk.
+
+    The stop cancels the read it interrupts (the engine's stream sees the cancellation
+    at its pending await, and its ``finally`` aborts the request); no task or wait is
+    made per item (a task and ``asyncio.wait`` per token cost two more event-loop turns
+    and about a dozen objects for every token a worker streams).
     """
     stopped = stop_signal(context, cut)
     it = aiter(stream)
-    nxt: asyncio.Future | None = None
+    stop = _Stop()
+    if stopped is not None:
+        stopped.add_done_callback(stop)
     try:
-        while True:
-            if stopped is None:
-                read = anext(it)  # no context to race: no task per item either
-            else:
-                read = nxt = asyncio.ensure_future(anext(it))
-                await asyncio.wait({nxt, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if not nxt.done():
-                    return  # stopped: the finally below cancels the pending read
+        while stopped is None or not stopped.done():
+            stop.task = asyncio.current_task()
+            stop.waiting = True
             try:
-                item = await read
+                item = await anext(it)
             except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if stop.fired and stop.task is not None and stop.task.uncancel() == 0:
+                    return  # stopped: the caller has gone
+                raise
+            finally:
+                stop.waiting = False
+            if stop.fired:  # the stop came as the item did: the item is not wanted
+                stop.fired = False
+                if stop.task is not None:
+                    stop.task.uncancel()
                 return
             yield item
     finally:
         if stopped is not None:
+            stopped.remove_done_callback(stop)
             stopped.cancel()
-        if nxt is not None and not nxt.done():
-            # Cancelling the pending read raises inside the engine's stream, whose own
-            # ``finally`` aborts the request; then it is closed and aclose() is a no-op.
-            nxt.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await nxt
         for source in (it, stream) if it is not stream else (it,):
             aclose = getattr(source, "aclose", None)
             if aclose is not None:

@@ -140,3 +140,75 @@ async def test_a_drain_cut_ends_the_stream_with_a_drained_chunk_and_aborts():
     assert [c.get("finish_reason") for c in chunks] == [None, None, None]
     assert metrics.requests.labels("drained")._value.get() == 1
 
+
+
+async def test_a_stop_between_items_ends_at_the_next_read_and_closes_the_stream():
+    ctx, engine = Context(), Engine(5, gap_s=3600)
+    got: list = []
+    async for d in until_stopped(engine.stream(), ctx):
+        got.append(d)
+        if len(got) == 2:
+            ctx.stop_generating()
+            await asyncio.sleep(0)  # the stop's callbacks run while no read waits
+            await asyncio.sleep(0)
+    assert len(got) == 2
+    assert engine.aborted.is_set()
+
+
+async def test_a_quiet_stop_leaves_the_reading_task_uncancelled():
+    """The stop cancels the read it interrupts and takes that cancellation back: the
+    task goes on (the shell sends its last chunk), and a later time limit in the same
+    task still works."""
+    ctx, engine = Context(), Engine(1)
+
+    async def consume() -> str:
+        async for _ in until_stopped(engine.stream(), ctx):
+            pass
+        assert asyncio.current_task().cancelling() == 0
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(1)
+        except TimeoutError:
+            return "timed out"
+        return "not timed out"
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    ctx.stop_generating()
+    assert await asyncio.wait_for(task, 1) == "timed out"
+    assert engine.aborted.is_set()
+
+
+async def test_a_stop_and_a_cancel_together_stay_a_cancel():
+    ctx, engine = Context(), Engine(0)
+
+    async def consume():
+        async for _ in until_stopped(engine.stream(), ctx):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    ctx.stop_generating()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.aborted.is_set()
+
+
+async def test_a_stop_as_an_item_arrives_ends_the_stream_without_it_reaching_the_caller():
+    ctx = Context()
+    closed = asyncio.Event()
+
+    async def source():
+        try:
+            yield 1
+            ctx.stop_generating()  # the stop's callback is queued before this item's read
+            await asyncio.sleep(0)
+            yield 2
+            await asyncio.sleep(3600)
+        finally:
+            closed.set()
+
+    got = [x async for x in until_stopped(source(), ctx)]
+    assert got[0] == 1 and len(got) <= 2
+    assert closed.is_set()
