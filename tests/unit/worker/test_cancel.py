@@ -92,7 +92,9 @@ async def test_engine_errors_still_reach_the_caller():
     assert got == [1]
 
 
-async def test_cancelling_the_caller_is_not_swallowed():
+@pytest.mark.parametrize("stopped_too", [False, True], ids=["cancel", "stop-and-cancel"])
+async def test_cancelling_the_caller_is_not_swallowed(stopped_too):
+    """A cancel stays a cancel, also when the context's stop comes with it."""
     ctx, engine = Context(), Engine(0)
 
     async def consume():
@@ -101,6 +103,8 @@ async def test_cancelling_the_caller_is_not_swallowed():
 
     task = asyncio.create_task(consume())
     await asyncio.sleep(0.05)
+    if stopped_too:
+        ctx.stop_generating()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -176,22 +180,6 @@ async def test_a_quiet_stop_leaves_the_reading_task_uncancelled():
     await asyncio.sleep(0.05)
     ctx.stop_generating()
     assert await asyncio.wait_for(task, 1) == "timed out"
-    assert engine.aborted.is_set()
-
-
-async def test_a_stop_and_a_cancel_together_stay_a_cancel():
-    ctx, engine = Context(), Engine(0)
-
-    async def consume():
-        async for _ in until_stopped(engine.stream(), ctx):
-            pass
-
-    task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
-    ctx.stop_generating()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
     assert engine.aborted.is_set()
 
 
