@@ -77,6 +77,7 @@ if str(REPO) not in sys.path:
 
 import sweep_plan as sp
 from splitserve.bench.graphrun import GraphRun
+from splitserve.contracts.kit.component import SKIP_SGLANG_LOGGING
 
 from splitserve.bench import replay as rp
 from splitserve.bench import sweep as sw
@@ -156,7 +157,7 @@ def dynamo_env(workers: WorkersRun) -> dict[str, str]:
     listener it opens on loopback."""
     return {**os.environ, "ETCD_ENDPOINTS": workers.etcd, "NATS_SERVER": workers.nats,
             "DYN_LOG": "error", "DYN_TCP_RPC_HOST": HOST, "DYN_HTTP_RPC_HOST": HOST,
-            "DYN_SYSTEM_HOST": HOST, "DYN_SKIP_SGLANG_LOG_FORMATTING": "1"}
+            "DYN_SYSTEM_HOST": HOST, SKIP_SGLANG_LOGGING: "1"}
 
 
 def dynamo_frontend(workers: WorkersRun, mode: str, extra: list[str] | tuple[str, ...] = (),

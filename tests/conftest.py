@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from splitserve.contracts.kit.component import SKIP_SGLANG_LOGGING
 from tests.graphs import GraphPool
 from tests.integration.serve_helpers import ServeRun
 from tests.triton_mode import import_triton_interpreted
@@ -25,7 +26,7 @@ os.environ.setdefault("DYN_LOG", "warn,dynamo_runtime::pipeline::network::egress
 
 # Every process that sets up Dynamo's logging would leave a file in the temporary
 # folder for SGLang's logging; the suite starts thousands (contracts/kit/component.py).
-os.environ.setdefault("DYN_SKIP_SGLANG_LOG_FORMATTING", "1")
+os.environ.setdefault(SKIP_SGLANG_LOGGING, "1")
 
 GRAPH_LOG_TAIL_LINES = 60
 _GRAPHS_BEFORE = pytest.StashKey[int]()

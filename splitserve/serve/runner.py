@@ -16,6 +16,7 @@ from rich.table import Table
 
 from splitserve.infra.embedded import EmbeddedInfra, InfraEndpoints
 from splitserve.serve.control import ControlServer, supervisor_handler
+from splitserve.contracts.kit.component import SKIP_SGLANG_LOGGING
 from splitserve.contracts.kit.files import write_json_whole
 from splitserve.contracts.kit.credentials import (
     CONTROL_TOKEN_FILE,
@@ -80,7 +81,7 @@ async def serve(plan: ServePlan, run_dir: Path, external: InfraEndpoints | None,
            "DYN_LOG": os.environ.get("DYN_LOG", "warn"),
            # Dynamo's processes (a mocker's too) would each leave a logging config for
            # SGLang in the temporary folder; an SGLang engine writes its own.
-           "DYN_SKIP_SGLANG_LOG_FORMATTING": os.environ.get("DYN_SKIP_SGLANG_LOG_FORMATTING", "1")}
+           SKIP_SGLANG_LOGGING: os.environ.get(SKIP_SGLANG_LOGGING, "1")}
 
     def printer(prefix: str, line: str) -> None:
         console.out(f"{prefix:>14} | {line}", highlight=False)

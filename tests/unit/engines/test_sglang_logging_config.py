@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from splitserve.components.engines.sglang import process
+from splitserve.contracts.kit.component import SKIP_SGLANG_LOGGING
 
 VAR = process.LOGGING_CONFIG_VARIABLE
 
@@ -57,7 +58,7 @@ def test_a_component_process_leaves_no_file(tmp_path):
     code = ("from splitserve.contracts.kit.component import configure_logging; "
             "configure_logging('Worker', 0, 'warning')")
     env = {k: v for k, v in os.environ.items()
-           if k not in ("DYN_SKIP_SGLANG_LOG_FORMATTING", VAR)}
+           if k not in (SKIP_SGLANG_LOGGING, VAR)}
     env["TMPDIR"] = str(tmp_path)
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     assert leftover_configs(tmp_path) == []
