@@ -14,6 +14,8 @@ import asyncio
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import TypeVar
 
+from splitserve.contracts.kit.interrupt import Interruptible, Interrupted
+
 T = TypeVar("T")
 
 
@@ -39,25 +41,6 @@ def stop_signal(context, cut: asyncio.Event | None = None) -> asyncio.Future | N
     return first
 
 
-class _Stop:
-    """The stop's hold on the task reading the stream: the stop cancels that task only
-    while it waits for an item (as ``asyncio.timeout`` does), and is seen between items
-    otherwise."""
-
-    __slots__ = ("fired", "task", "waiting")
-
-    def __init__(self) -> None:
-        self.task: asyncio.Task | None = None
-        self.waiting = False
-        self.fired = False
-
-    def __call__(self, _: asyncio.Future) -> None:
-        task = self.task
-        if self.waiting and task is not None and not task.done():
-            self.fired = True
-            task.cancel()
-
-
 async def until_stopped(stream: AsyncIterable[T], context,
                         cut: asyncio.Event | None = None) -> AsyncIterator[T]:
     """Yield ``stream``'s items until it ends, ``context`` is stopped or ``cut`` is set
@@ -71,36 +54,24 @@ async def until_stopped(stream: AsyncIterable[T], context,
     The stop cancels the read it interrupts (the engine's stream sees the cancellation
     at its pending await, and its ``finally`` aborts the request); no task or wait is
     made per item (a task and ``asyncio.wait`` per token cost two more event-loop turns
-    and about a dozen objects for every token a worker streams).
+    and about a dozen objects for every token a worker streams): the read is an
+    ``Interruptible`` wait (contracts/kit/interrupt.py), which the stop interrupts.
     """
     stopped = stop_signal(context, cut)
     it = aiter(stream)
-    stop = _Stop()
+    guard = Interruptible()
     if stopped is not None:
-        stopped.add_done_callback(stop)
+        stopped.add_done_callback(guard.interrupt)
     try:
         while stopped is None or not stopped.done():
-            stop.task = asyncio.current_task()
-            stop.waiting = True
             try:
-                item = await anext(it)
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                if stop.fired and stop.task is not None and stop.task.uncancel() == 0:
-                    return  # stopped: the caller has gone
-                raise
-            finally:
-                stop.waiting = False
-            if stop.fired:  # the stop came as the item did: the item is not wanted
-                stop.fired = False
-                if stop.task is not None:
-                    stop.task.uncancel()
-                return
+                item = await guard.wait(anext(it))
+            except (StopAsyncIteration, Interrupted):
+                return  # the stream ended, or the caller stopped it (and has gone)
             yield item
     finally:
         if stopped is not None:
-            stopped.remove_done_callback(stop)
+            stopped.remove_done_callback(guard.interrupt)
             stopped.cancel()
         for source in (it, stream) if it is not stream else (it,):
             aclose = getattr(source, "aclose", None)
