@@ -18,6 +18,14 @@ def run(coro, loop_kind: str):
     return uvloop.run(coro) if loop_kind == "uvloop" else asyncio.run(coro)
 
 
+async def stubborn():
+    """Awaited code that catches its cancellation and returns."""
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        return "swallowed"
+
+
 @pytest.mark.parametrize("loop_kind", LOOPS)
 def test_an_interrupt_ends_the_wait_and_leaves_the_task_uncancelled(loop_kind):
     async def main():
@@ -53,12 +61,6 @@ def test_a_swallowed_interrupt_is_still_an_interrupt_and_is_taken_back(loop_kind
     """Awaited code that catches the cancellation and returns: the wait is interrupted
     all the same, the task's cancel count is back to 0, and a later cancellation from
     elsewhere is a cancellation, not mistaken for an interrupt."""
-
-    async def stubborn():
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            return "swallowed"
 
     async def main():
         guard = Interruptible()
@@ -101,12 +103,6 @@ def test_a_deadline_whose_wait_swallows_the_expiry_raises_and_leaves_no_cancel(l
     """MovingDeadline on the same mechanism: an expiry the awaited code swallowed still
     raises TimeoutError, and neither a flag nor a cancel count is left behind to turn a
     later wait's outcome."""
-
-    async def stubborn():
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            return "swallowed"
 
     async def main():
         d = MovingDeadline()
