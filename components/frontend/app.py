@@ -77,6 +77,8 @@ async def handle(request: Request, endpoint: Endpoint) -> Response:
     state.metrics.prompt_tokens.labels(*model).inc(len(p.token_ids))
     state.inflight += 1
     state.metrics.inflight.inc()
+    if state.loop_lag is not None:
+        state.loop_lag.wake()
     flow = events(state, p, metas, started)
     answer = renderer_for(state, p, metas)
     if not p.req.stream:

@@ -77,7 +77,8 @@ async def main(ctx: ComponentContext) -> None:
     server = FrontendServer(server_config(build_app(state), host, cfg.port, limits))
     shared = inherited_listener()
     server.shared = shared is not None
-    watches.append(asyncio.create_task(state.loop_lag.run(ctx.stopping, metrics.loop_lag)))
+    watches.append(asyncio.create_task(state.loop_lag.run(
+        ctx.stopping, metrics.loop_lag, busy=lambda: state.inflight > 0)))
     serve_task = None
     if shared is None or shared.early:  # accept now; requests get 503 while it loads
         serve_task = await _start_serving(server, shared)

@@ -35,7 +35,7 @@ class FrontendMetrics:
                                   registry=r)
         self.loop_lag = Gauge(f"{PREFIX}_frontend_event_loop_lag_seconds",
                               "How far behind the event loop runs (largest recent "
-                              "lateness of a 20 ms tick)", registry=r)
+                              "lateness of a 20 ms tick; 1 s with no request in flight)", registry=r)
         self.inflight = Gauge(f"{PREFIX}_frontend_inflight_requests",
                               "Requests being served now", registry=r)
         self.prompt_tokens = Counter(f"{PREFIX}_frontend_prompt_tokens_total",

@@ -40,3 +40,42 @@ def test_a_blocked_loop_is_seen():
         await task
         return lag.lag_s
     assert asyncio.run(go()) > 0.2
+
+
+class Counting(LoopLag):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ticks = 0
+
+    def observe(self, now: float, late_s: float) -> None:
+        self.ticks += 1
+        super().observe(now, late_s)
+
+
+def test_idle_it_ticks_slowly_and_a_request_brings_the_fast_tick_back():
+    """With nothing in flight the monitor does not wake 50 times a second; an arrival
+    (``wake``) brings the 20 ms tick back at once, and a blocked loop is seen then."""
+
+    async def go():
+        lag, stop, busy = Counting(), asyncio.Event(), [False]
+        task = asyncio.create_task(lag.run(stop, busy=lambda: busy[0]))
+        await asyncio.sleep(0.3)
+        idle_ticks = lag.ticks
+        busy[0] = True
+        lag.wake()
+        await asyncio.sleep(0.2)
+        busy_ticks = lag.ticks - idle_ticks
+        hold_the_loop(0.3)
+        await asyncio.sleep(0.05)
+        seen = lag.lag_s
+        busy[0] = False
+        await asyncio.sleep(0.1)  # the tick under way ends; the idle wait begins
+        stop.set()
+        lag.wake()
+        await asyncio.wait_for(task, 1.0)  # a stop is seen at the wake
+        return idle_ticks, busy_ticks, seen
+
+    idle_ticks, busy_ticks, seen = asyncio.run(go())
+    assert idle_ticks == 0
+    assert busy_ticks >= 4
+    assert seen > 0.2
