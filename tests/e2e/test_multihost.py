@@ -37,7 +37,7 @@ from splitserve.contracts.kit.procs import find_binary
 from tests.e2e import netns
 from tests.e2e.helpers import scrape
 from tests.e2e.prompts import FORCED, MODEL, QUESTIONS, SHARED
-from tests.integration.serve_helpers import REPO, wait_until
+from tests.integration.serve_helpers import PRELOAD_OFF, REPO, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow,
               pytest.mark.skipif(bool(netns.available()), reason=str(netns.available()))]
@@ -52,7 +52,10 @@ OVERRIDES = (FORCED, "--DecodeWorker.remote_prefill_timeout_s=10",
              "--Common.restart.backoff_initial_s=0.2",
              # one decode replica per host: a fixed metrics port stays right in the ready
              # file's rows after the supervisor restarts the replica (the link-down test)
-             "--DecodeWorker.metrics_port=9400")
+             "--DecodeWorker.metrics_port=9400",
+             # no tools are sent: host a's frontend need not import the tool-call parsers
+             # before ready (as every ServeRun of the tests, serve_helpers._test_args)
+             PRELOAD_OFF)
 PARTS = {"a": "Frontend,Router", "b": "DecodeWorker", "c": "PrefillWorker", "d": "DecodeWorker"}
 PROMPTS = [QUESTIONS[0], QUESTIONS[4], SHARED + QUESTIONS[2]]
 

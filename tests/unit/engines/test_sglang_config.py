@@ -17,9 +17,14 @@ from splitserve.components.engines.sglang.sections import (
 )
 from tests.unit.engines.upstream import sglang_module
 
-sglang_module("sglang.srt.server_args")  # skips the module without SGLang
-
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sglang_installed():
+    """Skips the module without SGLang.  In a fixture, not at import: importing SGLang
+    costs 8 s of CPU, and every xdist worker imports every test module to collect it."""
+    sglang_module("sglang.srt.server_args")
 
 EP = "tcp://127.0.0.1:5557"
 MODEL = "/models/Llama-3.1-8B-Instruct"

@@ -12,9 +12,14 @@ from splitserve.components.engines.sglang.kv_relay import convert_batch
 from splitserve.components.engines.sglang.metrics import LoadTracker
 from tests.unit.engines.upstream import sglang_module, sglang_source
 
-sglang_module("sglang.srt.disaggregation.kv_events")  # skips the module without SGLang
-
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sglang_installed():
+    """Skips the module without SGLang (in a fixture: importing SGLang at collection
+    costs every xdist worker 8 s of CPU)."""
+    sglang_module("sglang.srt.disaggregation.kv_events")
 PAGE = 4
 
 

@@ -32,9 +32,14 @@ from tests.fixtures.engine_doubles import BootstrapRooms, SglangEngineDouble, to
 from tests.unit.engines.adapter_helpers import collect
 from tests.unit.engines.upstream import sglang_module, sglang_source
 
-sglang_module("sglang.srt.server_args")  # skips the module without SGLang
-
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sglang_installed():
+    """Skips the module without SGLang (in a fixture: importing SGLang at collection
+    costs every xdist worker 8 s of CPU)."""
+    sglang_module("sglang.srt.server_args")
 
 MODEL = "/models/Llama-3.1-8B-Instruct"
 EP = "tcp://127.0.0.1:5557"
