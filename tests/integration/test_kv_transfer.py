@@ -31,7 +31,7 @@ from splitserve.infra.embedded import EmbeddedInfra
 from splitserve.kernels.kv_fp8 import compress, error_bound
 from splitserve.kernels.kv_pack import kv_pack
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
 
 NS = "kvtest"
 SRC_SHAPE = (16, 2, 2, 4, 3, 8)          # [N, L, 2, B, H, D], 1536 B per block

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.security, pytest.mark.integration]
+pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow]
 
 MODEL = "SmolLM2-135M-Instruct"
 VOCAB = 49152

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from tests.parallel import EXCLUSIVE, HEAVY, LIGHT, MODEL, QUIET, Gate, admits
+from tests.gate_trace import load, summary
+from tests.parallel import (EXCLUSIVE, HEAVY, LIGHT, MODEL, QUIET, TRACE_ENV, Gate, admits,
+                            kind, ordered)
 
 pytestmark = pytest.mark.unit
 
@@ -42,6 +44,7 @@ def test_admission_rules(how, holding, waiting, ok):
 def test_gate_holds_and_frees_and_drops_dead_workers(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "4")  # what the gate changes, restored after
+    monkeypatch.delenv(TRACE_ENV, raising=False)  # not into a traced run's own file
     gate = Gate("t")
     gate.enter("a.py", EXCLUSIVE)
     assert os.environ["OMP_NUM_THREADS"] == "4"  # an exclusive module's processes size their own
@@ -58,3 +61,41 @@ def test_gate_holds_and_frees_and_drops_dead_workers(tmp_path, monkeypatch):
         assert table["holding"] == {str(os.getpid()): HEAVY}
     assert os.environ["OMP_NUM_THREADS"] == "1"
     gate.close()
+
+
+def test_gate_trace_records_each_module_and_sums_waits(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    trace = tmp_path / "gate.jsonl"
+    monkeypatch.setenv(TRACE_ENV, str(trace))
+    gate = Gate("t")
+    gate.enter("/r/tests/e2e/test_a.py", QUIET)
+    gate.enter("/r/tests/unit/test_b.py", LIGHT)  # entering the next leaves the first
+    gate.close()
+    rows = load(str(trace))
+    assert [(r["module"], r["kind"]) for r in rows] == [
+        ("/r/tests/e2e/test_a.py", QUIET), ("/r/tests/unit/test_b.py", LIGHT)]
+    assert all(r["asked"] <= r["started"] <= r["ended"] for r in rows)
+    text = summary(rows)
+    assert "2 modules" in text and "e2e/test_a.py" in text and "unit/test_b.py" in text
+
+
+class _Item:
+    def __init__(self, path: str, marker: str | None = None) -> None:
+        self.path, self.marker = path, marker
+
+    def get_closest_marker(self, name: str):
+        return object() if name == self.marker else None
+
+
+def test_order_puts_light_modules_among_quiet_and_exclusive_ones_before_heavy():
+    items = ([_Item(f"/r/tests/e2e/test_q{i}.py", "quiet") for i in range(3)]
+             + [_Item(f"/r/tests/unit/engines/test_torch_{i}.py") for i in range(2)]
+             + [_Item(f"/r/tests/e2e/test_x{i}.py", "exclusive") for i in range(2)]
+             + [_Item(f"/r/tests/unit/test_l{i}.py") for i in range(10)]
+             + [_Item(f"/r/tests/e2e/test_h{i}.py") for i in range(3)])
+    kinds = [kind(i) for i in ordered(items)]
+    first_x, first_h = kinds.index(EXCLUSIVE), kinds.index(HEAVY)
+    assert set(kinds[first_h:]) == {HEAVY}  # heavy modules last
+    assert kinds[0] == QUIET and set(kinds[:first_x]) == {QUIET, MODEL, LIGHT}
+    assert kinds[:first_x].count(LIGHT) == 4  # 40% of them among the quiet ones
+    assert kinds[first_x:first_h].count(LIGHT) == 6
