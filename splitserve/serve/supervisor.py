@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from splitserve.contracts.kit.health import DependencyTracker, probe
+from splitserve.contracts.kit.health import DependencyTracker, Prober
 from splitserve.contracts.kit.procs import STACK_DUMP_SIGNAL, with_parent_death
 from splitserve.contracts.kit.shared_listener import (
     LISTEN_EARLY_VAR,
@@ -164,7 +164,7 @@ class Supervisor:
     def __init__(self, plan: ServePlan, run_dir: Path, env: dict[str, str],
                  printer: Callable[[str, str], None] | None = None, *,
                  infra=None, endpoints=None,
-                 prober: Callable[[str, str, float], dict[str, bool]] = probe,
+                 prober: Callable[[str, str, float], dict[str, bool]] | None = None,
                  listeners: dict[str, socket.socket] | None = None) -> None:
         self.plan = plan
         self.listeners = dict(listeners or {})
@@ -181,7 +181,7 @@ class Supervisor:
         # for external servers, which are only watched); ``endpoints`` what to probe.
         self.infra = infra
         self.endpoints = endpoints
-        self.prober = prober
+        self.prober = prober if prober is not None else Prober()
         self.deps = DependencyTracker()
         self.deps_up = asyncio.Event()
         self.deps_up.set()

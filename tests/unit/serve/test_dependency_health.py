@@ -4,9 +4,11 @@ frontend's readiness and error type during an outage, and `dynamo status`'s verd
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from socketserver import ThreadingMixIn
 
 import pytest
 from starlette.testclient import TestClient
@@ -14,7 +16,13 @@ from starlette.testclient import TestClient
 from splitserve.cli.status_cmd import dependencies_down
 from splitserve.components.frontend.app import FrontendState, build_app
 from splitserve.components.frontend.errors import overloaded
-from splitserve.contracts.kit.health import DependencyMonitor, DependencyTracker, probe_etcd, probe_nats
+from splitserve.contracts.kit.health import (
+    DependencyMonitor,
+    DependencyTracker,
+    Prober,
+    probe_etcd,
+    probe_nats,
+)
 from splitserve.contracts.kit.procs import free_port
 
 pytestmark = pytest.mark.unit
@@ -97,6 +105,78 @@ def test_probe_etcd_reads_health():
         assert not probe_etcd(f"http://127.0.0.1:{sick.server_port}")
         assert not probe_etcd(f"http://127.0.0.1:{free_port()}", timeout_s=0.3)
     finally:
+        for srv in (healthy, sick):
+            srv.shutdown()
+            srv.server_close()
+
+
+class _KeptAlive(ThreadingMixIn, HTTPServer):
+    """An etcd-like /health over HTTP/1.1 keep-alive that counts its connections; it
+    can drop every open connection (as a restarted etcd would)."""
+
+    daemon_threads = True
+
+    def __init__(self, body: bytes) -> None:
+        self.connections = 0
+        self.open: list[socket.socket] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                outer.connections += 1
+                outer.open.append(self.request)
+                super().setup()
+
+            def do_GET(self):
+                self.send_response(200 if self.path == "/health" else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        super().__init__(("127.0.0.1", 0), H)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def drop_connections(self) -> None:
+        for conn in self.open:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self.open.clear()
+
+
+def test_prober_asks_etcd_over_one_kept_connection_and_survives_its_loss():
+    srv = _KeptAlive(b'{"health":"true"}')
+    prober = Prober()
+    url = f"http://127.0.0.1:{srv.server_port}"
+    try:
+        assert all(prober.etcd(url) for _ in range(20))
+        assert srv.connections == 1
+        srv.drop_connections()  # the kept connection is gone: asked again on a new one
+        assert prober.etcd(url)
+        assert srv.connections == 2
+    finally:
+        prober.close()
+        srv.shutdown()
+        srv.server_close()
+    assert not prober.etcd(url, timeout_s=0.3)  # nothing listens: a failed probe
+
+
+def test_prober_reads_health_as_the_one_shot_probe_does():
+    healthy, sick = _etcd_like(b'{"health":"true"}'), _etcd_like(b'{"health":"false"}')
+    prober = Prober()
+    try:  # HTTP/1.0 servers close each connection: a new one per probe
+        assert prober.etcd(f"http://127.0.0.1:{healthy.server_port}")
+        assert prober.etcd(f"127.0.0.1:{healthy.server_port}")
+        assert not prober.etcd(f"http://127.0.0.1:{sick.server_port}")
+        assert prober.etcd(f"http://127.0.0.1:{healthy.server_port}")  # another address
+        assert prober(f"http://127.0.0.1:{healthy.server_port}", f"127.0.0.1:{free_port()}",
+                      0.3) == {"etcd": True, "nats": False}
+    finally:
+        prober.close()
         for srv in (healthy, sick):
             srv.shutdown()
             srv.server_close()
