@@ -15,16 +15,11 @@ from splitserve.components.engines.sglang.sections import (
     SglangDecodeWorkerConfig,
     SglangPrefillWorkerConfig,
 )
-from tests.unit.engines.upstream import sglang_module
+from tests.unit.engines.upstream import needs_sglang_module
 
 pytestmark = pytest.mark.unit
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _sglang_installed():
-    """Skips the module without SGLang.  In a fixture, not at import: importing SGLang
-    costs 8 s of CPU, and every xdist worker imports every test module to collect it."""
-    sglang_module("sglang.srt.server_args")
+_sglang_installed = needs_sglang_module("sglang.srt.server_args")
 
 EP = "tcp://127.0.0.1:5557"
 MODEL = "/models/Llama-3.1-8B-Instruct"

@@ -10,16 +10,12 @@ import pytest
 from splitserve.contracts.block_events import BlockRemoved, BlockStored
 from splitserve.components.engines.sglang.kv_relay import convert_batch
 from splitserve.components.engines.sglang.metrics import LoadTracker
-from tests.unit.engines.upstream import sglang_module, sglang_source
+from tests.unit.engines.upstream import needs_sglang_module, sglang_source
 
 pytestmark = pytest.mark.unit
 
+_sglang_installed = needs_sglang_module("sglang.srt.disaggregation.kv_events")
 
-@pytest.fixture(scope="module", autouse=True)
-def _sglang_installed():
-    """Skips the module without SGLang (in a fixture: importing SGLang at collection
-    costs every xdist worker 8 s of CPU)."""
-    sglang_module("sglang.srt.disaggregation.kv_events")
 PAGE = 4
 
 

@@ -30,16 +30,11 @@ from splitserve.contracts.block_events import BlockStored
 from splitserve.contracts.engine import GenerateParams
 from tests.fixtures.engine_doubles import BootstrapRooms, SglangEngineDouble, tokens_for
 from tests.unit.engines.adapter_helpers import collect
-from tests.unit.engines.upstream import sglang_module, sglang_source
+from tests.unit.engines.upstream import needs_sglang_module, sglang_source
 
 pytestmark = pytest.mark.unit
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _sglang_installed():
-    """Skips the module without SGLang (in a fixture: importing SGLang at collection
-    costs every xdist worker 8 s of CPU)."""
-    sglang_module("sglang.srt.server_args")
+_sglang_installed = needs_sglang_module("sglang.srt.server_args")
 
 MODEL = "/models/Llama-3.1-8B-Instruct"
 EP = "tcp://127.0.0.1:5557"

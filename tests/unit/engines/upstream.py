@@ -126,6 +126,20 @@ def sglang_module(name: str) -> ModuleType:
                     "upstream moved it", pytrace=False)
 
 
+def needs_sglang_module(name: str):
+    """A module-scoped autouse fixture that imports SGLang's module ``name`` as
+    ``sglang_module`` does (skipping the test module without SGLang, failing it when the
+    pinned release lacks ``name``).  Bound to a name in a test module instead of a call
+    at its top: importing SGLang costs 8 s of CPU, and every xdist worker imports every
+    test module to collect it."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _sglang_installed() -> None:
+        sglang_module(name)
+
+    return _sglang_installed
+
+
 def dynamo_source(rel: str) -> Source:
     """A file of Dynamo's installed worker packages, ``rel`` below ``dynamo/``
     (``sglang/shutdown.py``, ``trtllm/publisher.py``)."""
