@@ -181,6 +181,14 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
                 log.warning("aborting %d requests at shutdown failed: %s", len(self._active),
                             exc)
         ctx = _zmq_context(self._engine)
+        # vLLM's output handler reads the engine process's outputs; stopped while it
+        # waits, it logs an EngineDeadError traceback at every orderly stop.  vLLM's own
+        # server stops the engine on its event loop, where the handler cannot run before
+        # vLLM cancels it; here the stop runs in a thread, so cancel the handler first.
+        handler = getattr(self._engine, "output_handler", None)
+        if isinstance(handler, asyncio.Task) and not handler.done():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
         await asyncio.to_thread(self._engine.shutdown, self.stop_timeout_s)
         self._engine = None
         if ctx is not None and not ctx.closed:

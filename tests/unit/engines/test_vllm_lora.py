@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import logging
 import os
 import shutil
 import time
@@ -79,6 +80,15 @@ class Served:
         return self.runner.run(coro)
 
 
+class _ErrorRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, smollm2_dir):
     root = tmp_path_factory.mktemp("vllm-lora")
@@ -102,15 +112,27 @@ def served(tmp_path_factory, smollm2_dir):
     async def stop(relay):
         relay.cancel()
         await asyncio.gather(relay, return_exceptions=True)
-        await engine.shutdown()
+        # vLLM's loggers do not propagate to the root: listen where the output handler
+        # logs (it logged an EngineDeadError traceback at every stop before the engine
+        # cancelled it first)
+        errors = _ErrorRecords()
+        handler_log = logging.getLogger("vllm.v1.engine.async_llm")
+        handler_log.addHandler(errors)
+        try:
+            await engine.shutdown()
+            await asyncio.sleep(0.5)  # a worker's loop runs on after its engine stopped
+        finally:
+            handler_log.removeHandler(errors)
+        return errors.records
 
     relay = runner.run(start())
     ctx = engine._engine.engine_core.resources.ctx
     try:
         yield Served(runner, engine, base, adapter, events)
     finally:
-        runner.run(stop(relay))
+        errors = runner.run(stop(relay))
         runner.close()
+        assert not errors, [r.getMessage() for r in errors]
         # vLLM's engine client leaves its ZMQ context to the garbage collector, whose
         # ResourceWarning failed whichever later test the collection ran in: the
         # engine's shutdown destroys it
