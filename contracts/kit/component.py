@@ -132,6 +132,7 @@ class ComponentContext:
 
 
 SKIP_SGLANG_LOGGING = "DYN_SKIP_SGLANG_LOG_FORMATTING"
+SELF_HOST_METADATA = "DYN_SELF_HOST_METADATA"
 
 
 def configure_logging(component: str, replica: int, level: str) -> None:
@@ -147,6 +148,10 @@ def configure_logging(component: str, replica: int, level: str) -> None:
     # SGLang engine reads it, and that engine writes its own for its start
     # (components/engines/sglang/process.py, ``sglang_logging_config``).
     os.environ.setdefault(SKIP_SGLANG_LOGGING, "1")
+    # Dynamo's runtime would serve each registered model's metadata from the process's
+    # system port, which these processes do not open, and warns at every registration
+    # that it keeps the metadata in etcd instead: what this project does anyway.
+    os.environ.setdefault(SELF_HOST_METADATA, "0")
     from dynamo.runtime.logging import configure_dynamo_logging
 
     configure_dynamo_logging()
