@@ -361,6 +361,22 @@ def load_yaml_text(text: str) -> Any:
     return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parse error in one line, by line and column of the document
+    (``line 2, column 10: expected ',' or ']' ... (while parsing a flow sequence)``)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    def at(m) -> str:
+        return f"line {m.line + 1}, column {m.column + 1}"
+
+    context, since = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and since is not None and (since.line, since.column) != (mark.line, mark.column):
+        context = f"{context} at {at(since)}"
+    return f"{at(mark)}: {problem}" + (f" ({context})" if context else "")
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping; raise ConfigError naming the file on a parse error.
 
@@ -375,7 +391,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except IsADirectoryError:
         raise ConfigError(str(path), ["is a directory, not a config file"]) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
+        raise ConfigError(str(path), [f"not valid YAML: {yaml_problem(exc)}"]) from None
     if data is None:
         raise ConfigError(str(path), [("file is empty; give at least one section, or no "
                                        "config file to run the defaults")])

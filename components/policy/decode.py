@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from splitserve.contracts.config import yaml_problem
+
 SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 
 
@@ -51,7 +53,7 @@ def decode_text(text: str, kind: str) -> Any:
     except json.JSONDecodeError as exc:
         raise DocumentError(f"invalid JSON: {exc}") from None
     except yaml.YAMLError as exc:
-        raise DocumentError(f"invalid YAML: {exc}".replace("\n", " ")) from None
+        raise DocumentError(f"invalid YAML: {yaml_problem(exc)}") from None
 
 
 def decode_document(path: Path) -> Any:

@@ -201,7 +201,7 @@ def test_router_section_may_be_a_full_config() -> None:
 @pytest.mark.parametrize("suffix, text, message", [
     (".yaml", "cache: {reuse_prefix: true}\ncache: {reuse_prefix: false}\n", "duplicate key"),
     (".json", '{"cache": {"reuse_prefix": true, "reuse_prefix": false}}', "duplicate key"),
-    (".yaml", "cache: [unclosed\n", "invalid YAML"),
+    (".yaml", "cache: [unclosed\n", "invalid YAML: line 2, column 1: expected ',' or ']'"),
     (".json", "{", "invalid JSON"),
     (".toml", "x = 1", "unsupported file type"),
 ])

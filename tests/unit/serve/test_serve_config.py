@@ -47,7 +47,9 @@ def test_good_config_resolves_sections_and_defaults(tmp_path):
     ("Common: {restart: {max_restarts: x}}\n", "Common.restart.max_restarts: Input should be a valid integer"),
     ("EchoWorker: [1, 2]\n", "EchoWorker: must be a mapping"),
     ("- a\n- b\n", "top level must be a mapping"),
-    ("EchoWorker: {replicas: 1\n", "not valid YAML"),
+    ("EchoWorker: {replicas: 1\n", "not valid YAML: line 2, column 1: expected ',' or '}'"),
+    ("EchoWorker: [1, 2\n", "(while parsing a flow sequence at line 1, column 13)"),
+    ("EchoWorker:\n\treplicas: 1\n", "line 2, column 1: found character '\\t'"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, text, expected):
     with pytest.raises(ConfigError) as info:
@@ -55,6 +57,7 @@ def test_bad_config_names_file_and_field(tmp_path, text, expected):
     msg = str(info.value)
     assert str(tmp_path / "cfg.yaml") in msg
     assert expected in msg
+    assert "<unicode string>" not in msg  # where in the file, not PyYAML's name for it
 
 
 def test_all_errors_reported_together(tmp_path):
