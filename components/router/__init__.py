@@ -21,7 +21,7 @@ from .core import (
                      build_router,
                      clamp_score,
 )
-from .explain import decision_table, format_decision
+from .explain import decision_table, format_decision, worker_label
 from .protocols import Filter, FilterResult, Picker, PluginKind, Scorer
 from .registry import PluginRegistry, PluginType, default_registry
 from .tracker import RecentPrefixTracker
@@ -41,6 +41,6 @@ __all__ = [
     "RecentPrefixTracker", "RouteRequest", "Router", "RouterConfig", "SchedulingProfile",
     "SchedulingProfileSpec", "Scorer", "ScorerBreakdown", "Snapshot", "WeightedScorer",
     "WorkerId", "WorkerState", "build_router", "check_router_config", "clamp_score",
-    "decision_table", "default_registry", "format_decision", "load_router_config_file",
+    "decision_table", "default_registry", "format_decision", "worker_label", "load_router_config_file",
     "parse_router_config",
 ]

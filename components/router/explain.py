@@ -21,7 +21,7 @@ def decision_table(decision: Decision) -> Table:
     """Return a rich table: one row per worker considered, one column per scorer.
 
     Candidates are listed by total score (best first), then removed workers with the filter
-    and reason that removed them.  Scorer cells read ``raw -> weighted``.  With the KV
+    and reason that removed them; workers by ``worker_label``.  Scorer cells read ``raw -> weighted``.  With the KV
     tiers' view (``Decision.tier_hits``), a column gives each candidate's prefix hit in
     blocks per tier, ``device / host / disk``.
     """
@@ -41,12 +41,18 @@ def decision_table(decision: Decision) -> Table:
         cells = [f"{b.raw[worker]:.3f} -> {b.weighted[worker]:.3f}" for b in decision.scorers]
         if tiers:
             cells.insert(0, tier_cell(decision.tier_hits.get(worker, {})))
-        table.add_row(str(worker), status, *cells, f"{decision.totals[worker]:.3f}")
+        table.add_row(worker_label(worker), status, *cells, f"{decision.totals[worker]:.3f}")
     blanks = [""] * (len(decision.scorers) + tiers)
     for removal in decision.removed:
-        table.add_row(str(removal.worker_id), f"removed by {removal.plugin}: {removal.reason}",
+        table.add_row(worker_label(removal.worker_id), f"removed by {removal.plugin}: {removal.reason}",
                       *blanks, "")
     return table
+
+
+def worker_label(worker: int) -> str:
+    """A worker's id as ``dynamo status``, the metrics' ``worker`` label and the trace
+    attributes write it: lower-case hex, no prefix."""
+    return f"{worker:x}"
 
 
 def tier_cell(hits: dict[str, int]) -> str:
@@ -55,7 +61,7 @@ def tier_cell(hits: dict[str, int]) -> str:
 
 
 def _footer(decision: Decision) -> Text:
-    chosen = "none" if decision.worker_id is None else str(decision.worker_id)
+    chosen = "none" if decision.worker_id is None else worker_label(decision.worker_id)
     lines = [f"chosen: {chosen} ({decision.reason})"]
     lines += [f"note from {plugin}: {note}" for plugin, note in decision.notes.items()]
     if decision.elapsed_ns:

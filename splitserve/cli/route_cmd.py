@@ -12,6 +12,7 @@ from rich.console import Console
 
 from splitserve.cli.paths import state_root
 from splitserve.cli.status_cmd import local_supervisors
+from splitserve.cli.stderr_filter import without_request_spans
 from splitserve.contracts.kit.connect import EtcdAccess, NatsAccess, split_credentials
 
 app = typer.Typer(help="Inspect routing decisions of a running graph.", no_args_is_help=True)
@@ -230,8 +231,9 @@ def explain(
     ids = codec.chat_ids([{"role": m.get("role", "user"), "content": m.get("content", "")}
                           for m in msgs])
     try:
-        reply = asyncio.run(_explain(etcd, nats, namespace or "dynamo", ids, priority,
-                                     timeout_s, lora))
+        with without_request_spans():
+            reply = asyncio.run(_explain(etcd, nats, namespace or "dynamo", ids, priority,
+                                         timeout_s, lora))
     except NoAnswer as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
         raise typer.Exit(1) from None
@@ -247,13 +249,13 @@ def explain(
         typer.echo(json.dumps({"model": name, "lora": lora, "namespace": namespace,
                                "prompt_tokens": len(ids), **reply}, indent=2))
         return
-    from splitserve.components.router import Decision, format_decision
+    from splitserve.components.router import Decision, format_decision, worker_label
 
     adapter = f", adapter {lora}" if lora else ""
     Console().print(f"model {name or '?'}{adapter} (namespace {namespace})  prompt tokens: "
                     f"{len(ids)}"
                     "  →  worker "
-                    f"{reply['worker_id'] if reply['worker_id'] is None else hex(reply['worker_id'])}"
+                    f"{'none' if reply['worker_id'] is None else worker_label(reply['worker_id'])}"
                     f"  ({reply['reason']})", highlight=False)
     if reply.get("decision"):
         typer.echo(format_decision(Decision.model_validate(reply["decision"])))

@@ -199,8 +199,8 @@ def test_explain_shows_hits_per_tier_for_each_candidate():
     text = format_decision(explain(svc), width=200)
     assert "hit blocks device/host/disk" in text
     row = {line.split("│")[1].strip(): line for line in text.splitlines()
-           if line.count("│") > 3 and line.split("│")[1].strip() in ("10", "11")}
-    assert "1 / 1 / 1" in row[str(A)] and "0 / 0 / 2" in row[str(B)]
+           if line.count("│") > 3 and line.split("│")[1].strip() in (f"{A:x}", f"{B:x}")}
+    assert "1 / 1 / 1" in row[f"{A:x}"] and "0 / 0 / 2" in row[f"{B:x}"]
     # the decision travels as JSON (`dynamo route explain` renders it from the reply)
     again = Decision.model_validate_json(explain(svc).to_json())
     assert again.tier_hits == {A: {"device": 1, "host": 1, "disk": 1},
