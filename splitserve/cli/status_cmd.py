@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import urllib.error
 import urllib.request
 
@@ -157,12 +158,18 @@ def status(
         raise typer.Exit(3)
 
 
+def _console() -> Console:
+    """A terminal's width; piped (``dynamo status | grep``), the tables' own width, so no
+    value is wrapped over two lines (rich would assume 80 columns)."""
+    return Console() if sys.stdout.isatty() else Console(width=1000)
+
+
 def _print(report: dict, unreachable: list[str]) -> None:
-    console = Console()
+    console = _console()
     for s in report["supervisors"]:
         t = Table(title=f"dynamo serve {s['graph']} (pid {s['pid']}, control {s['control']})")
         for col in ("component", "replica", "model", "pid", "state", "endpoint", "restarts"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")  # a narrow console wraps a value, never cuts it
         for r in s["replicas"] or []:
             t.add_row(r["component"], str(r["replica"]), r.get("model") or "-", str(r["pid"]),
                       r["state"], r["endpoint"] or "-", str(r["restarts"]))
@@ -172,7 +179,7 @@ def _print(report: dict, unreachable: list[str]) -> None:
         adapters = any(r.get("loras") for r in rows)
         for col in ("namespace", "component", "endpoint", "instance", "address",
                     *(("LoRA adapters",) if adapters else ())):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for r in rows:
             iid = r["instance_id"]
             shown = ", ".join(n if s == "loaded" else f"{n} ({s})"

@@ -1,0 +1,32 @@
+"""`dynamo status` piped into another command prints every value whole: no column is
+cut to fit an assumed 80-column terminal."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitserve.cli import status_cmd
+
+pytestmark = pytest.mark.unit
+
+MODEL = "org/a-model-name-long-enough-to-need-a-wide-column-Instruct"
+ENDPOINT = "dynamo.decodeworker_decode.generate"
+
+
+def test_piped_tables_keep_every_value_whole(capsys):
+    report = {
+        "supervisors": [{"graph": "graphs.agg:Frontend", "pid": 1, "control": "http://127.0.0.1:1",
+                         "replicas": [{"component": "DecodeWorker", "replica": 0, "model": MODEL,
+                                       "pid": 4242, "state": "ready", "endpoint": ENDPOINT,
+                                       "restarts": 0}],
+                         "dependencies_down": []}],
+        "etcd": {"http://127.0.0.1:2379": [
+            {"namespace": "dynamo", "component": "decodeworker", "endpoint": "generate",
+             "instance_id": 0x1782A23580DFF964, "address": "127.0.0.1:39657"}]},
+    }
+    status_cmd._print(report, [])
+    out = capsys.readouterr().out
+    assert "…" not in out
+    rows = [line for line in out.splitlines() if "│" in line]
+    assert any(MODEL in r and ENDPOINT in r for r in rows), out
+    assert any("1782a23580dff964" in r and "127.0.0.1:39657" in r for r in rows), out
