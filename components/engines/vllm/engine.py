@@ -221,7 +221,7 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
             # this stream does not hold the adapter.
             with self._lora.using(params.lora) as lora:
                 async for out in self._engine.generate(
-                        prompt(params), sp, **generate_kwargs(request_id, params, lora)):
+                        self._input(params), sp, **generate_kwargs(request_id, params, lora)):
                     delta = to_delta(out, params.logprobs or 0, params.prompt_logprobs or 0)
                     if delta.finished:
                         final = delta
@@ -239,6 +239,18 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
                 except Exception as exc:  # noqa: BLE001 - finished or unknown: nothing to free
                     log.debug("abort of %s in vLLM failed: %s", request_id, exc)
 
+    def _input(self, params: GenerateParams) -> Any:
+        """vLLM's engine input for the request's token ids, made by the engine's own
+        renderer (what vLLM's server hands ``generate``).  A raw prompt still works in
+        this vLLM but is deprecated there and logged as such; an engine without a
+        renderer (an older vLLM) takes the raw prompt."""
+        renderer = getattr(self._engine, "renderer", None)
+        if renderer is None or not hasattr(renderer, "render_cmpl"):
+            return prompt(params)
+        (engine_input,) = renderer.render_cmpl([prompt(params)],
+                                               renderer.default_cmpl_tok_params)
+        return engine_input
+
     def generate(self, request_id: str, params: GenerateParams) -> AsyncIterator[TokenDelta]:
         """Aggregated: the whole request on this engine, streamed as deltas."""
         return self._stream(request_id, params, sampling_params(params))
@@ -255,7 +267,7 @@ class VllmEngine(WithoutPrefixLookup, WithoutHandoffFirst, WithoutKvPush, Withou
         cached = 0
         last = None
         with self._lora.using(params.lora) as lora:
-            async for out in self._engine.generate(prompt(params), sp,
+            async for out in self._engine.generate(self._input(params), sp,
                                                    **generate_kwargs(request_id, params, lora)):
                 last = out
                 tokens += list(out.outputs[0].token_ids) if out.outputs else []

@@ -160,6 +160,28 @@ def test_adapter_output_equals_peft_and_differs_from_the_base(served):
     assert with_adapter != base
 
 
+def test_requests_reach_vllm_as_its_renderer_makes_them(served):
+    """Not the raw prompt vLLM deprecates (and logs, once per process): the engine input
+    its own renderer makes, with the prompt's ids unchanged."""
+    e = served.engine
+    seen = []
+    generate = e._engine.generate
+
+    def recording(engine_input, *args, **kwargs):
+        seen.append(engine_input)
+        return generate(engine_input, *args, **kwargs)
+
+    e._engine.generate = recording
+    try:
+        out = served.run(collect(e.generate("rendered", PROMPT)))
+    finally:
+        del e._engine.generate
+    assert out == peft_greedy(served.base, None, PROMPT.token_ids, PROMPT.max_tokens)
+    assert len(seen) == 1 and isinstance(seen[0], dict)
+    assert seen[0]["type"] == "token"
+    assert list(seen[0]["prompt_token_ids"]) == list(PROMPT.token_ids)
+
+
 def test_loading_the_same_adapter_again_is_a_no_op_and_a_name_keeps_its_path(served, tmp_path):
     e = served.engine
     served.run(e.load_lora(NAME, str(served.adapter)))
