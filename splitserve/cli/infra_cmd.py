@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from splitserve.cli.console import cli_console
 from splitserve.cli.paths import dev_infra_dir, state_root
 from splitserve.infra.embedded import EmbeddedInfra, InfraEndpoints, InfraStartError, check_health
 from splitserve.contracts.kit.procs import kill_pid, pid_alive
@@ -101,6 +102,6 @@ def status(state_dir: str | None = STATE_DIR,
             pid = state["pids"].get(name) if state else None
             ep = state["endpoints"][name] if state else "-"
             t.add_row(name, str(pid or "-"), ep, "yes" if health[name] else "no")
-        Console().print(t)
+        cli_console().print(t)
     if not all(health.values()):
         raise typer.Exit(1)

@@ -17,9 +17,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from splitserve.cli.console import cli_console
 from splitserve.cli.paths import state_root
 from splitserve.cli.status_cmd import fetch_text, local_supervisors, replica_metrics_url
 from splitserve.contracts import prometheus
@@ -208,7 +208,7 @@ def calibration(
 
 def _print(out: dict, by: str | None) -> None:
     """The human form of ``calibration``'s summary."""
-    console = Console()
+    console = cli_console()
     table = Table(title="admission outcomes")
     table.add_column("outcome")
     table.add_column("requests", justify="right")

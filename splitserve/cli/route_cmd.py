@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from splitserve.cli.console import cli_console
 from splitserve.cli.paths import state_root
 from splitserve.cli.status_cmd import local_supervisors
 from splitserve.cli.stderr_filter import without_request_spans
@@ -252,24 +253,25 @@ def explain(
     from splitserve.components.router import Decision, format_decision, worker_label
 
     adapter = f", adapter {lora}" if lora else ""
-    Console().print(f"model {name or '?'}{adapter} (namespace {namespace})  prompt tokens: "
+    cli_console().print(f"model {name or '?'}{adapter} (namespace {namespace})  prompt tokens: "
                     f"{len(ids)}"
                     "  →  worker "
                     f"{'none' if reply['worker_id'] is None else worker_label(reply['worker_id'])}"
                     f"  ({reply['reason']})", highlight=False)
     if reply.get("decision"):
-        typer.echo(format_decision(Decision.model_validate(reply["decision"])))
+        typer.echo(format_decision(Decision.model_validate(reply["decision"]),
+                                   width=max(120, cli_console().width)))
     off = reply.get("offload")
     if off:
         d, r, snap = off["decision"], off["request"], off["snapshot"]
         where = "REMOTE prefill" if d["remote"] else "LOCAL prefill"
         score = f", score {d['score']:.2f}" if d.get("score") is not None else ""
-        Console().print(f"offload decision on the decode worker: {where} ({d['reason']}"
+        cli_console().print(f"offload decision on the decode worker: {where} ({d['reason']}"
                         f"{score})", highlight=False)
-        Console().print(f"  prompt {r['prompt_length']} tokens, cached on worker "
+        cli_console().print(f"  prompt {r['prompt_length']} tokens, cached on worker "
                         f"{r['prefix_cached_length']}, prefill queue {snap['prefill_queue_depth']}"
                         f", decode active {snap['decode_active_requests']}, kv usage "
                         f"{snap['decode_kv_usage']:.0%}, prefill workers "
                         f"{snap['live_prefill_workers']}", highlight=False)
         for metric, contribution in (d.get("contributions") or {}).items():
-            Console().print(f"  {metric}: {contribution:+.2f}", highlight=False)
+            cli_console().print(f"  {metric}: {contribution:+.2f}", highlight=False)

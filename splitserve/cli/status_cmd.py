@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import sys
 import urllib.error
 import urllib.request
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
+
+from splitserve.cli.console import cli_console
 
 from splitserve.cli.paths import dev_infra_dir, registry_dir, state_root
 from splitserve.components.worker.latency_metrics import COMPUTE, ITL, QUEUE_WAIT, TRANSFER, TTFT
@@ -158,14 +158,8 @@ def status(
         raise typer.Exit(3)
 
 
-def _console() -> Console:
-    """A terminal's width; piped (``dynamo status | grep``), the tables' own width, so no
-    value is wrapped over two lines (rich would assume 80 columns)."""
-    return Console() if sys.stdout.isatty() else Console(width=1000)
-
-
 def _print(report: dict, unreachable: list[str]) -> None:
-    console = _console()
+    console = cli_console()
     for s in report["supervisors"]:
         t = Table(title=f"dynamo serve {s['graph']} (pid {s['pid']}, control {s['control']})")
         for col in ("component", "replica", "model", "pid", "state", "endpoint", "restarts"):
@@ -359,7 +353,7 @@ def _stage_table(title: str, heads: tuple[str, ...], groups: list[tuple[tuple[st
 
 
 def _print_latency(out: dict) -> None:
-    console = Console()
+    console = cli_console()
     if out["pools"]:
         console.print(_stage_table("latency by pool", ("pool", "model"), [
             ((r["pool"], r["model"]), r) for r in out["pools"]], POOL_STAGES))

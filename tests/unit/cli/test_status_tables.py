@@ -1,11 +1,13 @@
-"""`dynamo status` piped into another command prints every value whole: no column is
-cut to fit an assumed 80-column terminal."""
+"""The CLI's tables piped into another command print every value whole: no column is
+cut to fit an assumed 80-column terminal (`dynamo status`; every command prints on
+``cli_console``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from splitserve.cli import status_cmd
+from splitserve.cli.console import PIPED_WIDTH, cli_console
 
 pytestmark = pytest.mark.unit
 
@@ -30,3 +32,11 @@ def test_piped_tables_keep_every_value_whole(capsys):
     rows = [line for line in out.splitlines() if "│" in line]
     assert any(MODEL in r and ENDPOINT in r for r in rows), out
     assert any("1782a23580dff964" in r and "127.0.0.1:39657" in r for r in rows), out
+
+
+def test_the_cli_console_is_wide_only_when_piped(monkeypatch):
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)
+    assert cli_console().width == PIPED_WIDTH
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    monkeypatch.setenv("COLUMNS", "97")
+    assert cli_console().width == 97
