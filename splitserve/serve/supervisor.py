@@ -55,9 +55,24 @@ _YIELD_EVERY = 64
 LEASE_LOST_GRACE_S = 3.0
 
 
-def console_worthy(raw: bytes, verbose: bool) -> bool:
-    """Whether a child's log line is shown on the console (all are kept in its log file)."""
-    return verbose or not all(marker in raw for marker in _CONSOLE_NOISE)
+# What Dynamo 1.6.1's runtime logs while a process it runs in stops: its clients' etcd
+# watches end before the runtime's last task (WARN, and in some processes one ERROR) and
+# a served endpoint's loop returns (WARN).  Expected then, so kept off the console of a
+# replica being stopped (its log file keeps them); at any other time they are shown.
+_STOP_NOISE = (b"Instance removal watcher stream ended",
+               b"Failed to start instance removal watcher",
+               b"Endpoint service completed unexpectedly",
+               b"KeyValueStoreManager.watch receiver closed")
+
+
+def console_worthy(raw: bytes, verbose: bool, stopping: bool = False) -> bool:
+    """Whether a child's log line is shown on the console (all are kept in its log file);
+    ``stopping``: the replica is being stopped (the graph's stop or a scale-down)."""
+    if verbose:
+        return True
+    if stopping and any(marker in raw for marker in _STOP_NOISE):
+        return False
+    return not all(marker in raw for marker in _CONSOLE_NOISE)
 
 
 STACK_DUMP_WAIT_S = 1.0
@@ -258,7 +273,9 @@ class Supervisor:
                 f.write(raw)
                 if LEASE_LOST in raw:
                     rep.lease_lost = True
-                if console_worthy(raw, verbose):
+                stopping = (self.stop_requested.is_set() or rep.retiring
+                            or rep.state == "stopping")
+                if console_worthy(raw, verbose, stopping):
                     self.printer(rep.name, raw.decode(errors="replace").rstrip())
                 lines += 1
                 if lines % _YIELD_EVERY == 0:

@@ -94,3 +94,18 @@ def test_console_filter_drops_only_per_request_span_noise():
     assert console_worthy(noise, verbose=True)
     assert console_worthy(b"WARN route request failed\n", verbose=False)
     assert console_worthy(b"12:00:00 INFO splitserve.router: routing\n", verbose=False)
+
+
+def test_console_filter_drops_dynamos_stop_noise_only_while_the_replica_stops():
+    from splitserve.serve.supervisor import console_worthy
+
+    noise = [b"WARN dynamo_runtime::pipeline::network::egress::push_router: Instance removal "
+             b"watcher stream ended; reconnecting endpoint=generate\n",
+             b"WARN dynamo_llm::entrypoint::input::endpoint: Endpoint service completed "
+             b"unexpectedly for endpoint: dyn://dynamo.worker.generate\n",
+             b"ERROR dynamo_runtime::storage::kv: KeyValueStoreManager.watch receiver closed\n"]
+    for line in noise:
+        assert not console_worthy(line, verbose=False, stopping=True)
+        assert console_worthy(line, verbose=False)  # while serving it may mean something
+        assert console_worthy(line, verbose=True, stopping=True)
+    assert console_worthy(b"ERROR splitserve.worker: drain failed\n", verbose=False, stopping=True)
