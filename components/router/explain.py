@@ -21,8 +21,8 @@ def decision_table(decision: Decision) -> Table:
     """Return a rich table: one row per worker considered, one column per scorer.
 
     Candidates are listed by total score (best first), then removed workers with the filter
-    and reason that removed them; workers by ``worker_label``.  Scorer cells read ``raw -> weighted``.  With the KV
-    tiers' view (``Decision.tier_hits``), a column gives each candidate's prefix hit in
+    and reason that removed them, each named by ``worker_label``.  Scorer cells read
+    ``raw -> weighted``.  With the KV tiers' view (``Decision.tier_hits``), a column gives each candidate's prefix hit in
     blocks per tier, ``device / host / disk``.
     """
     adapter = f" / adapter {decision.lora}" if decision.lora is not None else ""
@@ -44,8 +44,8 @@ def decision_table(decision: Decision) -> Table:
         table.add_row(worker_label(worker), status, *cells, f"{decision.totals[worker]:.3f}")
     blanks = [""] * (len(decision.scorers) + tiers)
     for removal in decision.removed:
-        table.add_row(worker_label(removal.worker_id), f"removed by {removal.plugin}: {removal.reason}",
-                      *blanks, "")
+        table.add_row(worker_label(removal.worker_id),
+                      f"removed by {removal.plugin}: {removal.reason}", *blanks, "")
     return table
 
 
@@ -87,7 +87,7 @@ def routing_attributes(decision: Decision) -> dict[str, Any]:
         "splitserve.route.profile": decision.profile, "splitserve.route.reason":
         decision.reason, "splitserve.route.candidates": len(decision.candidates),
         "splitserve.route.removed": len(decision.removed),
-        "splitserve.worker_id": f"{wid:x}" if wid is not None else None}
+        "splitserve.worker_id": worker_label(wid) if wid is not None else None}
     if wid is not None:
         attrs["splitserve.route.total"] = decision.totals.get(wid)
         for b in decision.scorers:

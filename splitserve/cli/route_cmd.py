@@ -252,26 +252,25 @@ def explain(
         return
     from splitserve.components.router import Decision, format_decision, worker_label
 
+    console = cli_console()
     adapter = f", adapter {lora}" if lora else ""
-    cli_console().print(f"model {name or '?'}{adapter} (namespace {namespace})  prompt tokens: "
-                    f"{len(ids)}"
-                    "  →  worker "
-                    f"{'none' if reply['worker_id'] is None else worker_label(reply['worker_id'])}"
-                    f"  ({reply['reason']})", highlight=False)
+    picked = "none" if reply["worker_id"] is None else worker_label(reply["worker_id"])
+    console.print(f"model {name or '?'}{adapter} (namespace {namespace})  prompt tokens: "
+                  f"{len(ids)}  →  worker {picked}  ({reply['reason']})", highlight=False)
     if reply.get("decision"):
         typer.echo(format_decision(Decision.model_validate(reply["decision"]),
-                                   width=max(120, cli_console().width)))
+                                   width=max(120, console.width)))
     off = reply.get("offload")
     if off:
         d, r, snap = off["decision"], off["request"], off["snapshot"]
         where = "REMOTE prefill" if d["remote"] else "LOCAL prefill"
         score = f", score {d['score']:.2f}" if d.get("score") is not None else ""
-        cli_console().print(f"offload decision on the decode worker: {where} ({d['reason']}"
-                        f"{score})", highlight=False)
-        cli_console().print(f"  prompt {r['prompt_length']} tokens, cached on worker "
-                        f"{r['prefix_cached_length']}, prefill queue {snap['prefill_queue_depth']}"
-                        f", decode active {snap['decode_active_requests']}, kv usage "
-                        f"{snap['decode_kv_usage']:.0%}, prefill workers "
-                        f"{snap['live_prefill_workers']}", highlight=False)
+        console.print(f"offload decision on the decode worker: {where} ({d['reason']}"
+                      f"{score})", highlight=False)
+        console.print(f"  prompt {r['prompt_length']} tokens, cached on worker "
+                      f"{r['prefix_cached_length']}, prefill queue {snap['prefill_queue_depth']}"
+                      f", decode active {snap['decode_active_requests']}, kv usage "
+                      f"{snap['decode_kv_usage']:.0%}, prefill workers "
+                      f"{snap['live_prefill_workers']}", highlight=False)
         for metric, contribution in (d.get("contributions") or {}).items():
-            cli_console().print(f"  {metric}: {contribution:+.2f}", highlight=False)
+            console.print(f"  {metric}: {contribution:+.2f}", highlight=False)

@@ -13,7 +13,6 @@ from rich import box
 from rich.table import Table
 
 from splitserve.cli.console import cli_console
-
 from splitserve.cli.paths import dev_infra_dir, registry_dir, state_root
 from splitserve.components.worker.latency_metrics import COMPUTE, ITL, QUEUE_WAIT, TRANSFER, TTFT
 from splitserve.contracts import prometheus
