@@ -19,6 +19,8 @@ import ast
 import functools
 import gc
 import importlib.util
+import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +202,23 @@ class LoadedFormat:
         return self.parser_cls(self.tokenizer, tools)
 
 
+VLLM_LEVEL_VAR = "VLLM_LOGGING_LEVEL"
+
+
+def quiet_engine_logs() -> None:
+    """Keep vLLM's notes about an engine from the log of a process that runs none.
+
+    Imported for its parsers, vLLM says which kernels it will use (``Triton is
+    installed, but doesn't include CPU backend. Disabling Triton.`` and two INFO lines
+    on every CPU machine) and, for each parser made, that auto tool choice is on.  Here
+    vLLM logs warnings and errors only, its kernel-backend notes none, unless
+    ``VLLM_LOGGING_LEVEL`` names a level (which then applies as set)."""
+    if os.environ.get(VLLM_LEVEL_VAR):
+        return
+    logging.getLogger("vllm").setLevel(logging.WARNING)
+    logging.getLogger("vllm.triton_utils.importing").setLevel(logging.ERROR)
+
+
 def imported() -> bool:
     """Whether vLLM's parsers are imported (``load`` then takes milliseconds)."""
     return _loaded.cache_info().currsize > 0
@@ -213,6 +232,8 @@ def load(tool: str | None, reasoning: str | None, tokenizer: Any) -> LoadedForma
         return None
     with _LOAD:
         first = _loaded.cache_info().currsize == 0
+        if first:
+            quiet_engine_logs()
         loaded = _loaded(tool, reasoning, tokenizer)
         if first:
             # vLLM brought torch and some million objects that live as long as the

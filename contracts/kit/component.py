@@ -133,6 +133,11 @@ class ComponentContext:
 
 SKIP_SGLANG_LOGGING = "DYN_SKIP_SGLANG_LOG_FORMATTING"
 SELF_HOST_METADATA = "DYN_SELF_HOST_METADATA"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_DATEFMT = "%H:%M:%S"
+ENGINE_LOGGERS = ("vllm", "gpu_memory_service")
+"""Loggers Dynamo's logging setup gives a stderr handler of their own (vLLM's level is
+``VLLM_LOGGING_LEVEL``'s, apart from ``DYN_LOG``)."""
 
 
 def configure_logging(component: str, replica: int, level: str) -> None:
@@ -155,9 +160,15 @@ def configure_logging(component: str, replica: int, level: str) -> None:
     from dynamo.runtime.logging import configure_dynamo_logging
 
     configure_dynamo_logging()
-    logging.basicConfig(level=level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S", force=True)
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, datefmt=LOG_DATEFMT,
+                        force=True)
+    # Dynamo formats vLLM's records with ANSI colours and its own timestamps, also into
+    # the replica's log file and through the supervisor's pipe: the same one-line
+    # format as every other line instead (the handler and its level are kept).
+    plain = logging.Formatter(LOG_FORMAT, datefmt=LOG_DATEFMT)
+    for name in ENGINE_LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            handler.setFormatter(plain)
 
 
 def load_run_config(argv: list[str] | None = None) -> ComponentRunConfig:
