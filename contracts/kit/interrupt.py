@@ -33,9 +33,10 @@ class Interrupted(Exception):
 class Interruptible:
     """The await of one task at a time that a callback may end (see the module)."""
 
-    __slots__ = ("_fired", "_task", "_waiting")
+    __slots__ = ("_fired", "_loop", "_task", "_waiting")
 
     def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._waiting = False
         self._fired = False
@@ -46,8 +47,14 @@ class Interruptible:
 
     async def wait(self, aw: Awaitable[T]) -> T:
         # The waiting task, each time: a stream's first item may be awaited by a
-        # request's handler and the rest by the task that writes the response.
-        self._task = asyncio.current_task()
+        # request's handler and the rest by the task that writes the response.  Asked of
+        # the loop found at the first wait: without it, Python 3.11 finds the running
+        # loop anew at every call, a getpid() system call each, twice per token where
+        # two limits nest.
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task(loop)
         self._waiting = True
         try:
             value = await aw

@@ -114,3 +114,25 @@ def test_a_deadline_whose_wait_swallows_the_expiry_raises_and_leaves_no_cancel(l
         return value
 
     assert run(main(), loop_kind) == "next"
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_the_task_waiting_now_is_the_one_interrupted(loop_kind):
+    """A stream's first item is awaited by a request's handler and the rest by the task
+    writing the response: an interrupt reaches whichever task waits at that moment."""
+    async def main():
+        guard = Interruptible()
+        assert await guard.wait(asyncio.sleep(0, "first")) == "first"  # this task
+
+        async def writer():
+            asyncio.get_running_loop().call_later(0.02, guard.interrupt)
+            try:
+                await guard.wait(asyncio.sleep(10))
+            except Interrupted:
+                return "interrupted"
+
+        other = asyncio.create_task(writer())
+        result = await asyncio.wait_for(other, 5)
+        return result, asyncio.current_task().cancelling(), other.cancelling()
+
+    assert run(main(), loop_kind) == ("interrupted", 0, 0)
