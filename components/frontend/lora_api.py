@@ -1,7 +1,10 @@
 """Loading and unloading LoRA adapters over HTTP, as vLLM's server does it.
 
 - ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path", "base_model"?}``: the
-  directory is checked (it exists and holds ``adapter_config.json``), the adapter's
+  directory is checked (it exists and holds ``adapter_config.json``); without
+  ``base_model`` the adapter goes on the served model its config names as its base
+  (``base_model_name_or_path``: that model's directory or hub id, or its served name),
+  else on the graph's first model; the adapter's
   record is written to etcd, and the answer waits (``Frontend.lora_load_timeout_s``)
   until a worker of the base model reports it loaded (200), every worker reports why
   it cannot (400 naming the reasons; the record is removed again), or time runs out
@@ -40,7 +43,7 @@ from splitserve.contracts.kit.waiting import poll_until
 
 from .errors import APIError, bad_request, service_unavailable
 from .intake import check_content_type, read_body
-from .state import FrontendState
+from .state import FrontendState, ModelLane
 
 MAX_BODY = 64 * 1024
 UNLOAD_WAIT_S = 5.0
@@ -92,9 +95,10 @@ def _text(body: dict[str, Any], field: str, required: bool = True) -> str | None
     return value
 
 
-def check_adapter_dir(path: str) -> str:
-    """The adapter directory as an absolute path; 400 naming what is wrong with it (the
-    workers read the same path, so a relative one is made absolute here)."""
+def check_adapter_dir(path: str) -> tuple[str, dict[str, Any]]:
+    """The adapter directory as an absolute path, and its parsed config; 400 naming what
+    is wrong with it (the workers read the same path, so a relative one is made absolute
+    here)."""
     full = Path(os.path.abspath(os.path.expanduser(path)))
     config = full / ADAPTER_CONFIG
     if not full.is_dir():
@@ -111,7 +115,33 @@ def check_adapter_dir(path: str) -> str:
     if not isinstance(parsed, dict):
         raise bad_request(f"lora_path {path!r}: {ADAPTER_CONFIG} is not a JSON object",
                           "lora_path", "invalid_lora_path")
-    return str(full)
+    return str(full), parsed
+
+
+def _same_model(named: str, source: str) -> bool:
+    """Whether an adapter's ``base_model_name_or_path`` names the model ``source`` (a
+    pool's ``Common.model``): the same directory, or the same hub id."""
+    if not named or not source:
+        return False
+    if named == source:
+        return True
+    if os.path.isdir(named) and os.path.isdir(source):
+        return os.path.realpath(named) == os.path.realpath(source)
+    return False
+
+
+def default_base(lanes: list[ModelLane], config: dict[str, Any]) -> ModelLane:
+    """The served model an adapter is loaded on when the request names none: the one whose
+    directory or hub id the adapter's config names (``base_model_name_or_path``, as
+    PEFT writes it) or whose served name it is, when exactly one is; else the graph's
+    first model."""
+    named = config.get("base_model_name_or_path")
+    if isinstance(named, str) and named:
+        found = [lane for lane in lanes
+                 if _same_model(named, lane.source) or named == lane.name]
+        if len(found) == 1:
+            return found[0]
+    return lanes[0]
 
 
 def _workers(view: LoraView, name: str) -> dict[str, dict[str, str]]:
@@ -140,12 +170,14 @@ async def _load(state: FrontendState, body: dict[str, Any]) -> Response:
     if name in lanes:
         raise bad_request(f"lora_name: '{name}' is a served model's name", "lora_name",
                           "invalid_value")
-    base_name = _text(body, "base_model", required=False) or state.model_name
-    base = lanes.get(base_name)
-    if base is None:
+    base_name = _text(body, "base_model", required=False)
+    base = None if base_name is None else lanes.get(base_name)
+    if base_name is not None and base is None:
         raise bad_request(f"base_model: '{base_name}' is not served here (served: "
                           f"{', '.join(lanes)})", "base_model", "model_not_found")
-    path = check_adapter_dir(_text(body, "lora_path"))
+    path, config = check_adapter_dir(_text(body, "lora_path"))
+    if base is None:
+        base = default_base(list(lanes.values()), config)
     existing = state.adapters.find(name)
     if existing is not None:
         namespace, record = existing

@@ -65,7 +65,8 @@ async def main(ctx: ComponentContext) -> None:
                           engines=graph_engines(ctx.run),
                           tool_call_parser=cfg.tool_call_parser,
                           reasoning_parser=cfg.reasoning_parser,
-                          namespace=ctx.namespace, adapters=adapters,
+                          namespace=ctx.namespace, model_source=ctx.run.common.model,
+                          adapters=adapters,
                           lora_load_timeout_s=cfg.lora_load_timeout_s,
                           **_adapter_management())
     limits = HttpLimits(header_timeout_s=cfg.header_timeout_s,
@@ -222,7 +223,8 @@ async def _pool_lane(ctx: ComponentContext, cfg: FrontendConfig, pool: str, comm
     ctx.report("loading", detail=f"loading the tokenizer of {common.served_model_name}")
     lane = ModelLane(common.served_model_name,
                      await _backend(ctx, cfg, common.namespace, backend_metrics, watches,
-                                    adapters), namespace=common.namespace)
+                                    adapters), namespace=common.namespace,
+                     source=common.model)
     lane.codec = await asyncio.to_thread(_load_codec, None, common.model,
                                          common.effective_context_length(), cfg.tokenizer)
     await asyncio.to_thread(_choose_formats, lane, None, None)

@@ -36,6 +36,9 @@ class ModelLane:
     """The adapter this lane serves (``name``), on the workers of ``base``."""
     base: str = ""
     """The served model whose workers serve it: its adapter's base ("": ``name``)."""
+    source: str = ""
+    """What its pool's config names as the model (``Common.model``: a directory or a
+    hub id); a LoRA adapter's config names its base the same way."""
 
     @property
     def base_model(self) -> str:
@@ -89,6 +92,8 @@ class FrontendState:
     (``model_name``, ``codec``, ``backend``, the parsers) are the first model's."""
     namespace: str = ""
     """The first model's Dynamo namespace."""
+    model_source: str = ""
+    """The first model as its config names it (``Common.model``)."""
     adapters: AdapterCatalog = field(default_factory=AdapterCatalog)
     """The LoRA adapters of every served model, as etcd says (``loras.py``)."""
     adapter_store: AdapterStore | None = None
@@ -105,7 +110,8 @@ class FrontendState:
     def first_lane(self) -> ModelLane:
         """The graph's first model (``Common.model``) as a lane."""
         return ModelLane(self.model_name, self.backend, self.codec, self.tool_call_parser,
-                         self.reasoning_parser, namespace=self.namespace)
+                         self.reasoning_parser, namespace=self.namespace,
+                         source=self.model_source)
 
     def lanes(self) -> list[ModelLane]:
         """Every model this frontend serves, the first one first (adapters not

@@ -311,3 +311,53 @@ def test_the_router_gets_the_adapter_and_its_refusal_is_a_clear_503():
         stream(backend, call("chat"))
     assert (exc.value.status, exc.value.code) == (503, "lora_not_loaded")
     assert "'chat'" in exc.value.message
+
+
+def test_without_base_model_the_adapter_goes_on_the_model_its_config_names(codec, tmp_path):
+    """Several models in one graph: PEFT writes the base's directory (or hub id) into the
+    adapter's config, so a load that names no base finds it there; the graph's first
+    model when the config names none of them (or several)."""
+    import json
+
+    from splitserve.components.frontend.lora_api import default_base
+    from splitserve.components.frontend.state import ModelLane
+
+    c, fleet, store, state = app(codec)
+    other_ns = "dynamo-qwen"
+    qwen_dir = tmp_path / "models" / "tiny-qwen3"
+    qwen_dir.mkdir(parents=True)
+    state.model_source = "SmolLM2-135M-Instruct"
+    qwen = ModelLane("qwen3", Fleet(codec, ids=(0xC,)), codec, namespace=other_ns,
+                     source=str(qwen_dir))
+    lanes = [state.first_lane(), qwen]
+
+    def config(base) -> dict:
+        return {"peft_type": "LORA", "base_model_name_or_path": base}
+
+    # the same directory, also written through a link or with a trailing slash
+    link = tmp_path / "link"
+    link.symlink_to(qwen_dir)
+    for named in (str(qwen_dir), f"{qwen_dir}/", str(link), "qwen3"):
+        assert default_base(lanes, config(named)) is qwen, named
+    for named in ("SmolLM2-135M-Instruct", BASE):
+        assert default_base(lanes, config(named)).name == BASE, named
+    for named in (None, "", 7, "/nowhere", "meta-llama/Llama-3.1-8B-Instruct"):
+        assert default_base(lanes, config(named)).name == BASE, named
+    assert default_base(lanes, {}).name == BASE
+
+    # through the endpoint: recorded under the pool whose model the config names
+    state.pools["qwen3"] = qwen
+    written: list[tuple[str, str]] = []
+
+    async def put(namespace, name, record):  # no worker answers: the load times out
+        written.append((namespace, record.base_model))
+
+    store.put = put  # type: ignore[method-assign]
+    path = adapter_dir(tmp_path, "qwen-sql")
+    (path / "adapter_config.json").write_text(json.dumps(config(str(qwen_dir))))
+    r = load(c, "qwen-sql", path)
+    assert written == [(other_ns, "qwen3")], r.text
+    path = adapter_dir(tmp_path, "plain")
+    (path / "adapter_config.json").write_text(json.dumps(config(str(qwen_dir))))
+    load(c, "plain", path, base_model=BASE)  # named: as asked, whatever the config
+    assert written[-1] == (NS, BASE)
