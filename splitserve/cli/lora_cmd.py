@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from splitserve.cli.console import cli_console
 from splitserve.cli.paths import state_root
 from splitserve.cli.status_cmd import local_supervisors
 from splitserve.contracts.kit.credentials import read_secret
@@ -129,7 +130,9 @@ def load(
     path: Path = typer.Argument(..., help="The PEFT adapter directory (adapter_config.json "
                                 "and its weights), as the workers can read it."),
     base_model: str | None = typer.Option(None, "--base-model", help="The served model it "
-                                          "adapts (default: the graph's first model)."),
+                                          "adapts (default: the one whose directory or id "
+                                          "the adapter's config names as its base, else "
+                                          "the graph's first model)."),
     run: str | None = typer.Option(None, "--run", help=RUN_HELP),
     timeout_s: float = typer.Option(90.0, "--timeout", help="Seconds to wait for the "
                                     "answer (the frontend waits Frontend.lora_load_timeout_s "
@@ -191,11 +194,11 @@ def list_(
         return
     t = Table(title="LoRA adapters")
     for col in ("name", "base model", "served", "source", "path", "workers"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a path or worker id wraps, never cut
     for a in rows:
         workers = "; ".join(f"{w}{' (prefill)' if s.get('role') == 'prefill' else ''} "
                             f"{s['state']}" + (f": {s['error']}" if s.get("error") else "")
                             for w, s in a.get("workers", {}).items())
         t.add_row(a["id"], a["base_model"], "yes" if a.get("served") else "no", a["source"],
                   a["path"], workers or "-")
-    Console(soft_wrap=True).print(t)
+    cli_console().print(t)

@@ -126,7 +126,8 @@ def _target(served: dict[str, dict], sups: list[dict], model: str | None,
     if model is not None and model not in served:
         known = ", ".join(served) or "none found locally"
         err.print(f"[red]error:[/] --model {model!r}: no local graph serves it (served: "
-                  f"{known})", highlight=False)
+                  f"{known}; for a LoRA adapter: --model <its base> --lora {model})",
+                  highlight=False)
         raise typer.Exit(1)
     pool = served.get(model) if model is not None else None
     if namespace is None:

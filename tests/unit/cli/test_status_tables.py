@@ -40,3 +40,21 @@ def test_the_cli_console_is_wide_only_when_piped(monkeypatch):
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     monkeypatch.setenv("COLUMNS", "97")
     assert cli_console().width == 97
+
+
+def test_the_lora_list_piped_keeps_each_path_and_worker_whole(monkeypatch, capsys):
+    from splitserve.cli import lora_cmd
+
+    path = "/srv/adapters/a-team/sql-assistant-rank-16-trained-on-the-long-schema-set"
+    reply = {"data": [{"id": "sql", "base_model": MODEL, "path": path, "source": "api",
+                       "served": True,
+                       "workers": {"1782a23580dff964": {"state": "loaded"},
+                                   "1782a23580dff966": {"state": "failed",
+                                                        "error": "no slot left"}}}]}
+    monkeypatch.setattr(lora_cmd, "_call", lambda *a, **k: (200, reply))
+    monkeypatch.setattr(lora_cmd, "_check", lambda status, body: body)
+    lora_cmd.list_(run=None, json_out=False, state_dir=None)
+    out = capsys.readouterr().out
+    assert "…" not in out
+    row = next(line for line in out.splitlines() if "│ sql" in line)
+    assert MODEL in row and path in row and "1782a23580dff966 failed: no slot left" in row
