@@ -382,7 +382,7 @@ class RoutedBackend:
                 priority=meta.priority, user=meta.user, metadata=meta.metadata,
                 max_tokens=resume.left(), failed_workers=failed, lora=call.lora,
                 waited_ms=meta.waited_ms()), meta)
-            self._check_reply(reply, failed, call.lora)
+            self._check_reply(reply, failed, call.lora, call.model)
             self._note_reply(reply, meta)
             placed_call = call.placed(reply, resume.left())
             try:
@@ -406,8 +406,9 @@ class RoutedBackend:
                 failed.append(reply.worker_id)
 
     def _check_reply(self, reply: RouteReply, failed: list[int],
-                     lora: str | None = None) -> None:
-        """Raise the HTTP error for a rejection or for no worker at all."""
+                     lora: str | None = None, model: str = "") -> None:
+        """Raise the HTTP error for a rejection or for no worker at all (naming the model:
+        a graph may serve several)."""
         if reply.retry_after_s is not None:
             est = (reply.qos or {}).get("est_ttft_ms")
             detail = f" (estimated time to first token {est:.0f} ms)" if est else ""
@@ -418,9 +419,10 @@ class RoutedBackend:
             raise overloaded(f"no worker has the LoRA adapter '{lora}' loaded now",
                              retry_after_s=2, code="lora_not_loaded")
         if reply.worker_id is None:
-            what = "no other worker can take the request after worker " + \
+            of = f" of {model}" if model else ""
+            what = f"no other worker{of} can take the request after worker " + \
                 ", ".join(f"{w:x}" for w in failed) + " failed" if failed else \
-                "no worker can take the request"
+                f"no worker{of} can take the request"
             raise overloaded(f"{what} ({reply.reason})", retry_after_s=2, code=reply.reason)
 
     @staticmethod

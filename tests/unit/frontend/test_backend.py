@@ -307,6 +307,16 @@ def test_routed_retry_with_no_other_worker_says_so():
     with pytest.raises(APIError) as err:
         collect(backend)
     assert err.value.status == 503 and "failed" in err.value.message
+    assert "no other worker of m can take the request after worker 1" in err.value.message
+
+
+def test_no_worker_at_all_names_the_model():
+    """A graph may serve several models: which one has no worker now is in the answer."""
+    backend, _ = routed(Workers([]))
+    with pytest.raises(APIError) as err:
+        collect(backend)
+    assert err.value.status == 503 and err.value.retry_after_s == 2
+    assert err.value.message.startswith("no worker of m can take the request")
 
 
 def test_routed_ready_needs_a_worker_the_router_would_route_to():
