@@ -123,6 +123,12 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("prediction", CHAT, _is_none, NOBODY),
     Capability("web_search_options", CHAT, _is_none, NOBODY),
     Capability("reasoning_effort", CHAT, _is_none, NOBODY),
+    Capability("store", CHAT, _is(False), NOBODY, "this server keeps no completions "
+               "(as /v1/responses keeps no responses)"),
+    Capability("verbosity", CHAT, lambda v: v is None or v == "medium", NOBODY),
+    Capability("service_tier", CHAT, lambda v: v in (None, "auto", "default"), NOBODY,
+               "one tier here: priority classes are the priority header's "
+               "(docs/qos.md)"),
 )
 
 GraphEngines = Mapping[str, EngineRequestParams]

@@ -122,6 +122,23 @@ def test_no_op_values_pass_on_every_engine(codec):
     assert c.post("/v1/chat/completions", json=body).status_code == 200
 
 
+@pytest.mark.parametrize("name, value, default", [
+    ("store", True, False), ("verbosity", "low", "medium"),
+    ("service_tier", "flex", "auto"), ("service_tier", "priority", "default"),
+])
+def test_what_no_engine_here_can_honour_is_refused_and_its_default_passes(
+        codec, name, value, default):
+    """Storing completions, the answer's verbosity and a service tier: nothing here keeps
+    or applies them, so only their defaults (or leaving them out) are served."""
+    c, backend = client(codec, engines=("torch",))
+    r = c.post("/v1/chat/completions", json=chat(**{name: value}))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == name and err["code"] == "unsupported_parameter"
+    assert backend.requests == []
+    assert c.post("/v1/chat/completions", json=chat(**{name: default})).status_code == 200
+
+
 @pytest.mark.parametrize("body, param", [
     (chat(top_logprobs=2), "top_logprobs"), (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
     (chat(n=0), "n"), (chat(presence_penalty=2.5), "presence_penalty"),
