@@ -10,6 +10,7 @@ supervisor's status.  Exit codes: 0 done; 1 no graph, or it did not answer or fa
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -34,6 +35,12 @@ RUN_HELP = ("The `dynamo serve` to talk to: its pid or its run directory (defaul
             "only local one).")
 STATE_HELP = "Root for local state."
 WILDCARDS = ("0.0.0.0", "::", "")
+READY_WAIT_S = 60.0
+"""How long a command waits for a frontend that is still starting (`dynamo serve ... &`
+then `dynamo lora load` at once: a frontend with several models imports its parsers
+for about 15 s on 2 cores before it is ready)."""
+STARTING = ("starting", "loading")
+READY_POLL_S = 0.5
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -56,16 +63,26 @@ def _supervisor(run: str | None, state_dir: str | None) -> dict:
                 + ", ".join(str(s["pid"]) for s in sups) + ")")
 
 
-def _frontend_url(info: dict) -> str:
+def _frontend_url(info: dict, wait_s: float | None = None) -> str:
     """The ready frontend's base URL from the supervisor's status (a wildcard bind
-    address is reached on loopback: the token never leaves the machine)."""
-    status = supervisor_status(info, timeout_s=5.0)
-    if status is None:
-        raise _fail(f"the supervisor (pid {info['pid']}) did not answer")
-    rows = [r for r in status.get("replicas", []) if r.get("component") == "Frontend"
-            and r.get("state") == "ready" and r.get("endpoint")]
-    if not rows:
-        raise _fail("the graph's frontend is not ready (see `dynamo status`)")
+    address is reached on loopback: the token never leaves the machine).  A frontend
+    still starting or loading is waited for, up to ``wait_s`` (``READY_WAIT_S``)."""
+    wait_s = READY_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    while True:
+        status = supervisor_status(info, timeout_s=5.0)
+        if status is None:
+            raise _fail(f"the supervisor (pid {info['pid']}) did not answer")
+        frontends = [r for r in status.get("replicas", []) if r.get("component") == "Frontend"]
+        rows = [r for r in frontends if r.get("state") == "ready" and r.get("endpoint")]
+        if rows:
+            break
+        states = sorted({str(r.get("state")) for r in frontends}) or ["none running"]
+        if not any(s in STARTING for s in states) or time.monotonic() >= deadline:
+            waited = f" after {wait_s:g} s" if any(s in STARTING for s in states) else ""
+            raise _fail(f"the graph's frontend is not ready{waited} ({', '.join(states)}; "
+                        "see `dynamo status`)")
+        time.sleep(READY_POLL_S)
     parts = urlsplit(rows[0]["endpoint"])
     if parts.hostname in WILDCARDS:
         parts = parts._replace(netloc=f"127.0.0.1:{parts.port}")

@@ -49,15 +49,19 @@ def test_argument_errors_are_named(tmp_path, monkeypatch, args, code, phrase):
 
 
 @contextlib.contextmanager
-def supervisor(home: Path, frontend: str):
-    """A control endpoint that reports one ready frontend at ``frontend``, registered
-    in ``home`` as a live `dynamo serve` (this process's pid) with its token file."""
+def supervisor(home: Path, frontend: str, states=()):
+    """A control endpoint that reports one ready frontend at ``frontend`` (after the
+    states of ``states``, one per status asked, when given), registered in ``home`` as a
+    live `dynamo serve` (this process's pid) with its token file."""
     run_dir = home / "runs" / "r1"
     run_dir.mkdir(parents=True)
     token = write_secret(run_dir / "control.token")
 
+    before = list(states)
+
     async def handler(method, path, body):
-        return 200, {"replicas": [{"component": "Frontend", "state": "ready",
+        state = before.pop(0) if before else "ready"
+        return 200, {"replicas": [{"component": "Frontend", "state": state,
                                    "endpoint": frontend}]}
 
     loop = asyncio.new_event_loop()
@@ -104,3 +108,30 @@ def test_load_list_unload_through_the_graphs_frontend(codec, tmp_path, monkeypat
             state.control_token = "another-token-of-enough-length"
             code, out = run("list", home=home)
             assert code == 1 and "HTTP 401" in out
+
+
+def test_a_frontend_still_loading_is_waited_for_and_a_failed_one_is_not(
+        codec, tmp_path, monkeypatch):
+    """`dynamo serve ... &` then `dynamo lora list` at once: the frontend is loading (its
+    parsers) for seconds; the command waits for it, bounded, and names the state when it
+    gives up."""
+    from splitserve.cli import lora_cmd
+
+    monkeypatch.setattr(lora_cmd, "READY_POLL_S", 0.05)
+    _, _, _, state = frontend_app(codec, token=None)
+    with serve(state, HttpLimits()) as (host, port):
+        home = tmp_path / "a"
+        with supervisor(home, f"http://127.0.0.1:{port}",
+                        ["starting", "loading", "loading"]) as token:
+            state.control_token = token
+            code, out = run("list", home=home)
+            assert code == 0 and out.strip() == "no LoRA adapters", out
+        home = tmp_path / "b"
+        with supervisor(home, f"http://127.0.0.1:{port}", ["failed"]):
+            code, out = run("list", home=home)
+            assert code == 1 and "frontend is not ready (failed;" in out, out
+        monkeypatch.setattr(lora_cmd, "READY_WAIT_S", 0.3)
+        home = tmp_path / "c"
+        with supervisor(home, f"http://127.0.0.1:{port}", ["loading"] * 1000):
+            code, out = run("list", home=home)
+            assert code == 1 and "not ready after 0.3 s (loading;" in out, out
