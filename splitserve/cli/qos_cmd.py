@@ -1,12 +1,12 @@
 """`dynamo qos calibration`: how well admission predicts, read from live /metrics.
 
-Reads the admission metrics of every Router replica and every frontend that routes in
-its own process (or the /metrics URLs given) and prints the confusion table (refused,
+Reads the admission metrics of every Router replica (each model pool's ``Router@<pool>``
+included) and every frontend that routes in its own process (or the /metrics URLs given) and prints the confusion table (refused,
 admitted-and-met, admitted-and-missed; in shadow mode would-refuse-but-met and
 would-refuse-and-missed), the refusals by reason, the holds by outcome, and the
 calibration of the TTFT and TPOT predictions: quantiles of log2(measured / predicted)
-from the histogram's buckets; with ``--by class`` or ``--by worker`` the same per class
-or per worker; and per worker, what a prompt token's prefill stalls the answers beside it,
+from the histogram's buckets; with ``--by class``, ``--by worker`` or ``--by model`` the
+same per class, per worker or per served model; and per worker, what a prompt token's prefill stalls the answers beside it,
 charged by admission against measured from finished answers.
 """
 
@@ -117,16 +117,26 @@ class Calibration:
 _fetch = fetch_text  # the name the command reads through (tests replace it)
 
 
-def local_metrics_urls(state_dir: str | None) -> list[str]:
-    """/metrics of the local graphs' Router replicas and frontends (admission runs in
-    one or the other)."""
-    urls = []
+ADMITTING = ("Router", "Frontend")
+"""Components where admission runs; a ``Models`` pool's are named ``Router@<pool>``."""
+
+
+def local_metrics_sources(state_dir: str | None) -> list[tuple[str, str]]:
+    """(/metrics URL, served model) of the local graphs' Router replicas, every model
+    pool's included, and frontends (admission runs in one or the other).  A frontend's
+    admission is its graph's first model's (the pools are routed by their own Router)."""
+    out = []
     for info in local_supervisors(state_root(state_dir)):
         for rep in (supervisor_status(info) or {}).get("replicas", []):
-            if rep.get("component") in ("Router", "Frontend") and (
-                    url := replica_metrics_url(rep)):
-                urls.append(url)
-    return urls
+            component = str(rep.get("component", ""))
+            if component.split("@")[0] in ADMITTING and (url := replica_metrics_url(rep)):
+                out.append((url, str(rep.get("model") or "?").split(", ")[0]))
+    return out
+
+
+def local_metrics_urls(state_dir: str | None) -> list[str]:
+    """/metrics of the local graphs' Router replicas and frontends."""
+    return [url for url, _ in local_metrics_sources(state_dir)]
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:
@@ -136,6 +146,8 @@ def _fmt(x: float | None, pct: bool = False) -> str:
 
 
 GROUP_LABELS = {"class": "class_name", "worker": "worker"}
+BY_MODEL = "model"
+"""Grouped by the model of the process each text came from (local graphs only)."""
 
 
 def grouped(texts: list[str], by: str) -> dict[str, dict]:
@@ -154,6 +166,14 @@ def grouped(texts: list[str], by: str) -> dict[str, dict]:
             cal.add(text, **{label: value})
         out[value] = cal.summary()
     return out
+
+
+def grouped_by_source(texts: list[tuple[str, str]]) -> dict[str, dict]:
+    """The summary per model over (text, model) pairs."""
+    out: dict[str, Calibration] = {}
+    for text, model in texts:
+        out.setdefault(model, Calibration()).add(text)
+    return {model: cal.summary() for model, cal in sorted(out.items())}
 
 
 def _group_table(by: str, groups: dict[str, dict]) -> Table:
@@ -176,29 +196,39 @@ def calibration(
                                       "(repeatable); default: every local graph's Router "
                                       "replicas and frontends."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    by: str | None = typer.Option(None, "--by", help="Also per 'class' or per 'worker' "
-                                  "(the worker each request was predicted for)."),
+    by: str | None = typer.Option(None, "--by", help="Also per 'class', per 'worker' "
+                                  "(the worker each request was predicted for) or per "
+                                  "'model' (the local graphs' models)."),
     state_dir: str | None = typer.Option(None, "--state-dir", envvar="SPLITSERVE_HOME",
                                          help="Where local graphs are registered."),
 ) -> None:
     """The admission confusion table, refusals by reason, and how close the TTFT and TPOT
     predictions came to what was measured."""
-    if by is not None and by not in GROUP_LABELS:
-        typer.echo(f"--by {by!r}: give one of {sorted(GROUP_LABELS)}", err=True)
+    if by is not None and by not in (*GROUP_LABELS, BY_MODEL):
+        typer.echo(f"--by {by!r}: give one of {sorted((*GROUP_LABELS, BY_MODEL))}", err=True)
         raise typer.Exit(2)
-    urls = list(metrics or []) or local_metrics_urls(state_dir)
+    if by == BY_MODEL and metrics:
+        typer.echo("--by model reads the local graphs (it knows no model of a --metrics URL)",
+                   err=True)
+        raise typer.Exit(2)
+    sources = ([(url, "?") for url in metrics] if metrics
+               else local_metrics_sources(state_dir))
+    urls = [url for url, _ in sources]
     if not urls:
         typer.echo("no running graph found; pass --metrics URL", err=True)
         raise typer.Exit(1)
     cal = Calibration()
-    texts = [text for url in urls if (text := _fetch(url)) is not None]
+    read = [(text, model) for url, model in sources if (text := _fetch(url)) is not None]
+    texts = [text for text, _ in read]
     if not texts:
         typer.echo(f"could not read any of {urls}", err=True)
         raise typer.Exit(1)
     for text in texts:
         cal.add(text)
     out = cal.summary()
-    if by is not None:
+    if by == BY_MODEL:
+        out["by_model"] = grouped_by_source(read)
+    elif by is not None:
         out[f"by_{by}"] = grouped(texts, by)
     if json_out:
         typer.echo(json.dumps(out, indent=2))

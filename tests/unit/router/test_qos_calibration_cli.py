@@ -91,3 +91,40 @@ def test_command_fails_when_nothing_can_be_read(monkeypatch):
     monkeypatch.setattr(qos_cmd, "_fetch", lambda url, timeout_s=3.0: None)
     result = CliRunner().invoke(app, ["qos", "calibration", "--metrics", "http://x/metrics"])
     assert result.exit_code == 1
+
+
+def test_every_model_pools_router_is_read_and_grouped_by_model(monkeypatch):
+    """A graph with several models admits in its Router and in each pool's Router@<pool>
+    (and, routing in process, in its frontend for the first model): all are read, and
+    --by model sums each model's processes."""
+    replicas = [
+        {"component": "Router", "model": "base", "metrics": "http://r0/metrics"},
+        {"component": "Router@llama", "model": "llama", "metrics": "http://r1/metrics"},
+        {"component": "Frontend", "model": "base, llama", "metrics": "http://f/metrics"},
+        {"component": "Worker@llama", "model": "llama", "metrics": "http://w/metrics"},
+    ]
+    monkeypatch.setattr(qos_cmd, "local_supervisors", lambda root: [{"pid": 1}])
+    monkeypatch.setattr(qos_cmd, "supervisor_status", lambda info: {"replicas": replicas})
+    monkeypatch.setattr(qos_cmd, "replica_metrics_url", lambda rep: rep["metrics"])
+    assert qos_cmd.local_metrics_sources(None) == [
+        ("http://r0/metrics", "base"), ("http://r1/metrics", "llama"),
+        ("http://f/metrics", "base")]
+    read: list[str] = []
+
+    def fetch(url, timeout_s=3.0):
+        read.append(url)
+        return exported()
+
+    monkeypatch.setattr(qos_cmd, "_fetch", fetch)
+    result = CliRunner().invoke(app, ["qos", "calibration", "--by", "model", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert read == ["http://r0/metrics", "http://r1/metrics", "http://f/metrics"]
+    assert out["confusion"]["admitted-met"] == 3 * 94
+    assert out["by_model"]["base"]["confusion"]["admitted-met"] == 2 * 94
+    assert out["by_model"]["llama"]["confusion"]["admitted-met"] == 94
+    result = CliRunner().invoke(app, ["qos", "calibration", "--by", "model"])
+    assert result.exit_code == 0 and "per model" in result.output, result.output
+    result = CliRunner().invoke(app, ["qos", "calibration", "--by", "model", "--metrics",
+                                      "http://x/metrics"])
+    assert result.exit_code == 2 and "--by model reads the local graphs" in result.output
