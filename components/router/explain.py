@@ -22,8 +22,8 @@ def decision_table(decision: Decision) -> Table:
 
     Candidates are listed by total score (best first), then removed workers with the filter
     and reason that removed them, each named by ``worker_label``.  Scorer cells read
-    ``raw -> weighted``.  With the KV tiers' view (``Decision.tier_hits``), a column gives each candidate's prefix hit in
-    blocks per tier, ``device / host / disk``.
+    ``raw -> weighted``.  With the KV tiers' view (``Decision.tier_hits``), a column gives
+    each candidate's prefix hit in blocks per tier, ``device / host / disk``.
     """
     adapter = f" / adapter {decision.lora}" if decision.lora is not None else ""
     table = Table(title=f"request {decision.request_id} / profile {decision.profile}{adapter}")

@@ -78,8 +78,9 @@ def _frontend_url(info: dict, wait_s: float | None = None) -> str:
         if rows:
             break
         states = sorted({str(r.get("state")) for r in frontends}) or ["none running"]
-        if not any(s in STARTING for s in states) or time.monotonic() >= deadline:
-            waited = f" after {wait_s:g} s" if any(s in STARTING for s in states) else ""
+        starting = any(s in STARTING for s in states)
+        if not starting or time.monotonic() >= deadline:
+            waited = f" after {wait_s:g} s" if starting else ""
             raise _fail(f"the graph's frontend is not ready{waited} ({', '.join(states)}; "
                         "see `dynamo status`)")
         time.sleep(READY_POLL_S)

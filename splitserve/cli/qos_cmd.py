@@ -1,13 +1,14 @@
 """`dynamo qos calibration`: how well admission predicts, read from live /metrics.
 
 Reads the admission metrics of every Router replica (each model pool's ``Router@<pool>``
-included) and every frontend that routes in its own process (or the /metrics URLs given) and prints the confusion table (refused,
-admitted-and-met, admitted-and-missed; in shadow mode would-refuse-but-met and
-would-refuse-and-missed), the refusals by reason, the holds by outcome, and the
-calibration of the TTFT and TPOT predictions: quantiles of log2(measured / predicted)
-from the histogram's buckets; with ``--by class``, ``--by worker`` or ``--by model`` the
-same per class, per worker or per served model; and per worker, what a prompt token's prefill stalls the answers beside it,
-charged by admission against measured from finished answers.
+included) and every frontend that routes in its own process (or the /metrics URLs given)
+and prints the confusion table (refused, admitted-and-met, admitted-and-missed; in
+shadow mode would-refuse-but-met and would-refuse-and-missed), the refusals by reason,
+the holds by outcome, and the calibration of the TTFT and TPOT predictions: quantiles of
+log2(measured / predicted) from the histogram's buckets; with ``--by class``, ``--by
+worker`` or ``--by model`` the same per class, per worker or per served model; and per
+worker, what a prompt token's prefill stalls the answers beside it, charged by admission
+against measured from finished answers.
 """
 
 from __future__ import annotations
@@ -132,11 +133,6 @@ def local_metrics_sources(state_dir: str | None) -> list[tuple[str, str]]:
             if component.split("@")[0] in ADMITTING and (url := replica_metrics_url(rep)):
                 out.append((url, str(rep.get("model") or "?").split(", ")[0]))
     return out
-
-
-def local_metrics_urls(state_dir: str | None) -> list[str]:
-    """/metrics of the local graphs' Router replicas and frontends."""
-    return [url for url, _ in local_metrics_sources(state_dir)]
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:
