@@ -100,21 +100,34 @@ def _checked(path: Path, model: str) -> Path:
     return path
 
 
+def hub_cache_dir() -> str:
+    """The Hugging Face cache hub ids are looked up in, as huggingface_hub finds it
+    (``HF_HUB_CACHE``, else ``HF_HOME``/hub, else ``XDG_CACHE_HOME``/huggingface/hub,
+    else ~/.cache/huggingface/hub), read from the environment now, not at import."""
+    env = os.environ
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        home = env.get("HF_HOME") or os.path.join(
+            env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
+        cache = os.path.join(home, "hub")
+    return os.path.expanduser(cache)
+
+
 def _cached_snapshot(repo_id: str) -> Path:
     """The local snapshot of hub id ``repo_id``; raises ModelNotFound when there is none."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-    cache = os.environ.get("HF_HUB_CACHE") or None  # read now, not at import
+    cache = hub_cache_dir()
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
     except HFValidationError:
         raise ModelNotFound(f"{repo_id!r} is neither a directory nor a Hugging Face id"
                             ) from None
     except LocalEntryNotFoundError:
-        where = cache or "the default Hugging Face cache (HF_HUB_CACHE)"
         raise ModelNotFound(
-            f"{repo_id!r} is not a local directory, and {where} holds no snapshot of it; "
+            f"{repo_id!r} is not a local directory, and the Hugging Face cache ({cache}) "
+            "holds no snapshot of it; "
             f"nothing is downloaded at run time (fetch it first, e.g. `hf download "
             f"{repo_id}`, or give the model's directory)") from None
 

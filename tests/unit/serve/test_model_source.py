@@ -103,6 +103,23 @@ def test_a_hub_id_is_found_in_the_local_cache_only(tiny_models, tmp_path, monkey
     assert "Common.model: 'acme/not-fetched'" in msg and "nothing is downloaded" in msg
 
 
+def test_hf_home_is_where_hub_ids_are_looked_up_and_a_miss_names_it(
+        tiny_models, tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = fake_hub_cache(tmp_path / "hf" / "hub", "acme/tiny-chat", tiny_models["llama"])
+    assert model_files.locate("acme/tiny-chat") == snapshot
+    with pytest.raises(ConfigError) as exc:
+        plan({"model": "acme/not-fetched"})
+    assert f"the Hugging Face cache ({tmp_path / 'hf' / 'hub'}) holds no snapshot" in str(
+        exc.value)
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert model_files.hub_cache_dir() == str(tmp_path / "xdg" / "huggingface" / "hub")
+
+
 def test_the_context_window_comes_from_config_json(tiny_models, tmp_path):
     base = tiny_models["llama"]
     assert CommonConfig(model=str(base)).effective_context_length() == 512
