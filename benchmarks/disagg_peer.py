@@ -3,7 +3,8 @@ Dynamo's own disaggregation, on the same fleet of simulated engines.
 
 - ``splitserve-disagg``: ``graphs.disagg_inproc:Frontend`` with
   ``configs/mocker_disagg_inproc.yaml``'s offload policy, N decode and M prefill replicas
-  (no admission);
+  (no admission), the case's TPOT target as the offload policy's ``protect_tpot_ms``
+  (``slo_sets``: as the aggregated default is given the case's SLO);
 - ``splitserve-disagg-remote``: the same graph with every prefill forced remote, so
   each decode replica uses one engine as Dynamo's decode workers do (a decode replica of
   this graph fronts two simulated engines: a decode-mode mocker for remotely prefilled
@@ -38,6 +39,12 @@ DYNAMO_DISAGG = "dynamo-disagg"
 DISAGG = [OURS_DISAGG, OURS_REMOTE, DYNAMO_DISAGG]
 FORCED_REMOTE = "--DecodeWorker.disaggregated_router={enable: true, decider: forced, remote: true}"
 KV_BANDWIDTH_GBS = 10.0
+
+
+def slo_sets(slo: dict[str, float]) -> list[str]:
+    """The case's SLO as this graph is told it: its TPOT target guards the answers a
+    local prefill would stall (docs/policies.md, ``protect_tpot_ms``)."""
+    return [f"--DecodeWorker.disaggregated_router.protect_tpot_ms={slo['tpot_ms']:g}"]
 
 
 @contextlib.contextmanager

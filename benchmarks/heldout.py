@@ -306,7 +306,7 @@ def deployment(name: str, case: Case, args):
     if name in (dp.OURS_DISAGG, dp.OURS_REMOTE):
         forced = [dp.FORCED_REMOTE] if name == dp.OURS_REMOTE else []
         with dp.ours(case.workers, case.prefill_workers, geometry(), args.startup_timeout_s,
-                     [*forced, *args.ours_set]) as g:
+                     [*forced, *dp.slo_sets(rp.parse_slo(case.slo)), *args.ours_set]) as g:
             wait_ready(g.url, 60, 2 * case.workers, case.warmup)
             yield g.url, f"{g.url}/metrics", lambda: dp.stages(g), pids(g, "Frontend")
         return

@@ -218,6 +218,10 @@ class EngineCapabilities:
     """LoRA adapters loaded and unloaded at run time (``load_lora`` / ``unload_lora`` /
     ``loras``), applied per request (``GenerateParams.lora``), with prefix-cache hashes
     keyed by adapter (``block_events.hash_block``'s ``lora_name``)."""
+    local_prefill_own_batch: bool = False
+    """A local prefill runs in a batch of its own, apart from the answers prefilled
+    remotely (the mocker's decode replica fronts a separate engine for local prefills):
+    it stalls only the answers prefilled here.  False: one batch, every answer."""
     kv_move_timeout_s: float = 10.0
     """With ``moves_kv``: how long a continuing replica waits for the parked replica to
     write a request's KV before it recomputes instead."""

@@ -74,11 +74,18 @@ class DisaggregatedRouter:
 
     Guards, checked first: a disabled section always answers local ('disabled'), and an
     empty prefill pool always answers local ('no-prefill-workers'), whatever the decider.
+    ``protect_tpot_s`` (the section's ``protect_tpot_ms``) is for the decode worker,
+    which alone knows the answers a local prefill would stall.
     """
 
-    def __init__(self, decider: Decider, enabled: bool = True) -> None:
+    FORCED_LOCAL = frozenset({"disabled", "no-prefill-workers"})
+    """Local verdicts that are not the decider's: no guard turns them remote."""
+
+    def __init__(self, decider: Decider, enabled: bool = True,
+                 protect_tpot_s: float | None = None) -> None:
         self._decider = decider
         self._enabled = enabled
+        self.protect_tpot_s = protect_tpot_s
 
     def decide(self, request: OffloadRequest, snapshot: OffloadSnapshot) -> OffloadDecision:
         """Called by the decode worker once per new request; returns where to prefill."""
@@ -101,4 +108,6 @@ def build_decider(config: BaseModel | Mapping[str, Any],
     decider_type = registry.get(getattr(config, "decider", ""))
     if decider_type is None:
         raise ValueError(f"config names no decider known to the registry: {config!r}")
-    return DisaggregatedRouter(decider_type.factory(config), enabled=config.enable)
+    tpot_ms = getattr(config, "protect_tpot_ms", None)
+    return DisaggregatedRouter(decider_type.factory(config), enabled=config.enable,
+                               protect_tpot_s=tpot_ms / 1000.0 if tpot_ms else None)

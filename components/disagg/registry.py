@@ -44,6 +44,11 @@ def _section_model(name: str, params_model: type[BaseModel], is_default: bool) -
         __doc__=f"`disaggregated_router` section using the `{name}` decider.",
         enable=(bool, Field(description="false: always prefill locally (reason 'disabled').")),
         decider=(Literal[name], decider_field),
+        protect_tpot_ms=(float | None, Field(
+            default=None, gt=0, description="A local verdict goes remote (reason "
+            "'protects-decoding') when its prefill would stall an answer decoding in the "
+            "same batch past this TPOT (ms), predicted from the prefill workers' measured "
+            "speed (components/worker/stall_guard.py).  Unset: no guard.")),
     )
 
 

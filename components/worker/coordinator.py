@@ -36,6 +36,7 @@ from splitserve.contracts import tracing
 from splitserve.contracts.sections import DecodeTimings
 from splitserve.components.disagg import (
     AffinityChoice,
+    DisaggregatedRouter,
     OffloadDecision,
     OffloadRequest,
     OffloadSnapshot,
@@ -56,6 +57,7 @@ from .kv_moves import DrainCut, KvMoves
 from .disagg_metrics import DisaggMetrics
 from .handoff import HandoffInbox
 from .latency_metrics import TokenLatency
+from .stall_guard import StallGuard
 from .offload import (
     OffloadPlan,
     end_remote_prefill,
@@ -68,6 +70,7 @@ from .wire import check_adapter, delta_chunk, params_from_wire
 log = logging.getLogger("splitserve.coordinator")
 
 HANDOFF_ADAPTER: TypeAdapter = TypeAdapter(EngineHandoff)
+FORCED_LOCAL = DisaggregatedRouter.FORCED_LOCAL
 
 
 class CoordinatorSettings(DecodeTimings):
@@ -187,6 +190,11 @@ class EngineDecodeCoordinator:
         self.latency: TokenLatency | None = None
         """This worker's TTFT and ITL by pool and model (``latency_metrics.py``), timed
         per request from its arrival here; None: not timed."""
+        self.guard = StallGuard(getattr(decider, "protect_tpot_s", None),
+                                own_local_batch=engine.info.capabilities.local_prefill_own_batch)
+        """The answers decoding here and the prefill speed: a local verdict whose prefill
+        would stall one past the section's ``protect_tpot_ms`` goes remote
+        (``stall_guard.py``)."""
 
     async def _cached_prefix(self, token_ids: tuple[int, ...], lora: str | None = None) -> int:
         if not token_ids or not self.engine.info.capabilities.prefix_lookup:
@@ -223,6 +231,8 @@ class EngineDecodeCoordinator:
             decision = OffloadDecision(remote=False, reason="lora-local-prefill")
         else:
             decision = self.decider.decide(req, snap)
+            if not decision.remote and decision.reason not in FORCED_LOCAL:
+                decision = self._guarded(decision, req.prefill_length)
         plan = plan_offload(decision.remote, decision.reason,
                             supports_local_prefill=self.engine.info.capabilities.local_prefill,
                             live_prefill_workers=snap.live_prefill_workers, waited_s=0.0,
@@ -319,8 +329,9 @@ class EngineDecodeCoordinator:
         ``Rejected`` when the request must be refused.  Closing it aborts the request.
         ``trace``: the request's span here (``contracts.tracing``)."""
         self.inflight += 1
+        guard = self.guard
         try:
-            plan = await self._plan(rid, params, priority, prefill_locally, trace)
+            plan, plan_cached = await self._plan(rid, params, priority, prefill_locally, trace)
             local_id = rid
             if plan.action == "remote":
                 remote, failure = await self._remote_prefill(rid, params, trace)
@@ -331,10 +342,12 @@ class EngineDecodeCoordinator:
                                      cached_tokens=remote.cached_tokens)
                     return
                 if remote is not None:
+                    guard.begin(rid, params.max_tokens, local=False)
                     async with contextlib.aclosing(self.engine.decode(
                             rid, params, remote.handoff, first_token=remote.first_token)
                             ) as stream:
                         async for d in stream:
+                            guard.token(rid, len(d.token_ids))
                             if d.finished and remote.cached_tokens > d.cached_tokens:
                                 # The prefill worker's prefix hit is the one that saved work.
                                 d = dataclasses.replace(d, cached_tokens=remote.cached_tokens)
@@ -349,15 +362,22 @@ class EngineDecodeCoordinator:
                     raise Rejected(plan.reason, plan.retry_after_s or 0.0)
                 local_id = f"{rid}#local"  # the remote id may still be held in the engine
                 self._engine_ids[rid] = local_id
+            guard.begin(rid, params.max_tokens, local=True,
+                        prefill_tokens=len(params.token_ids) - plan_cached)
             async with contextlib.aclosing(self.engine.generate(local_id, params)) as stream:
                 async for d in stream:
+                    guard.token(rid, len(d.token_ids))
                     yield d
         finally:
             self.inflight -= 1
             self._engine_ids.pop(rid, None)
+            guard.end(rid)
 
     async def _plan(self, rid: str, params: GenerateParams, priority: str,
-                    prefill_locally: bool, trace=tracing.NOOP) -> OffloadPlan:
+                    prefill_locally: bool, trace=tracing.NOOP) -> tuple[OffloadPlan, int]:
+        """The step for this request, and the prompt tokens this engine's prefix cache
+        holds (0 where it cannot tell, or where the decider was not asked)."""
+        cached = 0
         if prefill_locally:
             # QoS degradation (low priority while the prefill pool is busy): no offload.
             decision = OffloadDecision(remote=False, reason="qos-local-prefill")
@@ -366,11 +386,12 @@ class EngineDecodeCoordinator:
         elif not job_carries(params):
             decision = OffloadDecision(remote=False, reason="sampling-local-prefill")
         else:
-            decision = self.decider.decide(
-                OffloadRequest(request_id=rid, prompt_length=len(params.token_ids),
-                               prefix_cached_length=await self._cached_prefix(
-                                   params.token_ids, params.lora),
-                               priority=priority), self.snapshot())
+            cached = await self._cached_prefix(params.token_ids, params.lora)
+            req = OffloadRequest(request_id=rid, prompt_length=len(params.token_ids),
+                                 prefix_cached_length=cached, priority=priority)
+            decision = self.decider.decide(req, self.snapshot())
+            if not decision.remote and decision.reason not in FORCED_LOCAL:
+                decision = self._guarded(decision, req.prefill_length)
         waited = 0.0
         s = self.settings
         while True:
@@ -389,7 +410,20 @@ class EngineDecodeCoordinator:
         if plan.action == "reject":
             log.info("request %s refused: %s (waited %.1fs)", rid, plan.reason, waited)
             raise Rejected(plan.reason, plan.retry_after_s or s.retry_after_s)
-        return plan
+        return plan, cached
+
+    def _guarded(self, decision: OffloadDecision, prefill_tokens: int) -> OffloadDecision:
+        """The decider's local verdict, or remote where its prefill would stall an answer
+        decoding here past the section's ``protect_tpot_ms`` (read at each decision: a
+        policy reload changes it)."""
+        self.guard.budget_s = getattr(self.decider, "protect_tpot_s", None)
+        judged = self.guard.judge(prefill_tokens)
+        if judged.keep_local:
+            return decision
+        return OffloadDecision(remote=True, reason=judged.reason, score=decision.score,
+                               contributions={**decision.contributions,
+                                              "stall_ms": round(judged.stall_s * 1e3, 3),
+                                              "answers_harmed": float(judged.harmed)})
 
     def _prefill_target(self, params: GenerateParams) -> tuple[AffinityChoice, list[int]]:
         """The prefill worker a job is queued for (prefix affinity), counted by reason;
@@ -417,7 +451,10 @@ class EngineDecodeCoordinator:
     def _prefill_ran(self, target: AffinityChoice, hashes: list[int], job: PrefillRequest,
                      got) -> None:
         """After a remote prefill's wait: the job queued for ``target.worker`` is settled,
-        and a prompt a prefill worker computed is remembered under that worker."""
+        and a prompt a prefill worker computed is remembered under that worker; a
+        finished prefill's speed teaches the stall guard."""
+        if got is not None and got.refused is None and got.finish_reason is None:
+            self.guard.observe_prefill(len(job.token_ids) - cached_tokens(got), got.compute_s)
         if self.affinity is None:
             return
         self.affinity.settled(target.worker, target.stamp)

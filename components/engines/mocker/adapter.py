@@ -97,7 +97,8 @@ class MockerEngine(WithoutFailureReport, WithoutPrefixLookup, WithoutHandoffFirs
                                capabilities=EngineCapabilities(
                                    local_prefill="local" in children, pushes_kv=False,
                                    handoff_before_prefill=False, prefix_lookup=False,
-                                   moves_kv=False, reports_failure=False))
+                                   moves_kv=False, reports_failure=False,
+                                   local_prefill_own_batch=True))
         self.active = 0
         self.tokens_in_flight = 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .factories import collect, coordinator, request, sample
+from .factories import SEED_POLICY, collect, coordinator, request, sample
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -264,3 +264,43 @@ async def test_the_shell_publishes_placements_and_remembers_only_the_other_worke
     nc.closed = True
     coord.share("p1", [7])
     await asyncio.sleep(0.01)  # the failed publish is logged, not raised
+
+
+@pytest.mark.parametrize("protect_tpot_ms", [50, None])
+async def test_a_local_verdict_that_would_stall_an_answer_here_goes_remote(protect_tpot_ms):
+    policy = {**SEED_POLICY, "protect_tpot_ms": protect_tpot_ms}
+    coord, engines, queue = coordinator(disaggregated_router=policy)
+    coord.queue_depth = lambda: 12  # a deep prefill queue: the seed's policy says local
+    now = [0.0]
+    coord.guard._now = lambda: now[0]
+    coord.guard.observe_prefill(1000, 3.0)  # the prefill workers compute 3 ms a token
+    # An answer prefilled here, 2 of 100 tokens at 40 ms: 3.96 s of 4.95 s allowed at 50 ms
+    coord.guard.begin("a", 100, local=True)
+    coord.guard.token("a", 1)
+    now[0] = 0.04
+    coord.guard.token("a", 1)
+    (explained,) = [a async for a in coord.explain({"token_ids": list(range(400))})]
+    chunks = await collect(coord, request(400, max_tokens=2))  # 1.2 s of prefill
+    assert chunks[-1]["finish_reason"] == "length"
+    if protect_tpot_ms is None:
+        assert queue.jobs == [] and len(engines["local"].requests) == 1
+        assert explained["decision"]["reason"] == "below-min-score"
+        assert sample(coord, DECISIONS, where="local", reason="below-min-score") == 1
+        return
+    assert len(queue.jobs) == 1 and engines["local"].requests == []
+    assert explained["decision"]["reason"] == "protects-decoding"
+    assert explained["decision"]["contributions"]["answers_harmed"] == 1
+    assert sample(coord, DECISIONS, where="remote", reason="protects-decoding") == 1
+    # the prefill worker's report (400 tokens in 10 ms) taught the guard its speed
+    assert coord.guard.seconds_per_token == pytest.approx(0.8 * 0.003 + 0.2 * 0.01 / 400)
+    assert len(coord.guard) == 1  # the request's own answer is gone, "a" is still there
+
+
+async def test_answers_are_tracked_while_they_stream_and_forgotten_after():
+    coord, _, _ = coordinator(disaggregated_router={**SEED_POLICY, "protect_tpot_ms": 50})
+    seen = []
+    async for _chunk in coord.generate(request(20, max_tokens=3)):  # local
+        seen.append(len(coord.guard))
+    assert seen[0] == 1 and len(coord.guard) == 0
+    await collect(coord, request(400, max_tokens=3))  # remote
+    assert len(coord.guard) == 0 and coord.guard.step_s is not None

@@ -18,6 +18,7 @@ ABILITY_MEMBERS: dict[str, tuple[str, ...]] = {
     "pushes_kv": ("reserve_remote", "release_remote"),
     "moves_kv": ("park", "parked", "export_parked", "resume_moved"),
     "serves_lora": ("load_lora", "unload_lora", "loras"),
+    "local_prefill_own_batch": (),  # describes how generate() batches, gates no member
 }
 """Capability flag -> the protocol members it gates."""
 
