@@ -182,7 +182,11 @@ def build_plan(graph: Graph, graph_ref: str, raw: dict[str, Any], source: str,
         comps.append(ComponentPlan(name=name, entrypoint=spec.entrypoint, config=cfg,
                                    links=graph.links_of(name), pruned=graph.pruned_of(name),
                                    shutdown_rank=spec.shutdown_rank))
-    errors += cross_section_checks(common, comps)
+    # A section that failed validation is missing from ``comps``: checks across the
+    # sections would then report its absence (a worker to route to) on top of its own
+    # error, so they wait until every section is valid.
+    whole = len(comps) == len(graph.order())
+    errors += cross_section_checks(common, comps) if whole else model_checks(common)
     pools, pool_comps, pool_errors = model_pools(graph, data, common)
     errors += pool_errors
     errors += _root_serves_pools(graph.root, comps, pools)
@@ -295,7 +299,9 @@ def model_pools(graph: Graph, data: dict[str, Any], common: CommonConfig
         served[pc.served_model_name] = where
         pools[pool] = pc
         mine = _pool_components(graph, data, pool, pc, body, members, errors)
-        errors += cross_section_checks(pc, mine, prefix=f"{where}.")
+        errors += (cross_section_checks(pc, mine, prefix=f"{where}.")
+                   if len(mine) == len(members) else
+                   [f"{where}.{e.removeprefix('Common.')}" for e in model_checks(pc)])
         plans += mine
     return pools, plans, errors
 

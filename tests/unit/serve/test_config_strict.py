@@ -170,3 +170,12 @@ def test_an_unquoted_number_in_env_is_its_text_and_a_boolean_is_refused(tmp_path
           env: {THREADS: 1}
     """, "ok.yaml")
     assert dry_run(GRAPH, "-f", str(ok)).exit_code == 0
+
+
+def test_an_invalid_worker_section_is_the_only_error_named():
+    # the frontend's check that it has a worker to route to waits for a valid one
+    res = dry_run("graphs.disagg_inproc:Frontend", "-f", "configs/mocker_disagg_inproc.yaml",
+                  "--DecodeWorker.disaggregated_router.protect_tpot_ms=-5")
+    assert res.exit_code == 2, res.output
+    assert "DecodeWorker.disaggregated_router.protect_tpot_ms" in res.output
+    assert "Frontend.routing" not in res.output
