@@ -195,6 +195,7 @@ class EngineDecodeCoordinator:
         """The answers decoding here and the prefill speed: a local verdict whose prefill
         would stall one past the section's ``protect_tpot_ms`` goes remote
         (``stall_guard.py``)."""
+        metrics.watch_guard(self.guard)
 
     async def _cached_prefix(self, token_ids: tuple[int, ...], lora: str | None = None) -> int:
         if not token_ids or not self.engine.info.capabilities.prefix_lookup:

@@ -6,7 +6,7 @@ same series from all of them; this module imports no engine.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from splitserve.contracts.metrics import PREFIX, latency_buckets
 
@@ -35,6 +35,17 @@ class DisaggMetrics:
         self.remote_wait = Histogram(f"{PREFIX}_disagg_remote_prefill_seconds",
                                      "From enqueue to KV arrival", buckets=latency_buckets(),
                                      registry=registry)
+        self.prefill_speed = Gauge(
+            f"{PREFIX}_disagg_prefill_seconds_per_token", "The stall guard's prefill speed "
+            "(protect_tpot_ms): learnt from this worker's local prefills (source=local) and "
+            "from the prefill workers' reports (source=prefill_workers); 0 until learnt",
+            ["source"], registry=registry)
+
+    def watch_guard(self, guard) -> None:
+        """Read the stall guard's learnt speeds at each scrape."""
+        self.prefill_speed.labels("local").set_function(lambda: guard.local_spt or 0.0)
+        self.prefill_speed.labels("prefill_workers").set_function(
+            lambda: guard.remote_spt or 0.0)
 
 
 class PrefillMetrics:

@@ -304,3 +304,12 @@ async def test_answers_are_tracked_while_they_stream_and_forgotten_after():
     assert seen[0] == 1 and len(coord.guard) == 0
     await collect(coord, request(400, max_tokens=3))  # remote
     assert len(coord.guard) == 0 and coord.guard.step_s is not None
+
+
+async def test_the_guards_prefill_speeds_are_in_the_workers_metrics():
+    coord, _, _ = coordinator(disaggregated_router={**SEED_POLICY, "protect_tpot_ms": 50})
+    name = "splitserve_disagg_prefill_seconds_per_token"
+    assert sample(coord, name, source="prefill_workers") == 0
+    await collect(coord, request(400, max_tokens=2))  # remote: 400 tokens in 10 ms
+    assert sample(coord, name, source="prefill_workers") == pytest.approx(0.01 / 400)
+    assert sample(coord, name, source="local") == 0
