@@ -131,6 +131,9 @@ class RequestMeta(BaseModel):
     lora: str | None = None
     """The LoRA adapter the request is served with (``worker_request``'s ``lora``);
     None: the base model."""
+    tpot_ms: float | None = Field(None, gt=0)
+    """The TPOT target of the request's QoS class (set by the router that placed it): a
+    decode worker keeps local prefills from stalling the answer past it."""
 
 
 class WorkerRequest(BaseModel):
@@ -322,6 +325,9 @@ class RouteReply(BaseModel):
     """Set when admission capped the generation limit (graceful degradation)."""
     prefill_locally: bool = False
     """Set when admission asks the decode worker not to offload this prefill."""
+    tpot_ms: float | None = None
+    """The TPOT target of the request's class, which the frontend passes to the worker
+    (``RequestMeta.tpot_ms``); None on a refusal."""
     qos: dict[str, Any] | None = None
 
 

@@ -47,8 +47,9 @@ def _section_model(name: str, params_model: type[BaseModel], is_default: bool) -
         protect_tpot_ms=(float | None, Field(
             default=None, gt=0, description="A local verdict goes remote (reason "
             "'protects-decoding') when its prefill would stall an answer decoding in the "
-            "same batch past this TPOT (ms), predicted from the prefill workers' measured "
-            "speed (components/worker/stall_guard.py).  Unset: no guard.")),
+            "same batch past this TPOT (ms) or its QoS class's tpot_ms, whichever is "
+            "tighter, predicted from the measured prefill speed "
+            "(components/worker/stall_guard.py).  Unset: the classes' targets alone.")),
     )
 
 

@@ -125,6 +125,8 @@ class WorkerCall:
     """Where a drained replica parked this request's KV (a resumed request only)."""
     lora: str | None = None
     """The LoRA adapter to serve the request with (``model`` is then its base model)."""
+    tpot_ms: float | None = None
+    """The TPOT target of the class the router placed it in (for the decode worker)."""
 
     @classmethod
     def of_choice(cls, p: Prepared, index: int, model: str,
@@ -157,7 +159,8 @@ class WorkerCall:
         return dataclasses.replace(self, priority=reply.class_name,
                                    priority_level=reply.class_level,
                                    max_tokens=min(capped, max_tokens),
-                                   prefill_locally=bool(reply.prefill_locally))
+                                   prefill_locally=bool(reply.prefill_locally),
+                                   tpot_ms=reply.tpot_ms)
 
     def resumed(self, prompt: tuple[int, ...], generated: list[int], max_tokens: int,
                 min_tokens: int, kv_source: Mapping[str, Any] | None) -> WorkerCall:
@@ -186,6 +189,8 @@ class WorkerCall:
             own["priority_level"] = self.priority_level
         if self.prefill_locally:
             own["prefill_locally"] = True
+        if self.tpot_ms is not None:
+            own["tpot_ms"] = self.tpot_ms
         if self.kv_source is not None:
             own[KV_SOURCE] = dict(self.kv_source)
         return wire

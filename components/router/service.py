@@ -267,7 +267,9 @@ class RouterService:
                           endpoint=self.worker_endpoint, class_name=verdict.class_name,
                           class_level=level,
                           max_tokens=verdict.max_tokens if verdict.degrade else None,
-                          prefill_locally=verdict.prefill_locally, qos=qos), decision
+                          prefill_locally=verdict.prefill_locally,
+                          tpot_ms=self.qos.config.class_tpot_ms(verdict.class_name),
+                          qos=qos), decision
 
     def _commit(self, call: RouteCall, decision, hashes: list[int], overlap_blocks: int,
                 now: float) -> None:

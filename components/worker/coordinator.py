@@ -281,7 +281,8 @@ class EngineDecodeCoordinator:
             deltas = self._counted(moves.resume(rid, params, meta.kv_source, trace))
         else:
             deltas = self.serve(rid, params, meta.priority,
-                                prefill_locally=meta.prefill_locally, trace=trace)
+                                prefill_locally=meta.prefill_locally, trace=trace,
+                                tpot_s=meta.tpot_ms / 1000.0 if meta.tpot_ms else None)
         drain = DrainCut(self.cut, moves, lambda: self._engine_ids.get(rid, rid),
                          len(params.token_ids))
         try:
@@ -324,11 +325,12 @@ class EngineDecodeCoordinator:
             await deltas.aclose()
 
     async def serve(self, rid: str, params: GenerateParams, priority: str = "default", *,
-                    prefill_locally: bool = False, trace=tracing.NOOP
-                    ) -> AsyncIterator[TokenDelta]:
+                    prefill_locally: bool = False, trace=tracing.NOOP,
+                    tpot_s: float | None = None) -> AsyncIterator[TokenDelta]:
         """Decide, prefill (remotely or here) and stream the engine's deltas; raises
         ``Rejected`` when the request must be refused.  Closing it aborts the request.
-        ``trace``: the request's span here (``contracts.tracing``)."""
+        ``trace``: the request's span here (``contracts.tracing``); ``tpot_s``: its
+        class's TPOT target, which the stall guard protects it to."""
         self.inflight += 1
         guard = self.guard
         try:
@@ -343,7 +345,7 @@ class EngineDecodeCoordinator:
                                      cached_tokens=remote.cached_tokens)
                     return
                 if remote is not None:
-                    guard.begin(rid, params.max_tokens, local=False)
+                    guard.begin(rid, params.max_tokens, local=False, budget_s=tpot_s)
                     async with contextlib.aclosing(self.engine.decode(
                             rid, params, remote.handoff, first_token=remote.first_token)
                             ) as stream:
@@ -364,7 +366,7 @@ class EngineDecodeCoordinator:
                 local_id = f"{rid}#local"  # the remote id may still be held in the engine
                 self._engine_ids[rid] = local_id
             guard.begin(rid, params.max_tokens, local=True,
-                        prefill_tokens=len(params.token_ids) - plan_cached)
+                        prefill_tokens=len(params.token_ids) - plan_cached, budget_s=tpot_s)
             async with contextlib.aclosing(self.engine.generate(local_id, params)) as stream:
                 async for d in stream:
                     guard.token(rid, len(d.token_ids))

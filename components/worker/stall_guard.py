@@ -24,8 +24,10 @@ time: its first token less the later of its arrival and the previous local prefi
 first token, over its computed tokens; a moving mean); before the first, from the
 prefill workers' reports (each handoff's ``compute_s`` over the tokens it computed,
 which counts the time a job shares its engine with others: slower than a prompt alone).
-With neither the guard abstains (the verdict stands).  ``B`` is the section's
-``protect_tpot_ms``.  The answer's length is taken at ``max_tokens`` (one that ends
+With neither the guard abstains (the verdict stands).  ``B`` is the tighter of the
+section's ``protect_tpot_ms`` and the answer's own target (its QoS class's ``tpot_ms``,
+which the router that placed it passes on); an answer with neither is not protected.
+The answer's length is taken at ``max_tokens`` (one that ends
 earlier spreads the stall over fewer tokens: optimistic for it), and the whole stall is
 charged to it (an engine that gives each step's spare budget to the answers still
 emits their tokens during a long prefill, more slowly: pessimistic for long answers).
@@ -66,6 +68,8 @@ class Answer:
     tokens: int = 0
     first_at: float | None = None
     """When its first token came (``now``'s clock); None: still prefilling."""
+    budget_s: float | None = None
+    """Its own TPOT target (its QoS class's), if it carries one."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,13 @@ class Judgment:
     stall_s: float = 0.0
     harmed: int = 0
     """Answers the stall would push over their budget."""
+
+
+def _tighter(a: float | None, b: float | None) -> float | None:
+    """The smaller of two optional targets."""
+    if a is None or b is None:
+        return a if b is None else b
+    return min(a, b)
 
 
 def _mean(old: float | None, new: float) -> float:
@@ -99,6 +110,7 @@ class StallGuard:
         """The same from the prefill workers' reports (the prior)."""
         self.step_s: float | None = None
         self._last_local_done: float | None = None
+        self._budgeted = 0  # answers carrying a target of their own
 
     @property
     def seconds_per_token(self) -> float | None:
@@ -106,12 +118,16 @@ class StallGuard:
         return self.local_spt if self.local_spt is not None else self.remote_spt
 
     # -- what the coordinator reports --------------------------------------------------
-    def begin(self, rid: str, max_tokens: int, local: bool,
-              prefill_tokens: int = 0) -> None:
-        """An answer starts (a local one with the prompt tokens it computes here)."""
+    def begin(self, rid: str, max_tokens: int, local: bool, prefill_tokens: int = 0,
+              budget_s: float | None = None) -> None:
+        """An answer starts (a local one with the prompt tokens it computes here;
+        ``budget_s``: its class's TPOT target, if it carries one)."""
         self._answers[rid] = Answer(max_tokens=max_tokens, local=local,
                                     begun_at=self._now(),
-                                    prefill_tokens=prefill_tokens if local else 0)
+                                    prefill_tokens=prefill_tokens if local else 0,
+                                    budget_s=budget_s)
+        if budget_s is not None:
+            self._budgeted += 1
 
     def token(self, rid: str, count: int) -> None:
         """``count`` tokens of answer ``rid`` arrived."""
@@ -135,6 +151,8 @@ class StallGuard:
     def end(self, rid: str) -> None:
         """Answer ``rid`` finished or left; its mean step teaches the decode step."""
         ans = self._answers.pop(rid, None)
+        if ans is not None and ans.budget_s is not None:
+            self._budgeted -= 1
         if ans is None or ans.first_at is None or ans.tokens < 2:
             return
         self.step_s = _mean(self.step_s, (self._now() - ans.first_at) / (ans.tokens - 1))
@@ -164,7 +182,7 @@ class StallGuard:
 
     def judge(self, prefill_tokens: int) -> Judgment:
         """Whether a local prefill of ``prefill_tokens`` tokens may run in the batch."""
-        if self.budget_s is None:
+        if self.budget_s is None and not self._budgeted:
             return Judgment(True, "off")
         spt = self.seconds_per_token
         if spt is None:
@@ -183,8 +201,11 @@ class StallGuard:
             if ans.tokens >= 2 and ans.first_at is not None:
                 own = (now - ans.first_at) / (ans.tokens - 1)
                 step = min(own, step) if self.step_s is not None else own
+            budget = _tighter(self.budget_s, ans.budget_s)
+            if budget is None:
+                continue
             base = max(0.0, free - t0) + max(0, ans.max_tokens - max(ans.tokens, 1)) * step
-            allowed = self.budget_s * (ans.max_tokens - 1)
+            allowed = budget * (ans.max_tokens - 1)
             if base <= allowed < base + stall:
                 harmed += 1
         if harmed:

@@ -155,6 +155,11 @@ class QosConfig(StrictModel):
         """Return the class called ``name``, or None; called per request by admission."""
         return next((c for c in self.classes if c.name == name), None)
 
+    def class_tpot_ms(self, name: str) -> float | None:
+        """The TPOT target of class ``name`` (None for a name the classes lack)."""
+        cls = self.class_named(name)
+        return cls.tpot_ms if cls is not None else None
+
     def priority_table(self) -> PriorityTable:
         """The classes' order as the contracts' priority table: what the router ranks a
         resolved class by (``RouteReply.class_level``) and every engine schedules by."""

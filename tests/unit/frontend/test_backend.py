@@ -415,8 +415,8 @@ def test_each_release_reaches_the_router_replica_that_placed_the_request():
     assert {r: s.fleet.placed for r, s in svcs.items()} == {11: {}, 12: {}}
 
 
-QOS_CLASSES = [{"name": n, "ttft_ms": 1000, "tpot_ms": 100}
-               for n in ("high", "default", "low", "batch")]
+QOS_CLASSES = [{"name": n, "ttft_ms": 1000, "tpot_ms": 100 + 10 * i}
+               for i, n in enumerate(("high", "default", "low", "batch"))]
 
 
 @pytest.mark.parametrize(("header", "name", "level"), [
@@ -440,5 +440,7 @@ def test_the_worker_gets_the_class_and_level_the_router_resolved(header, name, l
     sent = workers.requests[-1]
     own = sent["extra_args"]["splitserve"]
     assert own.pop("request_id") == "r" and own.pop("version") == PROTOCOL_VERSION
-    assert own == {"priority": name, "priority_level": level}
+    # and the class's TPOT target, which the decode worker's stall guard protects it to
+    assert own == {"priority": name, "priority_level": level, "tpot_ms": 100 + 10 * level}
     assert params_from_wire(WorkerRequest.model_validate(sent)).priority == level
+    assert WorkerRequest.model_validate(sent).meta().tpot_ms == 100 + 10 * level

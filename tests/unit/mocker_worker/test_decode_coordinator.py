@@ -313,3 +313,19 @@ async def test_the_guards_prefill_speeds_are_in_the_workers_metrics():
     await collect(coord, request(400, max_tokens=2))  # remote: 400 tokens in 10 ms
     assert sample(coord, name, source="prefill_workers") == pytest.approx(0.01 / 400)
     assert sample(coord, name, source="local") == 0
+
+
+async def test_the_class_target_a_request_carries_is_protected_without_a_section_value():
+    coord, engines, queue = coordinator()  # no protect_tpot_ms
+    coord.queue_depth = lambda: 12
+    coord.guard.observe_prefill(1000, 3.0)
+    first = request(20, max_tokens=100, request_id="first")
+    first["extra_args"]["splitserve"]["tpot_ms"] = 1.0  # a 1 ms target: any stall harms it
+    stream = coord.generate(first)
+    assert (await anext(stream))["token_ids"] == [1000]  # decoding, prefilled here
+    await anext(stream)
+    chunks = await collect(coord, request(400, max_tokens=2, request_id="second"))
+    assert chunks[-1]["finish_reason"] == "length" and len(queue.jobs) == 1
+    assert sample(coord, DECISIONS, where="remote", reason="protects-decoding") == 1
+    await stream.aclose()
+    assert len(coord.guard) == 0

@@ -132,3 +132,23 @@ def test_an_answer_still_prefilling_here_is_protected_from_prompts_after_it():
     assert guard.judge(3000).keep_local  # 3 s more: 3.99 s
     judged = guard.judge(4500)  # 4.5 s more: 5.49 s
     assert not judged.keep_local and judged.harmed == 1
+
+
+def test_an_answer_carrying_its_class_target_is_protected_to_the_tighter_one():
+    clock = Clock()
+    guard = StallGuard(None, now=clock)
+    guard.observe_prefill(1000, 3.0)
+    decoding(guard, clock, "plain", 100, 0.04, 2)  # no target anywhere: not judged
+    assert guard.judge(400).reason == "off"
+    guard.begin("classed", 100, local=True, budget_s=0.05)
+    guard.token("classed", 1)
+    clock.t += 0.04
+    guard.token("classed", 1)
+    judged = guard.judge(400)  # as in the section's case above: 5.16 s > 4.95 s
+    assert not judged.keep_local and judged.harmed == 1
+    guard.budget_s = 0.2  # a looser section target: the class's tighter one holds
+    assert guard.judge(400).harmed == 1
+    guard.end("classed")
+    assert guard.judge(400).harmed == 0  # "plain" at the section's 0.2 s fits
+    guard.budget_s = None
+    assert guard.judge(400).reason == "off"
