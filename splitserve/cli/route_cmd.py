@@ -263,15 +263,34 @@ def explain(
                                    width=max(120, console.width)))
     off = reply.get("offload")
     if off:
-        d, r, snap = off["decision"], off["request"], off["snapshot"]
-        where = "REMOTE prefill" if d["remote"] else "LOCAL prefill"
-        score = f", score {d['score']:.2f}" if d.get("score") is not None else ""
-        console.print(f"offload decision on the decode worker: {where} ({d['reason']}"
-                      f"{score})", highlight=False)
-        console.print(f"  prompt {r['prompt_length']} tokens, cached on worker "
-                      f"{r['prefix_cached_length']}, prefill queue {snap['prefill_queue_depth']}"
-                      f", decode active {snap['decode_active_requests']}, kv usage "
-                      f"{snap['decode_kv_usage']:.0%}, prefill workers "
-                      f"{snap['live_prefill_workers']}", highlight=False)
-        for metric, contribution in (d.get("contributions") or {}).items():
-            console.print(f"  {metric}: {contribution:+.2f}", highlight=False)
+        for line in offload_lines(off):
+            console.print(line, highlight=False)
+
+
+GUARD_FIELDS = ("stall_ms", "answers_harmed")
+"""What the decode worker's stall guard adds to a decision it sent remote."""
+
+
+def offload_lines(off: dict) -> list[str]:
+    """The decode worker's offload decision (its ``explain`` answer) as lines: where and
+    why, the load it saw, each rule's contribution, and where the stall guard sent a
+    local verdict remote, the stall and the answers it would have harmed."""
+    d, r, snap = off["decision"], off["request"], off["snapshot"]
+    where = "REMOTE prefill" if d["remote"] else "LOCAL prefill"
+    score = f", score {d['score']:.2f}" if d.get("score") is not None else ""
+    lines = [f"offload decision on the decode worker: {where} ({d['reason']}{score})",
+             f"  prompt {r['prompt_length']} tokens, cached on worker "
+             f"{r['prefix_cached_length']}, prefill queue {snap['prefill_queue_depth']}"
+             f", decode active {snap['decode_active_requests']}, kv usage "
+             f"{snap['decode_kv_usage']:.0%}, prefill workers "
+             f"{snap['live_prefill_workers']}"]
+    parts = d.get("contributions") or {}
+    lines += [f"  {metric}: {value:+.2f}" for metric, value in parts.items()
+              if metric not in GUARD_FIELDS]
+    if "stall_ms" in parts:
+        harmed = int(parts.get("answers_harmed", 0))
+        whose = "answer past its TPOT target" if harmed == 1 else (
+            "answers past their TPOT targets")
+        lines.append(f"  stall guard: prefilling here would stall the batch "
+                     f"{parts['stall_ms']:.0f} ms and push {harmed} {whose}")
+    return lines
