@@ -190,8 +190,8 @@ class EngineDecodeCoordinator:
         self.latency: TokenLatency | None = None
         """This worker's TTFT and ITL by pool and model (``latency_metrics.py``), timed
         per request from its arrival here; None: not timed."""
-        self.guard = StallGuard(getattr(decider, "protect_tpot_s", None),
-                                own_local_batch=engine.info.capabilities.local_prefill_own_batch)
+        self.guard = StallGuard(
+            own_local_batch=engine.info.capabilities.local_prefill_own_batch)
         """The answers decoding here and the prefill speed: a local verdict whose prefill
         would stall one past the section's ``protect_tpot_ms`` goes remote
         (``stall_guard.py``)."""
@@ -231,9 +231,7 @@ class EngineDecodeCoordinator:
         if lora and not self.prefill_serves(lora):
             decision = OffloadDecision(remote=False, reason="lora-local-prefill")
         else:
-            decision = self.decider.decide(req, snap)
-            if not decision.remote and decision.reason not in FORCED_LOCAL:
-                decision = self._guarded(decision, req.prefill_length)
+            decision = self._guarded(self.decider.decide(req, snap), req.prefill_length)
         plan = plan_offload(decision.remote, decision.reason,
                             supports_local_prefill=self.engine.info.capabilities.local_prefill,
                             live_prefill_workers=snap.live_prefill_workers, waited_s=0.0,
@@ -392,9 +390,8 @@ class EngineDecodeCoordinator:
             cached = await self._cached_prefix(params.token_ids, params.lora)
             req = OffloadRequest(request_id=rid, prompt_length=len(params.token_ids),
                                  prefix_cached_length=cached, priority=priority)
-            decision = self.decider.decide(req, self.snapshot())
-            if not decision.remote and decision.reason not in FORCED_LOCAL:
-                decision = self._guarded(decision, req.prefill_length)
+            decision = self._guarded(self.decider.decide(req, self.snapshot()),
+                                     req.prefill_length)
         waited = 0.0
         s = self.settings
         while True:
@@ -416,11 +413,13 @@ class EngineDecodeCoordinator:
         return plan, cached
 
     def _guarded(self, decision: OffloadDecision, prefill_tokens: int) -> OffloadDecision:
-        """The decider's local verdict, or remote where its prefill would stall an answer
-        decoding here past the section's ``protect_tpot_ms`` (read at each decision: a
+        """The decider's verdict, or remote where its own local verdict (not a guard's:
+        ``FORCED_LOCAL``) would stall an answer decoding here past its target: its class's
+        or the section's ``protect_tpot_ms``, read from the decider at each decision (a
         policy reload changes it)."""
-        self.guard.budget_s = getattr(self.decider, "protect_tpot_s", None)
-        judged = self.guard.judge(prefill_tokens)
+        if decision.remote or decision.reason in FORCED_LOCAL:
+            return decision
+        judged = self.guard.judge(prefill_tokens, getattr(self.decider, "protect_tpot_s", None))
         if judged.keep_local:
             return decision
         return OffloadDecision(remote=True, reason=judged.reason, score=decision.score,

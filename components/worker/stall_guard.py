@@ -98,9 +98,8 @@ def _mean(old: float | None, new: float) -> float:
 class StallGuard:
     """One decode worker's answers and what it knows of prefill speed."""
 
-    def __init__(self, tpot_budget_s: float | None, *, own_local_batch: bool = False,
+    def __init__(self, *, own_local_batch: bool = False,
                  now: Callable[[], float] = time.monotonic) -> None:
-        self.budget_s = tpot_budget_s
         self.own_local_batch = own_local_batch
         self._now = now
         self._answers: dict[str, Answer] = {}
@@ -180,9 +179,10 @@ class StallGuard:
             ends[rid] = at
         return max(now, at), ends
 
-    def judge(self, prefill_tokens: int) -> Judgment:
-        """Whether a local prefill of ``prefill_tokens`` tokens may run in the batch."""
-        if self.budget_s is None and not self._budgeted:
+    def judge(self, prefill_tokens: int, budget_s: float | None) -> Judgment:
+        """Whether a local prefill of ``prefill_tokens`` tokens may run in the batch;
+        ``budget_s``: the section's ``protect_tpot_ms`` in seconds (None: unset)."""
+        if budget_s is None and not self._budgeted:
             return Judgment(True, "off")
         spt = self.seconds_per_token
         if spt is None:
@@ -195,15 +195,13 @@ class StallGuard:
             if ans.max_tokens < 2 or (self.own_local_batch and not ans.local):
                 continue
             t0 = ans.first_at if ans.first_at is not None else ends.get(rid)
-            if t0 is None:  # prefilled elsewhere and not back yet
-                continue
+            budget = _tighter(budget_s, ans.budget_s)
+            if t0 is None or budget is None:  # prefilled elsewhere and not back yet, or
+                continue                      # no target to protect it to
             step = self.step_s or 0.0
             if ans.tokens >= 2 and ans.first_at is not None:
                 own = (now - ans.first_at) / (ans.tokens - 1)
                 step = min(own, step) if self.step_s is not None else own
-            budget = _tighter(self.budget_s, ans.budget_s)
-            if budget is None:
-                continue
             base = max(0.0, free - t0) + max(0, ans.max_tokens - max(ans.tokens, 1)) * step
             allowed = budget * (ans.max_tokens - 1)
             if base <= allowed < base + stall:
